@@ -1,0 +1,168 @@
+"""The bundle registry: import into the bundle store, aliases, reference resolution, cached loading."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import insert, select, update
+
+from batchinf.config import settings
+from batchinf.errors import BundleError
+from batchinf.ledger.db import tx
+from batchinf.ledger.ops import now
+from batchinf.ledger.tables import bundle_aliases, bundles
+from batchinf.runtime import bundle as rb
+from batchinf.store import get_store, join, split_uri
+
+
+@dataclass(frozen=True)
+class BundleInfo:
+    digest: str
+    name: str
+    uri: str
+    task: str
+    family: str
+    created_at: float
+    aliases: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"digest": self.digest, "name": self.name, "uri": self.uri, "task": self.task,
+                "family": self.family, "created_at": self.created_at, "aliases": list(self.aliases)}
+
+
+def import_bundle(src: str | Path, name: str, *, alias: str | None = None,
+                  max_length: int | None = None, dtype: str = "float32") -> BundleInfo:
+    """Compute bundle.json for a model directory, copy it into the bundle store, register it."""
+    src = Path(src)
+    if not src.is_dir():
+        raise BundleError(f"{src} is not a directory of model files")
+    meta = rb.build_meta(src, max_length=max_length, dtype=dtype)
+    digest = rb.digest_of(meta)
+    uri = join(settings().bundle_store, digest.removeprefix("sha256:"))
+    scheme, _, path = split_uri(uri)
+    if scheme == "file":
+        rb.write_bundle_dir(src, Path(path), meta)
+    else:
+        store = get_store(uri)
+        for f in meta["files"]:
+            store.put_file(join(uri, f), src / f)
+        store.put_bytes(join(uri, "bundle.json"), json.dumps(meta, indent=1, sort_keys=True).encode())
+    with tx() as conn:
+        if conn.execute(select(bundles.c.digest).where(bundles.c.digest == digest)).first() is None:
+            conn.execute(insert(bundles).values(digest=digest, name=name, uri=uri, task=meta["task"],
+                                                family=meta["family"], meta=json.dumps(meta),
+                                                created_at=now()))
+        if alias:
+            _set_alias(conn, name, alias, digest)
+    return get_info(digest)
+
+
+def _set_alias(conn, name: str, alias: str, digest: str) -> None:  # noqa: ANN001
+    exists = conn.execute(select(bundles.c.digest).where(bundles.c.digest == digest)).first()
+    if exists is None:
+        raise BundleError(f"no bundle with digest {digest}; see `batchinf bundle list`")
+    updated = conn.execute(update(bundle_aliases)
+                           .where(bundle_aliases.c.name == name, bundle_aliases.c.alias == alias)
+                           .values(digest=digest, updated_at=now())).rowcount
+    if not updated:
+        conn.execute(insert(bundle_aliases).values(name=name, alias=alias, digest=digest, updated_at=now()))
+
+
+def set_alias(ref: str, digest: str) -> None:
+    if "@" not in ref:
+        raise BundleError(f"alias reference {ref!r} must look like NAME@ALIAS")
+    name, alias = ref.split("@", 1)
+    digest = digest if digest.startswith("sha256:") else "sha256:" + digest
+    with tx() as conn:
+        _set_alias(conn, name, alias, digest)
+
+
+def resolve_ref(ref: str) -> str:
+    """NAME (newest import), NAME@ALIAS, or sha256:HEX -> digest."""
+    with tx() as conn:
+        if ref.startswith("sha256:"):
+            q = select(bundles.c.digest).where(bundles.c.digest == ref)
+        elif "@" in ref:
+            name, alias = ref.split("@", 1)
+            q = select(bundle_aliases.c.digest).where(bundle_aliases.c.name == name,
+                                                      bundle_aliases.c.alias == alias)
+        else:
+            q = (select(bundles.c.digest).where(bundles.c.name == ref)
+                 .order_by(bundles.c.created_at.desc()).limit(1))
+        digest = conn.execute(q).scalar()
+    if digest is None:
+        raise BundleError(f"bundle {ref!r} not found; import it with `batchinf bundle import DIR --name NAME` "
+                          "or see `batchinf bundle list`")
+    return digest
+
+
+def get_info(digest: str) -> BundleInfo:
+    with tx() as conn:
+        row = conn.execute(select(bundles).where(bundles.c.digest == digest)).first()
+        if row is None:
+            raise BundleError(f"no bundle with digest {digest}")
+        aliases = conn.execute(select(bundle_aliases.c.name, bundle_aliases.c.alias)
+                               .where(bundle_aliases.c.digest == digest)).all()
+    return BundleInfo(row.digest, row.name, row.uri, row.task, row.family, row.created_at,
+                      tuple(f"{n}@{a}" for n, a in aliases))
+
+
+def list_bundles() -> list[BundleInfo]:
+    with tx() as conn:
+        digests = conn.execute(select(bundles.c.digest).order_by(bundles.c.name,
+                                                                 bundles.c.created_at)).scalars().all()
+    return [get_info(d) for d in digests]
+
+
+def local_dir(digest: str) -> Path:
+    """The bundle's files on this machine (downloaded into the cache for remote bundle stores)."""
+    info = get_info(digest)
+    scheme, _, path = split_uri(info.uri)
+    if scheme == "file":
+        return Path(path)
+    cache = settings().home / "cache" / "bundles" / digest.removeprefix("sha256:")
+    if not (cache / "bundle.json").exists():
+        store = get_store(info.uri)
+        meta = json.loads(store.get_bytes(join(info.uri, "bundle.json")))
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".dl-", dir=cache.parent))
+        for f in meta["files"]:
+            (tmp / f).parent.mkdir(parents=True, exist_ok=True)
+            store.download_file(join(info.uri, f), tmp / f)
+        (tmp / "bundle.json").write_text(json.dumps(meta))
+        if cache.exists():
+            shutil.rmtree(cache)
+        tmp.rename(cache)
+    return cache
+
+
+_loaded: dict[tuple[str, str, bool], rb.EmbedRuntime] = {}
+
+
+def open_runtime(digest: str, *, device: str = "cpu", with_model: bool = True) -> rb.EmbedRuntime:
+    """Load a bundle once per process: every digest and fixture is verified before it is returned."""
+    key = (digest, device, with_model)
+    if key not in _loaded:
+        root = local_dir(digest)
+        meta = rb.read_meta(root)
+        rb.verify_files(root, meta, digest)
+        runtime = rb.EmbedRuntime(root, meta, device=device)
+        rb.verify_tokenizer_fixtures(runtime)
+        if with_model:
+            runtime.load_model()
+            rb.verify_model_fixtures(runtime)
+        _loaded[key] = runtime
+    return _loaded[key]
+
+
+def verify_bundle(ref: str) -> dict[str, Any]:
+    digest = resolve_ref(ref)
+    _loaded.pop((digest, "cpu", True), None)
+    runtime = open_runtime(digest, device="cpu")
+    return {"digest": digest, "ok": True, "files": len(runtime.meta["files"]),
+            "fixtures": len(runtime.meta["fixtures"])}

@@ -1,0 +1,41 @@
+"""Settings from the environment, loaded once per process."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    home: Path                      # BATCHINF_HOME: embedded ledger, bundle store, caches
+    database_url: str               # BATCHINF_DATABASE_URL; default SQLite under home
+    broker_url: str                 # BATCHINF_BROKER_URL (distributed mode)
+    bundle_store: str               # BATCHINF_BUNDLE_STORE: where imported bundles live
+    lease_seconds: float            # a shard lease not heartbeated for this long is expired
+    heartbeat_seconds: float
+    max_attempts: int               # attempts per shard before it fails
+
+    @property
+    def embedded(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
+
+def _float(name: str, default: float) -> float:
+    return float(os.environ.get(name, default))
+
+
+@lru_cache(maxsize=1)
+def settings() -> Settings:
+    home = Path(os.environ.get("BATCHINF_HOME", ".batchinf")).expanduser().resolve()
+    return Settings(
+        home=home,
+        database_url=os.environ.get("BATCHINF_DATABASE_URL") or f"sqlite:///{home / 'ledger.db'}",
+        broker_url=os.environ.get("BATCHINF_BROKER_URL", "redis://127.0.0.1:6379/0"),
+        bundle_store=os.environ.get("BATCHINF_BUNDLE_STORE") or (home / "bundles").as_uri(),
+        lease_seconds=_float("BATCHINF_LEASE_SECONDS", 60.0),
+        heartbeat_seconds=_float("BATCHINF_HEARTBEAT_SECONDS", 5.0),
+        max_attempts=int(os.environ.get("BATCHINF_MAX_ATTEMPTS", 3)),
+    )

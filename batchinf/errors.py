@@ -1,0 +1,39 @@
+"""One rooted error hierarchy. Messages name the record, object or file and the fix."""
+
+from __future__ import annotations
+
+
+class BatchinfError(Exception):
+    """Base of every error batchinf raises on purpose; the CLI prints these without a traceback."""
+
+
+class ManifestError(BatchinfError):
+    """The job manifest is invalid (unknown key, wrong type, missing field)."""
+
+
+class InputError(BatchinfError):
+    """An input object cannot be read as pinned (missing, changed since pinned, unreadable)."""
+
+
+class BundleError(BatchinfError):
+    """A model bundle is missing, tampered with, drifted or unsafe (pickle)."""
+
+
+class LedgerError(BatchinfError):
+    """The ledger refused an operation (illegal transition, unknown job or shard)."""
+
+
+class StaleAttemptError(LedgerError):
+    """An attempt lost its fencing token: another attempt owns the shard now."""
+
+
+class StoreError(BatchinfError):
+    """An object store operation failed permanently."""
+
+
+class TransientError(BatchinfError):
+    """A fault worth retrying with backoff (storage 5xx, connection reset, database restart)."""
+
+
+class VerificationError(BatchinfError):
+    """Published output does not match its manifest (coverage, digests, row counts)."""

@@ -1,0 +1,1 @@
+"""The ledger: the source of truth for jobs, shards and attempts."""

@@ -1,0 +1,146 @@
+"""Engines, transactions and schema upgrades for the ledger (SQLite embedded, PostgreSQL distributed)."""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from sqlalchemy import Connection, Engine, create_engine, event, inspect
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from batchinf.config import settings
+from batchinf.errors import TransientError
+
+_engines: dict[tuple[int, str], Engine] = {}
+
+
+def migrations_dir() -> Path:
+    import migrations
+
+    return Path(migrations.__file__).parent
+
+
+def _sqlite_engine(url: str) -> Engine:
+    path = url.removeprefix("sqlite:///")
+    if path and path != ":memory:":
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, connect_args={"timeout": 60, "check_same_thread": False})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record):  # noqa: ANN001
+        dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (see _on_begin)
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA busy_timeout=60000")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn):  # noqa: ANN001
+        # IMMEDIATE takes the write lock up front, so read-then-update transactions (claiming
+        # a shard) serialize instead of failing with "database is locked" on upgrade.
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def engine(url: str | None = None) -> Engine:
+    """One engine per process and URL (engines must not cross a fork)."""
+    url = url or settings().database_url
+    key = (os.getpid(), url)
+    if key not in _engines:
+        if url.startswith("sqlite"):
+            _engines[key] = _sqlite_engine(url)
+        else:
+            if url.startswith("postgresql://"):
+                url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
+            _engines[key] = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+        if url.startswith("sqlite"):
+            ensure_schema(_engines[key])
+    return _engines[key]
+
+
+def dispose_all() -> None:
+    for e in _engines.values():
+        e.dispose()
+    _engines.clear()
+
+
+def _is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, OperationalError):
+        return True
+    return isinstance(exc, DBAPIError) and exc.connection_invalidated
+
+
+@contextmanager
+def tx(url: str | None = None, *, retries: int = 8) -> Iterator[Connection]:
+    """One ledger transaction. Connection-level faults before commit are retried by callers
+    through `retrying`; here we only translate them into TransientError."""
+    eng = engine(url)
+    try:
+        with eng.begin() as conn:
+            yield conn
+    except (OperationalError, DBAPIError) as exc:
+        if _is_transient(exc):
+            raise TransientError(f"ledger unavailable: {exc.__class__.__name__}: {exc.orig}") from exc
+        raise
+
+
+def retrying(fn, *args, attempts: int = 10, base: float = 0.2, cap: float = 5.0, **kwargs):  # noqa: ANN001, ANN201
+    """Call fn, retrying TransientError with capped exponential backoff and full jitter."""
+    import random
+
+    for i in range(attempts):
+        try:
+            return fn(*args, **kwargs)
+        except TransientError:
+            if i == attempts - 1:
+                raise
+            time.sleep(random.uniform(0, min(cap, base * 2**i)))
+    raise AssertionError("unreachable")
+
+
+def alembic_config(url: str):  # noqa: ANN201
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+def upgrade(url: str | None = None, revision: str = "head") -> str:
+    """Run Alembic migrations up to `revision`; returns the revision now current."""
+    from alembic import command
+    from alembic.runtime.migration import MigrationContext
+
+    url = url or settings().database_url
+    eng = engine(url) if not url.startswith("sqlite") else _sqlite_engine(url)
+    with eng.connect() as conn:
+        cfg = alembic_config(url)
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)
+        if conn.in_transaction():
+            conn.commit()
+        current = MigrationContext.configure(conn).get_current_revision()
+    if url.startswith("sqlite"):
+        eng.dispose()
+    return current or ""
+
+
+def ensure_schema(eng: Engine) -> None:
+    """Embedded mode creates and upgrades its SQLite ledger on first use."""
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(alembic_config(str(eng.url))).get_current_head()
+    with eng.connect() as conn:
+        current = None
+        if inspect(conn).has_table("alembic_version"):
+            current = conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar()
+        conn.rollback()
+    if current != head:
+        upgrade(eng.url.render_as_string(hide_password=False))

@@ -1,0 +1,270 @@
+"""Ledger operations. Each public function is one transaction unless it takes a `conn`.
+
+Invariants enforced here:
+- every state change goes through `transition_job`/`transition_shard` (tables in states.py) and
+  writes one `job_events` row in the same transaction;
+- a shard's `attempt` column is the fencing token: only the attempt holding it may heartbeat,
+  commit or fail the shard, so a zombie attempt can never overwrite a newer one.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from sqlalchemy import Connection, and_, func, insert, select, update
+
+from batchinf.errors import LedgerError, StaleAttemptError
+from batchinf.ledger.db import tx
+from batchinf.ledger.states import (JobStatus, ShardStatus, job_sources, shard_sources)
+from batchinf.ledger.tables import attempts, job_events, jobs, record_errors, shards
+
+
+def now() -> float:
+    return time.time()
+
+
+def _event(conn: Connection, job_id: str, kind: str, frm: str | None, to: str | None,
+           shard_id: str | None = None, detail: Any = None) -> None:
+    if detail is not None and not isinstance(detail, str):
+        detail = json.dumps(detail, default=str)
+    conn.execute(insert(job_events).values(job_id=job_id, shard_id=shard_id, kind=kind,
+                                           from_status=frm, to_status=to, detail=detail, at=now()))
+
+
+def transition_job(conn: Connection, job_id: str, to: JobStatus, *, detail: Any = None,
+                   **fields: Any) -> bool:
+    """Move a job to `to` if the state table allows it from its current state. False if not."""
+    frm = conn.execute(select(jobs.c.status).where(jobs.c.id == job_id)).scalar()
+    if frm is None:
+        raise LedgerError(f"no job {job_id!r}")
+    res = conn.execute(update(jobs)
+                       .where(jobs.c.id == job_id, jobs.c.status.in_(job_sources(to)))
+                       .values(status=to.value, updated_at=now(), **fields))
+    if res.rowcount != 1:
+        return False
+    _event(conn, job_id, "job", frm, to.value, detail=detail)
+    return True
+
+
+def transition_shard(conn: Connection, shard_id: str, to: ShardStatus, *, attempt: int | None = None,
+                     detail: Any = None, **fields: Any) -> bool:
+    """Move a shard to `to`; with `attempt`, only if that attempt still holds the fencing token."""
+    row = conn.execute(select(shards.c.job_id, shards.c.status).where(shards.c.id == shard_id)).first()
+    if row is None:
+        raise LedgerError(f"no shard {shard_id!r}")
+    cond = [shards.c.id == shard_id, shards.c.status.in_(shard_sources(to))]
+    if attempt is not None:
+        cond.append(shards.c.attempt == attempt)
+    res = conn.execute(update(shards).where(*cond).values(status=to.value, updated_at=now(), **fields))
+    if res.rowcount != 1:
+        return False
+    _event(conn, row.job_id, "shard", row.status, to.value, shard_id=shard_id, detail=detail)
+    return True
+
+
+def require_job_transition(job_id: str, to: JobStatus, **fields: Any) -> None:
+    with tx() as conn:
+        if not transition_job(conn, job_id, to, **fields):
+            status = conn.execute(select(jobs.c.status).where(jobs.c.id == job_id)).scalar()
+            raise LedgerError(f"job {job_id} cannot go from {status} to {to.value}")
+
+
+def fail_job(job_id: str, reason: str) -> bool:
+    with tx() as conn:
+        return transition_job(conn, job_id, JobStatus.FAILED, detail=reason, error=reason,
+                              finished_at=now())
+
+
+@dataclass(frozen=True)
+class Lease:
+    shard_id: str
+    job_id: str
+    attempt: int          # fencing token
+    worker: str
+
+
+def _take(conn: Connection, shard_id: str, job_id: str, worker: str, lease_seconds: float) -> Lease | None:
+    t = now()
+    res = conn.execute(update(shards)
+                       .where(shards.c.id == shard_id, shards.c.status == ShardStatus.QUEUED.value)
+                       .values(status=ShardStatus.RUNNING.value, attempt=shards.c.attempt + 1,
+                               lease_owner=worker, lease_expires_at=t + lease_seconds, updated_at=t)
+                       .returning(shards.c.attempt))
+    number = res.scalar()
+    if number is None:
+        return None
+    conn.execute(insert(attempts).values(shard_id=shard_id, number=number, worker=worker,
+                                         status="running", started_at=t, heartbeat_at=t))
+    _event(conn, job_id, "shard", ShardStatus.QUEUED.value, ShardStatus.RUNNING.value,
+           shard_id=shard_id, detail={"attempt": number, "worker": worker})
+    return Lease(shard_id, job_id, number, worker)
+
+
+def claim_next(job_ids: Iterable[str] | None, worker: str, lease_seconds: float) -> Lease | None:
+    """Lease the next queued shard (of the given jobs, or any running job), highest priority first."""
+    with tx() as conn:
+        q = (select(shards.c.id, shards.c.job_id).join(jobs, jobs.c.id == shards.c.job_id)
+             .where(shards.c.status == ShardStatus.QUEUED.value,
+                    jobs.c.status == JobStatus.RUNNING.value)
+             .order_by(jobs.c.priority.desc(), jobs.c.created_at, shards.c.bucket.desc(),
+                       shards.c.ordinal)
+             .limit(1))
+        if job_ids is not None:
+            q = q.where(shards.c.job_id.in_(list(job_ids)))
+        if conn.dialect.name == "postgresql":
+            q = q.with_for_update(of=shards, skip_locked=True)
+        row = conn.execute(q).first()
+        return _take(conn, row.id, row.job_id, worker, lease_seconds) if row else None
+
+
+def claim_shard(shard_id: str, worker: str, lease_seconds: float) -> Lease | None:
+    """Lease one named shard; None when it is not queued (duplicate delivery, already leased or
+    committed) or its job is not running."""
+    with tx() as conn:
+        q = (select(shards.c.id, shards.c.job_id).join(jobs, jobs.c.id == shards.c.job_id)
+             .where(shards.c.id == shard_id, shards.c.status == ShardStatus.QUEUED.value,
+                    jobs.c.status == JobStatus.RUNNING.value))
+        if conn.dialect.name == "postgresql":
+            q = q.with_for_update(of=shards, skip_locked=True)
+        row = conn.execute(q).first()
+        return _take(conn, row.id, row.job_id, worker, lease_seconds) if row else None
+
+
+def heartbeat(lease: Lease, lease_seconds: float) -> bool:
+    """Extend the lease; False when the attempt has lost its fencing token."""
+    t = now()
+    with tx() as conn:
+        res = conn.execute(update(shards)
+                           .where(shards.c.id == lease.shard_id, shards.c.attempt == lease.attempt,
+                                  shards.c.status == ShardStatus.RUNNING.value)
+                           .values(lease_expires_at=t + lease_seconds))
+        conn.execute(update(attempts)
+                     .where(attempts.c.shard_id == lease.shard_id, attempts.c.number == lease.attempt)
+                     .values(heartbeat_at=t))
+        return res.rowcount == 1
+
+
+def lease_held(lease: Lease) -> bool:
+    with tx() as conn:
+        row = conn.execute(select(shards.c.status, shards.c.attempt)
+                           .where(shards.c.id == lease.shard_id)).first()
+    return row is not None and row.status == ShardStatus.RUNNING.value and row.attempt == lease.attempt
+
+
+@dataclass(frozen=True)
+class ShardResult:
+    output_uri: str
+    output_sha256: str
+    output_rows: int
+    errors_uri: str
+    errors_sha256: str
+    error_rows: int
+    tokens_input: int
+    tokens_output: int
+    tokens_real: int
+    tokens_padded: int
+    execute_seconds: float
+    errors: list[dict]    # record error rows: record_id, source, ordinal, error, message, attempts
+
+
+def commit_attempt(lease: Lease, result: ShardResult) -> None:
+    """Checkpoint: the shard becomes committed with this attempt's outputs, in one transaction,
+    only if the attempt still holds the fencing token. Raises StaleAttemptError otherwise."""
+    with tx() as conn:
+        ok = transition_shard(
+            conn, lease.shard_id, ShardStatus.COMMITTED, attempt=lease.attempt,
+            detail={"attempt": lease.attempt, "rows": result.output_rows, "errors": result.error_rows},
+            lease_owner=None, lease_expires_at=None, last_error=None,
+            output_uri=result.output_uri, output_sha256=result.output_sha256,
+            output_rows=result.output_rows, errors_uri=result.errors_uri,
+            errors_sha256=result.errors_sha256, error_rows=result.error_rows,
+            tokens_input=result.tokens_input, tokens_output=result.tokens_output,
+            tokens_real=result.tokens_real, tokens_padded=result.tokens_padded,
+            execute_seconds=result.execute_seconds)
+        if not ok:
+            raise StaleAttemptError(f"attempt {lease.attempt} of shard {lease.shard_id} lost its lease; "
+                                    "another attempt owns the shard")
+        conn.execute(update(attempts)
+                     .where(attempts.c.shard_id == lease.shard_id, attempts.c.number == lease.attempt)
+                     .values(status="committed", finished_at=now()))
+        if result.errors:
+            conn.execute(insert(record_errors),
+                         [dict(e, job_id=lease.job_id, shard_id=lease.shard_id) for e in result.errors])
+
+
+def backoff(attempt: int, base: float = 1.0, cap: float = 30.0) -> float:
+    """Capped exponential backoff with full jitter."""
+    return random.uniform(0, min(cap, base * 2 ** max(0, attempt - 1)))
+
+
+def _retry_or_fail(conn: Connection, shard_id: str, attempt: int, error: str, max_attempts: int,
+                   attempt_status: str) -> ShardStatus | None:
+    target = ShardStatus.RETRYING if attempt < max_attempts else ShardStatus.FAILED
+    ok = transition_shard(conn, shard_id, target, attempt=attempt,
+                          detail={"attempt": attempt, "error": error[:2000]},
+                          lease_owner=None, lease_expires_at=None, last_error=error[:4000],
+                          not_before=now() + backoff(attempt))
+    if not ok:
+        return None
+    conn.execute(update(attempts)
+                 .where(attempts.c.shard_id == shard_id, attempts.c.number == attempt)
+                 .values(status=attempt_status, finished_at=now(), error=error[:4000]))
+    if target is ShardStatus.FAILED:
+        job_id = conn.execute(select(shards.c.job_id).where(shards.c.id == shard_id)).scalar()
+        reason = (f"shard {shard_id} failed {attempt} attempts; last error: {error[:1000]}")
+        transition_job(conn, job_id, JobStatus.FAILED, detail=reason, error=reason, finished_at=now())
+    return target
+
+
+def fail_attempt(lease: Lease, error: str, max_attempts: int) -> ShardStatus | None:
+    """The attempt failed: retry later, or fail the shard (and its job) when attempts run out."""
+    with tx() as conn:
+        return _retry_or_fail(conn, lease.shard_id, lease.attempt, error, max_attempts, "failed")
+
+
+def expire_leases(job_id: str | None, max_attempts: int, *, dead_owners: Iterable[str] = ()) -> int:
+    """Running shards whose lease expired (or whose owner is known dead) go to retrying."""
+    t = now()
+    dead = list(dead_owners)
+    with tx() as conn:
+        cond = [shards.c.status == ShardStatus.RUNNING.value]
+        if job_id is not None:
+            cond.append(shards.c.job_id == job_id)
+        expired = shards.c.lease_expires_at < t
+        if dead:
+            expired = expired | shards.c.lease_owner.in_(dead)
+        rows = conn.execute(select(shards.c.id, shards.c.attempt, shards.c.lease_owner)
+                            .where(*cond, expired)).all()
+        for r in rows:
+            _retry_or_fail(conn, r.id, r.attempt, f"lease lost (worker {r.lease_owner} stopped "
+                           "heartbeating)", max_attempts, "lost")
+    return len(rows)
+
+
+def dispatch_ready(job_id: str, limit: int | None = None) -> list[str]:
+    """pending and retrying-past-backoff shards become queued; returns their ids (bounded by limit)."""
+    t = now()
+    with tx() as conn:
+        q = (select(shards.c.id, shards.c.status).where(
+            shards.c.job_id == job_id,
+            (shards.c.status == ShardStatus.PENDING.value)
+            | and_(shards.c.status == ShardStatus.RETRYING.value,
+                   func.coalesce(shards.c.not_before, 0) <= t))
+             .order_by(shards.c.bucket.desc(), shards.c.ordinal))
+        if limit is not None:
+            q = q.limit(limit)
+        ids = []
+        for r in conn.execute(q).all():
+            if transition_shard(conn, r.id, ShardStatus.QUEUED):
+                ids.append(r.id)
+    return ids
+
+
+def shard_counts(conn: Connection, job_id: str) -> dict[str, int]:
+    rows = conn.execute(select(shards.c.status, func.count()).where(shards.c.job_id == job_id)
+                        .group_by(shards.c.status)).all()
+    return {status: n for status, n in rows}

@@ -1,0 +1,76 @@
+"""Job and shard state machines as tables of allowed edges.
+
+Every transition goes through `ledger.ops.transition_job` / `transition_shard`, which enforce
+these tables with `UPDATE ... WHERE status IN (allowed sources)` and write one `job_events` row.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class JobStatus(StrEnum):
+    SUBMITTED = "submitted"    # manifest accepted, bundle digest resolved, inputs not yet pinned
+    PLANNING = "planning"      # inputs pinned; records being read, tokenized and sharded
+    RUNNING = "running"        # shards exist; workers are executing them
+    VERIFYING = "verifying"    # every shard committed; coverage and digests being checked
+    SUCCEEDED = "succeeded"    # _MANIFEST.json and _SUCCESS written
+    FAILED = "failed"          # gave up; the reason is in jobs.error
+    CANCELLING = "cancelling"  # cancel requested; running attempts are being stopped
+    CANCELLED = "cancelled"    # stopped by request; _PARTIAL.json describes what is done
+    EXPIRED = "expired"        # deadline passed before completion
+
+
+class ShardStatus(StrEnum):
+    PENDING = "pending"          # planned, not yet handed to a worker pool
+    QUEUED = "queued"            # dispatched; any worker may claim it
+    RUNNING = "running"          # leased by one attempt (fencing token = shards.attempt)
+    RETRYING = "retrying"        # last attempt failed or its lease expired; waiting for backoff
+    COMMITTED = "committed"      # exactly one winning attempt; its outputs are in the ledger
+    QUARANTINED = "quarantined"  # its records keep killing workers; recorded as error rows
+    FAILED = "failed"            # attempts exhausted without a commit; fails the job
+
+
+JOB_TRANSITIONS: dict[JobStatus, set[JobStatus]] = {
+    JobStatus.SUBMITTED: {JobStatus.PLANNING},
+    JobStatus.PLANNING: {JobStatus.RUNNING},
+    JobStatus.RUNNING: {JobStatus.VERIFYING},
+    JobStatus.VERIFYING: {JobStatus.SUCCEEDED},
+    JobStatus.CANCELLING: {JobStatus.CANCELLED},
+    JobStatus.SUCCEEDED: set(),
+    JobStatus.FAILED: set(),
+    JobStatus.CANCELLED: set(),
+    JobStatus.EXPIRED: set(),
+}
+
+JOB_TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED})
+JOB_ACTIVE = frozenset(JobStatus) - JOB_TERMINAL
+
+# Any non-final state may fail, be cancelled or expire.
+for _s in JOB_ACTIVE:
+    if _s is not JobStatus.CANCELLING:
+        JOB_TRANSITIONS[_s] |= {JobStatus.CANCELLING}
+    JOB_TRANSITIONS[_s] |= {JobStatus.FAILED, JobStatus.EXPIRED}
+
+SHARD_TRANSITIONS: dict[ShardStatus, set[ShardStatus]] = {
+    ShardStatus.PENDING: {ShardStatus.QUEUED},
+    ShardStatus.QUEUED: {ShardStatus.RUNNING},
+    ShardStatus.RUNNING: {ShardStatus.COMMITTED, ShardStatus.RETRYING, ShardStatus.FAILED,
+                          ShardStatus.QUARANTINED},
+    ShardStatus.RETRYING: {ShardStatus.QUEUED, ShardStatus.FAILED, ShardStatus.QUARANTINED},
+    ShardStatus.COMMITTED: set(),
+    ShardStatus.QUARANTINED: set(),
+    ShardStatus.FAILED: set(),
+}
+
+SHARD_TERMINAL = frozenset({ShardStatus.COMMITTED, ShardStatus.QUARANTINED, ShardStatus.FAILED})
+SHARD_DONE = frozenset({ShardStatus.COMMITTED, ShardStatus.QUARANTINED})  # count toward coverage
+
+
+def job_sources(target: JobStatus) -> set[str]:
+    """States from which `target` may be entered."""
+    return {s.value for s, targets in JOB_TRANSITIONS.items() if target in targets}
+
+
+def shard_sources(target: ShardStatus) -> set[str]:
+    return {s.value for s, targets in SHARD_TRANSITIONS.items() if target in targets}

@@ -1,0 +1,153 @@
+"""Ledger tables (SQLAlchemy Core). Times are UNIX epoch seconds (float) for portable arithmetic.
+
+The schema is created by Alembic (migrations/), never by `metadata.create_all`.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (Boolean, Column, Float, ForeignKey, Index, Integer, BigInteger, MetaData,
+                        String, Table, Text, UniqueConstraint)
+
+metadata = MetaData()
+
+bundles = Table(
+    "bundles", metadata,
+    Column("digest", String(71), primary_key=True),       # "sha256:<64 hex>" of bundle.json
+    Column("name", String(200), nullable=False, index=True),
+    Column("uri", Text, nullable=False),                  # where the bundle's files live
+    Column("task", String(32), nullable=False),
+    Column("family", String(32), nullable=False),
+    Column("meta", Text, nullable=False),                 # bundle.json, verbatim
+    Column("created_at", Float, nullable=False),
+)
+
+bundle_aliases = Table(
+    "bundle_aliases", metadata,
+    Column("name", String(200), primary_key=True),
+    Column("alias", String(200), primary_key=True),
+    Column("digest", String(71), ForeignKey("bundles.digest"), nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+
+jobs = Table(
+    "jobs", metadata,
+    Column("id", String(40), primary_key=True),
+    Column("tenant", String(100), nullable=False, default="default"),
+    Column("name", String(200), nullable=False),
+    Column("idempotency_key", String(300), nullable=True),
+    Column("status", String(16), nullable=False),
+    Column("task", String(32), nullable=False),
+    Column("manifest", Text, nullable=False),             # the validated manifest as JSON
+    Column("bundle_ref", String(300), nullable=False),    # as written by the user
+    Column("bundle_digest", String(71), ForeignKey("bundles.digest"), nullable=False),
+    Column("input_uri", Text, nullable=False),
+    Column("output_uri", Text, nullable=False),
+    Column("work_uri", Text, nullable=False),             # staging + attempt files
+    Column("priority", Integer, nullable=False, default=0),
+    Column("deadline_at", Float, nullable=True),
+    Column("schedule", String(200), nullable=True),
+    Column("error", Text, nullable=True),
+    Column("plan", Text, nullable=True),                  # bucket bounds and planning stats (JSON)
+    Column("records_total", BigInteger, nullable=True),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+    Column("started_at", Float, nullable=True),
+    Column("finished_at", Float, nullable=True),
+    Column("plan_seconds", Float, nullable=True),
+    Column("verify_seconds", Float, nullable=True),
+    UniqueConstraint("tenant", "idempotency_key", name="uq_jobs_tenant_idempotency"),
+    Index("ix_jobs_status", "status"),
+)
+
+job_inputs = Table(
+    "job_inputs", metadata,
+    Column("job_id", String(40), ForeignKey("jobs.id"), primary_key=True),
+    Column("idx", Integer, primary_key=True),             # position in the pinned, sorted list
+    Column("uri", Text, nullable=False),
+    Column("size", BigInteger, nullable=False),
+    Column("etag", String(200), nullable=False),
+    Column("version_id", String(300), nullable=True),
+    Column("records", BigInteger, nullable=True),         # filled by planning
+)
+
+shards = Table(
+    "shards", metadata,
+    Column("id", String(40), primary_key=True),           # deterministic: job, bucket, ordinal, records
+    Column("job_id", String(40), ForeignKey("jobs.id"), nullable=False),
+    Column("bucket", Integer, nullable=False),            # -1: records that failed validation
+    Column("ordinal", Integer, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("attempt", Integer, nullable=False, default=0),  # fencing token of the current lease
+    Column("num_records", Integer, nullable=False),
+    Column("num_tokens", BigInteger, nullable=False),
+    Column("input_uri", Text, nullable=False),            # staged token ids (Parquet)
+    Column("lease_owner", String(200), nullable=True),
+    Column("lease_expires_at", Float, nullable=True),
+    Column("not_before", Float, nullable=True),           # retry backoff
+    Column("output_uri", Text, nullable=True),            # winning attempt's files
+    Column("output_sha256", String(64), nullable=True),
+    Column("output_rows", Integer, nullable=True),
+    Column("errors_uri", Text, nullable=True),
+    Column("errors_sha256", String(64), nullable=True),
+    Column("error_rows", Integer, nullable=True),
+    Column("tokens_input", BigInteger, nullable=True),
+    Column("tokens_output", BigInteger, nullable=True),
+    Column("tokens_real", BigInteger, nullable=True),
+    Column("tokens_padded", BigInteger, nullable=True),
+    Column("execute_seconds", Float, nullable=True),
+    Column("last_error", Text, nullable=True),
+    Column("updated_at", Float, nullable=False),
+    UniqueConstraint("job_id", "bucket", "ordinal", name="uq_shards_job_bucket_ordinal"),
+    Index("ix_shards_job_status", "job_id", "status"),
+)
+
+attempts = Table(
+    "attempts", metadata,
+    Column("shard_id", String(40), ForeignKey("shards.id"), primary_key=True),
+    Column("number", Integer, primary_key=True),
+    Column("worker", String(200), nullable=False),
+    Column("status", String(16), nullable=False),         # running | committed | lost | failed | stale
+    Column("started_at", Float, nullable=False),
+    Column("heartbeat_at", Float, nullable=True),
+    Column("finished_at", Float, nullable=True),
+    Column("error", Text, nullable=True),
+)
+
+record_errors = Table(
+    "record_errors", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("job_id", String(40), ForeignKey("jobs.id"), nullable=False),
+    Column("shard_id", String(40), ForeignKey("shards.id"), nullable=False),
+    Column("record_id", Text, nullable=True),
+    Column("source", Text, nullable=False),
+    Column("ordinal", BigInteger, nullable=False),
+    Column("error", String(64), nullable=False),
+    Column("message", Text, nullable=False),
+    Column("attempts", Integer, nullable=False),
+    Index("ix_record_errors_job", "job_id", "id"),
+)
+
+job_events = Table(
+    "job_events", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("job_id", String(40), ForeignKey("jobs.id"), nullable=False),
+    Column("shard_id", String(40), nullable=True),
+    Column("kind", String(32), nullable=False),           # job | shard | attempt | note
+    Column("from_status", String(16), nullable=True),
+    Column("to_status", String(16), nullable=True),
+    Column("detail", Text, nullable=True),
+    Column("at", Float, nullable=False),
+    Index("ix_job_events_job", "job_id", "id"),
+)
+
+schedules = Table(
+    "schedules", metadata,
+    Column("name", String(200), primary_key=True),
+    Column("tenant", String(100), nullable=False, default="default"),
+    Column("cron", String(100), nullable=False),
+    Column("timezone", String(64), nullable=False, default="UTC"),
+    Column("template", Text, nullable=False),
+    Column("catchup", Boolean, nullable=False, default=True),
+    Column("paused", Boolean, nullable=False, default=False),
+    Column("created_at", Float, nullable=False),
+)

@@ -1,0 +1,164 @@
+"""Job manifests (DESIGN.md §4): parsed from YAML or JSON, unknown keys rejected by name."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from batchinf.errors import ManifestError
+
+TASKS = ("embed", "generate")
+FORMATS = ("jsonl", "parquet", "openai-batch")
+
+
+@dataclass(frozen=True, kw_only=True)
+class InputSpec:
+    uri: str | None = None          # a prefix or one object
+    manifest: str | None = None     # instead of uri: a JSONL list of objects (key/uri, version_id)
+    format: str = "jsonl"
+    id_field: str = "id"
+    text_field: str = "text"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardSpec:
+    max_records: int = 4096
+    max_tokens: int = 1_000_000
+
+
+@dataclass(frozen=True, kw_only=True)
+class EmbedOptions:
+    max_length: int | None = None          # default: the bundle's max length (never above it)
+    max_batch_tokens: int = 16384          # padded tokens per forward batch
+    truncate: bool = True                  # False: over-long records become error rows
+    device: str = "auto"                   # auto | cpu | cuda
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobManifest:
+    name: str
+    task: str
+    bundle: str
+    input: InputSpec
+    output_uri: str
+    shards: ShardSpec = field(default_factory=ShardSpec)
+    options: EmbedOptions = field(default_factory=EmbedOptions)
+    deadline_seconds: float | None = None
+    priority: int = 0
+    idempotency_key: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["output"] = {"uri": d.pop("output_uri")}
+        return d
+
+    def content_key(self) -> str:
+        """Default idempotency key: the same manifest resumes the same job."""
+        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        return "manifest-sha256:" + hashlib.sha256(blob).hexdigest()
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+
+
+def parse_duration(value: Any, where: str) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    m = _DURATION.match(str(value))
+    if not m:
+        raise ManifestError(f"{where}: {value!r} is not a duration; write e.g. 90s, 30m, 6h or 1d")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+
+
+def _section(cls: type, raw: Any, where: str) -> Any:
+    if raw is None:
+        return cls()
+    if not isinstance(raw, dict):
+        raise ManifestError(f"{where} must be a mapping, got {type(raw).__name__}")
+    known = {f for f in cls.__dataclass_fields__}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ManifestError(f"unknown key {where}.{unknown[0]}; allowed keys: {', '.join(sorted(known))}")
+    defaults = cls()
+    values = {}
+    for k, v in raw.items():
+        expect = type(getattr(defaults, k))
+        if getattr(defaults, k) is None:
+            # optional field: check the type its annotation names ("int | None"); null stays allowed
+            hint = str(cls.__dataclass_fields__[k].type).split("|")[0].strip()
+            expect = {"int": int, "str": str}.get(hint) if v is not None else None
+        if expect is bool and not isinstance(v, bool):
+            raise ManifestError(f"{where}.{k} must be true or false, got {v!r}")
+        if expect is int and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+            raise ManifestError(f"{where}.{k} must be a positive integer, got {v!r}")
+        if expect is str and not isinstance(v, str):
+            raise ManifestError(f"{where}.{k} must be a string, got {v!r}")
+        values[k] = v
+    return cls(**values)
+
+
+TOP_KEYS = {"name", "task", "bundle", "input", "output", "shards", "options", "deadline",
+            "priority", "idempotency_key"}
+
+
+def parse_manifest(raw: Any) -> JobManifest:
+    if not isinstance(raw, dict):
+        raise ManifestError("a job manifest must be a mapping with name, task, bundle, input and output")
+    unknown = sorted(set(raw) - TOP_KEYS)
+    if unknown:
+        raise ManifestError(f"unknown key {unknown[0]!r}; allowed keys: {', '.join(sorted(TOP_KEYS))}")
+    for key in ("name", "bundle", "input", "output"):
+        if key not in raw:
+            raise ManifestError(f"missing required key {key!r}")
+    task = raw.get("task", "embed")
+    if task not in TASKS:
+        raise ManifestError(f"task {task!r} is not supported; use one of {', '.join(TASKS)}")
+    inp = _section(InputSpec, raw["input"], "input")
+    if bool(inp.uri) == bool(inp.manifest):
+        raise ManifestError("input needs exactly one of uri (a prefix or object) or manifest "
+                            "(a JSONL list of objects)")
+    if inp.format not in FORMATS:
+        raise ManifestError(f"input.format {inp.format!r} is not supported; use one of {', '.join(FORMATS)}")
+    out = raw["output"]
+    if not isinstance(out, dict) or set(out) != {"uri"} or not isinstance(out["uri"], str):
+        raise ManifestError("output must be a mapping with exactly one key, uri")
+    priority = raw.get("priority", 0)
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise ManifestError(f"priority must be an integer, got {priority!r}")
+    key = raw.get("idempotency_key")
+    if key is not None and (not isinstance(key, str) or not key):
+        raise ManifestError("idempotency_key must be a non-empty string")
+    return JobManifest(
+        name=str(raw["name"]), task=task, bundle=str(raw["bundle"]), input=inp,
+        output_uri=out["uri"], shards=_section(ShardSpec, raw.get("shards"), "shards"),
+        options=_section(EmbedOptions, raw.get("options"), "options"),
+        deadline_seconds=parse_duration(raw["deadline"], "deadline") if raw.get("deadline") else None,
+        priority=priority, idempotency_key=key)
+
+
+def load_manifest(path: str | Path) -> JobManifest:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ManifestError(f"cannot read manifest {path}: {exc.strerror}") from exc
+    try:
+        raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as exc:
+        raise ManifestError(f"manifest {path} is not valid YAML/JSON: {exc}") from exc
+    return parse_manifest(raw)
+
+
+def manifest_from_dict(d: dict[str, Any]) -> JobManifest:
+    """Inverse of JobManifest.to_dict (as stored in the ledger)."""
+    d = dict(d)
+    deadline = d.pop("deadline_seconds", None)
+    d["output"] = d.pop("output")
+    m = parse_manifest({k: v for k, v in d.items() if v is not None})
+    return JobManifest(**{**m.__dict__, "deadline_seconds": deadline})

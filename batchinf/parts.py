@@ -1,0 +1,67 @@
+"""Parquet files in object stores: write with a digest, read back. Schemas of the output contract."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from batchinf.store import get_store, split_uri
+
+ERROR_SCHEMA = pa.schema([
+    ("record_id", pa.string()), ("source", pa.string()), ("ordinal", pa.int64()),
+    ("error", pa.string()), ("message", pa.string()), ("attempts", pa.int32()),
+])
+
+
+def embedding_schema(dim: int) -> pa.Schema:
+    return pa.schema([
+        ("record_id", pa.string()), ("source", pa.string()), ("ordinal", pa.int64()),
+        ("embedding", pa.list_(pa.float32(), dim)),
+        ("input_tokens", pa.int32()), ("output_tokens", pa.int32()), ("truncated", pa.bool_()),
+    ])
+
+
+def sha256_path(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_table(uri: str, table: pa.Table) -> str:
+    """Write a Parquet file to uri (atomically for local files); returns its sha256."""
+    fd, tmp = tempfile.mkstemp(suffix=".parquet")
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+        digest = sha256_path(tmp)
+        get_store(uri).put_file(uri, tmp)
+        return digest
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def read_table(uri: str, columns: list[str] | None = None) -> pa.Table:
+    scheme, _, path = split_uri(uri)
+    if scheme == "file":
+        return pq.read_table(path, columns=columns)
+    with tempfile.NamedTemporaryFile(suffix=".parquet") as tmp:
+        get_store(uri).download_file(uri, tmp.name)
+        return pq.read_table(tmp.name, columns=columns)
+
+
+def digest_of_uri(uri: str) -> tuple[str, int]:
+    """(sha256, rows) of a Parquet object as stored."""
+    scheme, _, path = split_uri(uri)
+    if scheme == "file":
+        return sha256_path(path), pq.ParquetFile(path).metadata.num_rows
+    with tempfile.NamedTemporaryFile(suffix=".parquet") as tmp:
+        get_store(uri).download_file(uri, tmp.name)
+        return sha256_path(tmp.name), pq.ParquetFile(tmp.name).metadata.num_rows

@@ -1,0 +1,238 @@
+"""Plan: pin inputs, read and tokenize every record once, bucket globally by length, cut shards.
+
+Planning is deterministic: the same pinned inputs and bundle give the same shards (ids, record
+sets and staged files), so a planner that crashes is simply run again.
+
+Staged files (under the job's work prefix):
+  plan/obj-00000.parquet     one per input object: every record, tokenized or with its error
+  shards/b003-00012.parquet  one per shard: the records it owns, sorted by token length
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from sqlalchemy import insert, select, update
+
+from batchinf import failpoints
+from batchinf.bundles import open_runtime
+from batchinf.errors import BatchinfError
+from batchinf.jobs import input_pins, job_manifest, job_row, pin_inputs
+from batchinf.ledger.db import tx
+from batchinf.ledger.ops import now, transition_job
+from batchinf.ledger.states import JobStatus, ShardStatus
+from batchinf.ledger.tables import job_inputs, jobs, shards
+from batchinf.parts import read_table, write_table
+from batchinf.records import read_records
+from batchinf.store import ObjectPin, get_store, join
+
+ERROR_BUCKET = -1          # shard bucket for records that failed validation: nothing to compute
+TOKENIZE_CHUNK = 4096
+
+STAGE_SCHEMA = pa.schema([
+    ("ordinal", pa.int64()), ("record_id", pa.string()), ("error", pa.string()),
+    ("message", pa.string()), ("n_tokens", pa.int32()), ("truncated", pa.bool_()),
+    ("input_ids", pa.list_(pa.int32())),
+])
+
+
+@dataclass(frozen=True)
+class ObjectTask:
+    """One planning task: read and tokenize one pinned input object."""
+    idx: int
+    pin: ObjectPin
+    fmt: str
+    id_field: str
+    text_field: str
+    digest: str
+    max_length: int
+    truncate: bool
+    stage_uri: str
+
+
+def plan_object(task: ObjectTask) -> int:
+    """Read, validate and tokenize one object; stage the result. Returns its record count."""
+    runtime = open_runtime(task.digest, with_model=False)
+    tok = runtime.tokenizer
+    if task.max_length != tok.max_length:
+        from batchinf.runtime.tokenizer import TextTokenizer
+
+        tok = TextTokenizer.from_file(runtime.root / "tokenizer.json", task.max_length)
+    cols: dict[str, list[Any]] = {name: [] for name in STAGE_SCHEMA.names}
+
+    def flush(batch: list) -> None:
+        valid = [r for r in batch if r.error is None]
+        encoded = iter(tok.encode_batch([r.text for r in valid]))
+        for r in batch:
+            e = next(encoded) if r.error is None else None
+            error, message = r.error, r.message
+            if e is not None and e.truncated and not task.truncate:
+                error, message = "too_long", (f"{task.pin.uri} record {r.record_id!r} is longer than "
+                                              f"max_length {task.max_length} tokens; set "
+                                              "options.truncate: true to truncate it")
+            ok = error is None
+            cols["ordinal"].append(r.ordinal)
+            cols["record_id"].append(r.record_id)
+            cols["error"].append(error)
+            cols["message"].append(message)
+            cols["n_tokens"].append(len(e.ids) if ok else 0)
+            cols["truncated"].append(bool(e.truncated) if ok else False)
+            cols["input_ids"].append(e.ids if ok else None)
+
+    with get_store(task.pin.uri).open_read(task.pin) as fh:
+        batch: list = []
+        for rec in read_records(fh, task.fmt, task.pin.uri, task.id_field, task.text_field):
+            batch.append(rec)
+            if len(batch) >= TOKENIZE_CHUNK:
+                flush(batch)
+                batch = []
+        flush(batch)
+    write_table(task.stage_uri, pa.table(cols, schema=STAGE_SCHEMA))
+    return len(cols["ordinal"])
+
+
+def bucket_bounds(lengths: np.ndarray, max_records: int, max_buckets: int = 32) -> list[int]:
+    """Upper bounds (inclusive) of length buckets, from the job's own length distribution:
+    quantile cut points, so each bucket holds a similar number of records, and no more buckets
+    than it takes to keep shards near full (a bucket is cut into shards of max_records)."""
+    if lengths.size == 0:
+        return []
+    n = int(min(max_buckets, max(1, -(-lengths.size // max_records))))
+    qs = np.quantile(lengths, np.linspace(0, 1, n + 1)[1:], method="higher")
+    return sorted({int(q) for q in qs})
+
+
+def shard_id(job_id: str, bucket: int, ordinal: int, members: np.ndarray) -> str:
+    h = hashlib.sha256(f"{job_id}|{bucket}|{ordinal}|".encode())
+    h.update(np.ascontiguousarray(members, dtype=np.int64).tobytes())
+    return "sh-" + h.hexdigest()[:29]
+
+
+def cut(order: np.ndarray, tokens: np.ndarray, max_records: int, max_tokens: int) -> list[np.ndarray]:
+    """Split an ordered index array into runs bounded by record count and token sum."""
+    runs, start, acc = [], 0, 0
+    for i, idx in enumerate(order):
+        t = int(tokens[idx])
+        if i > start and (i - start >= max_records or acc + t > max_tokens):
+            runs.append(order[start:i])
+            start, acc = i, 0
+        acc += t
+    if start < len(order):
+        runs.append(order[start:])
+    return runs
+
+
+def _pin(job_id: str) -> None:
+    row = job_row(job_id)
+    pins = pin_inputs(job_manifest(row))
+    with tx() as conn:
+        if transition_job(conn, job_id, JobStatus.PLANNING, detail={"objects": len(pins)},
+                          started_at=now()):
+            conn.execute(insert(job_inputs), [
+                {"job_id": job_id, "idx": i, "uri": p.uri, "size": p.size, "etag": p.etag,
+                 "version_id": p.version_id} for i, p in enumerate(pins)])
+    failpoints.hit("plan.after_pin")
+
+
+def plan_job(job_id: str, *, processes: int | None = None) -> None:
+    """Take a job from submitted (or a crashed planning) to running with all shards pending."""
+    t0 = time.perf_counter()
+    row = job_row(job_id)
+    if row.status == JobStatus.SUBMITTED:
+        _pin(job_id)
+        row = job_row(job_id)
+    if row.status != JobStatus.PLANNING:
+        return
+    m = job_manifest(row)
+    runtime = open_runtime(row.bundle_digest, with_model=False)   # verifies files + tokenizer
+    max_length = min(m.options.max_length or runtime.meta["max_length"], runtime.meta["max_length"])
+    pins = [p for p, _ in input_pins(job_id)]
+    tasks = [ObjectTask(i, p, m.input.format, m.input.id_field, m.input.text_field,
+                        row.bundle_digest, max_length, m.options.truncate,
+                        join(row.work_uri, "plan", f"obj-{i:05d}.parquet")) for i, p in enumerate(pins)]
+    workers = min(len(tasks), processes or os.cpu_count() or 1)
+    if workers > 1:
+        with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+            counts = list(pool.map(plan_object, tasks))
+    else:
+        counts = [plan_object(t) for t in tasks]
+
+    # Global step: all records of the job, by (object, ordinal); token ids stay in Arrow.
+    tables = [read_table(t.stage_uri) for t in tasks]
+    table = pa.concat_tables(tables) if tables else pa.table({}, schema=STAGE_SCHEMA)
+    src = np.repeat(np.arange(len(tasks), dtype=np.int64), counts)
+    ordinal = table.column("ordinal").to_numpy()
+    n_tokens = table.column("n_tokens").to_numpy().astype(np.int64)
+    errors = table.column("error").to_pylist()
+    messages = table.column("message").to_pylist()
+    ids = table.column("record_id").to_pylist()
+    seen: dict[str, int] = {}
+    for i, rid in enumerate(ids):        # first occurrence (in pinned order) wins
+        if rid is None or errors[i] is not None:
+            continue
+        first = seen.setdefault(rid, i)
+        if first != i:
+            errors[i] = "duplicate_id"
+            messages[i] = (f"{pins[src[i]].uri} record {ordinal[i]}: id {rid!r} duplicates the record at "
+                           f"{pins[src[first]].uri} record {ordinal[first]}; ids must be unique in a job")
+    valid = np.array([e is None for e in errors], dtype=bool)
+    bounds = bucket_bounds(n_tokens[valid], m.shards.max_records)
+    bucket = np.where(valid, np.searchsorted(np.asarray(bounds, dtype=np.int64), n_tokens), ERROR_BUCKET)
+
+    source_uris = pa.array([p.uri for p in pins], pa.string())
+    full = table.set_column(table.schema.get_field_index("error"), "error", pa.array(errors, pa.string()))
+    full = full.set_column(full.schema.get_field_index("message"), "message", pa.array(messages, pa.string()))
+    full = full.append_column("source", pa.DictionaryArray.from_arrays(pa.array(src, pa.int32()), source_uris))
+
+    shard_rows = []
+    for b in sorted(set(bucket.tolist())):
+        members = np.flatnonzero(bucket == b)
+        # Within a bucket: by length, ties by (object, ordinal) -- deterministic.
+        members = members[np.lexsort((ordinal[members], src[members], n_tokens[members]))]
+        for k, run in enumerate(cut(members, n_tokens, m.shards.max_records, m.shards.max_tokens)):
+            uri = join(row.work_uri, "shards", f"b{b + 1:03d}-{k:05d}.parquet")
+            write_table(uri, full.take(pa.array(run)))
+            key = np.stack([src[run], ordinal[run]], axis=1)
+            shard_rows.append({
+                "id": shard_id(job_id, int(b), k, key), "job_id": job_id, "bucket": int(b), "ordinal": k,
+                "status": ShardStatus.PENDING.value, "attempt": 0, "num_records": len(run),
+                "num_tokens": int(n_tokens[run].sum()), "input_uri": uri, "updated_at": now()})
+
+    plan_info = {"bucket_bounds": bounds, "max_length": max_length, "objects": len(pins),
+                 "records": int(len(ordinal)), "invalid": int((~valid).sum()),
+                 "truncated": int(np.asarray(table.column("truncated").to_numpy(zero_copy_only=False)).sum()),
+                 "tokens": int(n_tokens.sum())}
+    with tx() as conn:
+        if conn.execute(select(jobs.c.status).where(jobs.c.id == job_id)).scalar() != JobStatus.PLANNING:
+            return   # another planner finished first
+        for i, n in enumerate(counts):
+            conn.execute(update(job_inputs).where(job_inputs.c.job_id == job_id, job_inputs.c.idx == i)
+                         .values(records=n))
+        if shard_rows:
+            conn.execute(insert(shards), shard_rows)
+        transition_job(conn, job_id, JobStatus.RUNNING, detail={"shards": len(shard_rows)},
+                       plan=json.dumps(plan_info), records_total=int(len(ordinal)),
+                       plan_seconds=time.perf_counter() - t0)
+
+
+def plan_or_fail(job_id: str, **kw: Any) -> None:
+    """Planning errors that no retry can fix (missing input, bad bundle) fail the job with their
+    message; anything else propagates so the caller can retry."""
+    from batchinf.errors import BundleError, InputError, ManifestError, StoreError
+    from batchinf.ledger.ops import fail_job
+
+    try:
+        plan_job(job_id, **kw)
+    except (BundleError, InputError, ManifestError, StoreError) as exc:
+        fail_job(job_id, f"planning failed: {exc}")
+    except BatchinfError:
+        raise

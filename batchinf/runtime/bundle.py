@@ -1,0 +1,206 @@
+"""Model bundles (DESIGN.md §6): import, content digest, verification, loading.
+
+A bundle is a directory of HF-format files plus `bundle.json`, whose canonical JSON's sha256 is
+the bundle digest. `bundle.json` pins every file's sha256 and carries fixtures (texts with their
+expected token IDs and embeddings); loading checks all of it before the first record is touched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from batchinf.errors import BundleError
+
+BUNDLE_FORMAT = 1
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+FIXTURE_TEXTS = [
+    "batchinf pins every input and the model before it runs.",
+    "Short.",
+    "Ünïcödé, emoji 🚀 and CJK 中文 survive tokenization.",
+    " ".join(["A long fixture that runs past the maximum length of the bundle."] * 60),
+]
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def canonical(meta: dict[str, Any]) -> bytes:
+    return json.dumps(meta, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def digest_of(meta: dict[str, Any]) -> str:
+    return "sha256:" + hashlib.sha256(canonical(meta)).hexdigest()
+
+
+def _refuse_pickles(paths: list[str], where: str) -> None:
+    for p in paths:
+        if p.lower().endswith(PICKLE_SUFFIXES):
+            raise BundleError(f"{where}: refusing pickle checkpoint {p!r}: pickles can execute code "
+                              "when loaded. Convert it to safetensors and remove it from the bundle.")
+
+
+def _bundle_files(src: Path) -> list[str]:
+    files = sorted(str(p.relative_to(src)) for p in src.rglob("*")
+                   if p.is_file() and not any(part.startswith(".") for part in p.relative_to(src).parts)
+                   and p.name != "bundle.json")
+    _refuse_pickles(files, str(src))
+    if not any(f.endswith(".safetensors") for f in files):
+        raise BundleError(f"{src}: no *.safetensors weights found; batchinf loads safetensors only")
+    return files
+
+
+def _family(config: dict[str, Any]) -> tuple[str, str]:
+    model_type = config.get("model_type", "")
+    if model_type == "bert":
+        return "bert", "embed"
+    raise BundleError(f"model_type {model_type!r} is not supported yet; supported families: bert (embed)")
+
+
+def build_meta(src: Path, *, max_length: int | None = None, dtype: str = "float32") -> dict[str, Any]:
+    """bundle.json for a model directory: file digests, task settings, and fixtures computed with
+    our own runtime on CPU in float32."""
+    from batchinf.runtime.encoder import read_pooling_config, sentence_transformers_max_length
+    from batchinf.runtime.tokenizer import TextTokenizer
+
+    files = _bundle_files(src)
+    if "tokenizer.json" not in files or "config.json" not in files:
+        raise BundleError(f"{src}: a bundle needs config.json and tokenizer.json")
+    config = json.loads((src / "config.json").read_text())
+    family, task = _family(config)
+    limit = int(config.get("max_position_embeddings", 512))
+    max_length = max_length or sentence_transformers_max_length(src) or limit
+    if max_length > limit:
+        raise BundleError(f"max length {max_length} exceeds the model's {limit} positions")
+    pooling, normalize = read_pooling_config(src)
+    tok = TextTokenizer.from_file(src / "tokenizer.json", max_length)
+    specials = {name: tok.token_id(tok_str) for name, tok_str in
+                (("pad", "[PAD]"), ("cls", "[CLS]"), ("sep", "[SEP]"), ("unk", "[UNK]"), ("mask", "[MASK]"))}
+    meta: dict[str, Any] = {
+        "format": BUNDLE_FORMAT, "task": task, "family": family, "dtype": dtype,
+        "max_length": max_length, "pooling": pooling, "normalize": normalize,
+        "special_tokens": {k: v for k, v in specials.items() if v is not None},
+        "files": {f: sha256_file(src / f) for f in files},
+    }
+    runtime = EmbedRuntime(src, meta, device="cpu", dtype_override="float32")
+    encoded = [e.ids for e in runtime.tokenizer.encode_batch(FIXTURE_TEXTS)]
+    vectors, _ = runtime.embed(encoded)
+    meta["fixtures"] = [{"text": t, "token_ids": ids, "embedding": [round(float(x), 7) for x in v]}
+                        for t, ids, v in zip(FIXTURE_TEXTS, encoded, vectors)]
+    return meta
+
+
+@dataclass
+class EmbedRuntime:
+    """A loaded encoder: tokenizer + model on one device."""
+    root: Path
+    meta: dict[str, Any]
+    device: str = "cpu"
+    dtype_override: str | None = None
+    tokenizer: Any = field(init=False)
+    model: Any = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        from batchinf.runtime.tokenizer import TextTokenizer
+
+        self.tokenizer = TextTokenizer.from_file(self.root / "tokenizer.json", self.meta["max_length"])
+
+    def load_model(self) -> None:
+        import torch
+
+        from batchinf.runtime.encoder import load_encoder
+
+        dtype = self.dtype_override or self.meta.get("dtype", "float32")
+        if self.device == "cpu":
+            dtype = "float32"   # CPUs here lack fast bf16/fp16 kernels
+        self.model = load_encoder(self.root, device=self.device, dtype=getattr(torch, dtype))
+
+    def embed(self, batch: list[list[int]]) -> tuple[np.ndarray, int]:
+        """batch of token-id lists -> (float32 [B, D], padded token positions computed)."""
+        from batchinf.runtime.encoder import embed_batch
+
+        if self.model is None:
+            self.load_model()
+        return embed_batch(self.model, batch, self.tokenizer.pad_id, self.meta["pooling"],
+                           self.meta["normalize"])
+
+
+def verify_files(root: Path, meta: dict[str, Any], digest: str | None = None) -> None:
+    if digest is not None and digest_of(meta) != digest:
+        raise BundleError(f"{root}/bundle.json does not match digest {digest}: the bundle was modified "
+                          "after import; re-import it")
+    _refuse_pickles(list(meta.get("files", {})), f"{root}/bundle.json")
+    present = [str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()]
+    _refuse_pickles(present, str(root))
+    for name, want in meta["files"].items():
+        path = root / name
+        if not path.is_file():
+            raise BundleError(f"bundle file {path} is missing; re-import the bundle")
+        got = sha256_file(path)
+        if got != want:
+            raise BundleError(f"bundle file {path} was modified (sha256 {got[:12]}…, bundle.json says "
+                              f"{want[:12]}…); restore it or re-import the bundle")
+
+
+def verify_tokenizer_fixtures(runtime: EmbedRuntime) -> None:
+    for i, fx in enumerate(runtime.meta["fixtures"]):
+        got = runtime.tokenizer.encode(fx["text"]).ids
+        if got != fx["token_ids"]:
+            first = next((j for j, (a, b) in enumerate(zip(got, fx["token_ids"])) if a != b),
+                         min(len(got), len(fx["token_ids"])))
+            raise BundleError(
+                f"tokenizer drift in {runtime.root / 'tokenizer.json'}: fixture {i} ({fx['text'][:40]!r}) "
+                f"tokenizes differently from import time (first difference at position {first}); "
+                "pin the tokenizers version the bundle was imported with, or re-import the bundle")
+
+
+def verify_model_fixtures(runtime: EmbedRuntime) -> None:
+    ids = [fx["token_ids"] for fx in runtime.meta["fixtures"]]
+    got, _ = runtime.embed(ids)
+    want = np.asarray([fx["embedding"] for fx in runtime.meta["fixtures"]], dtype=np.float32)
+    cos = (got * want).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1) + 1e-12)
+    import torch
+
+    floor = 0.9999 if next(runtime.model.parameters()).dtype == torch.float32 else 0.99
+    bad = np.flatnonzero(cos < floor)
+    if bad.size:
+        i = int(bad[0])
+        raise BundleError(f"model fixture {i} of bundle {runtime.root} gives cosine {cos[i]:.6f} < "
+                          f"{floor} against its recorded embedding: weights or runtime changed")
+
+
+def write_bundle_dir(src: Path, dst: Path, meta: dict[str, Any]) -> None:
+    """Copy the bundle's files and its bundle.json into dst (atomically via a temp dir)."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".import-", dir=dst.parent))
+    for name in meta["files"]:
+        (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src / name, tmp / name)
+    (tmp / "bundle.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
+    if dst.exists():
+        shutil.rmtree(tmp)
+        return
+    os.replace(tmp, dst)
+
+
+def read_meta(root: Path) -> dict[str, Any]:
+    path = root / "bundle.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise BundleError(f"{path} is missing; import the directory with `batchinf bundle import`") from exc
+    except json.JSONDecodeError as exc:
+        raise BundleError(f"{path} is not valid JSON ({exc}); re-import the bundle") from exc

@@ -1,0 +1,262 @@
+"""A BERT-family text encoder, its safetensors loader, and sentence-transformers pooling."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch import Tensor, nn
+
+from batchinf.errors import BatchinfError, BundleError
+
+_TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh")
+# Checkpoint keys the encoder has no use for.
+_IGNORED_PREFIXES = ("pooler.", "cls.", "embeddings.position_ids", "embeddings.token_type_ids")
+
+
+@dataclass
+class EncoderConfig:
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    max_position_embeddings: int
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    hidden_act: str = "gelu"
+
+    @classmethod
+    def from_hf(cls, config: dict[str, Any]) -> "EncoderConfig":
+        if config.get("model_type", "bert") != "bert":
+            raise BundleError(f"model_type {config.get('model_type')!r} is not supported; only 'bert'")
+        if config.get("position_embedding_type", "absolute") != "absolute":
+            raise BundleError("only absolute position embeddings are supported")
+        act = config.get("hidden_act", "gelu")
+        if act != "gelu" and act not in _TANH_GELUS:
+            raise BundleError(f"hidden_act {act!r} is not supported; use gelu or {'/'.join(_TANH_GELUS)}")
+        try:
+            return cls(**{f.name: config[f.name] for f in fields(cls) if f.name in config})
+        except TypeError as e:
+            raise BundleError(f"config.json lacks a required field: {e}") from e
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: EncoderConfig) -> None:
+        super().__init__()
+        if cfg.hidden_size % cfg.num_attention_heads:
+            raise BundleError("hidden_size must be divisible by num_attention_heads")
+        self.n_head = cfg.num_attention_heads
+        self.query = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        B, S, D = x.shape
+        # [B, S, D] -> [B, H, S, Dh]
+        q, k, v = (
+            proj(x).view(B, S, self.n_head, D // self.n_head).transpose(1, 2)
+            for proj in (self.query, self.key, self.value)
+        )
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # mask: [B, 1, 1, S]
+        return y.transpose(1, 2).reshape(B, S, D)
+
+
+class ResidualOutput(nn.Module):
+    """dense -> + residual -> LayerNorm (BERT is post-LN)."""
+
+    def __init__(self, d_in: int, d_out: int, eps: float) -> None:
+        super().__init__()
+        self.dense = nn.Linear(d_in, d_out)
+        self.LayerNorm = nn.LayerNorm(d_out, eps=eps)
+
+    def forward(self, h: Tensor, residual: Tensor) -> Tensor:
+        return self.LayerNorm(self.dense(h) + residual)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: EncoderConfig) -> None:
+        super().__init__()
+        self.self = SelfAttention(cfg)
+        self.output = ResidualOutput(cfg.hidden_size, cfg.hidden_size, cfg.layer_norm_eps)
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        return self.output(self.self(x, mask), x)
+
+
+class Intermediate(nn.Module):
+    def __init__(self, cfg: EncoderConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.approximate = "tanh" if cfg.hidden_act in _TANH_GELUS else "none"
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.gelu(self.dense(x), approximate=self.approximate)  # [B, S, I]
+
+
+class BertLayer(nn.Module):
+    def __init__(self, cfg: EncoderConfig) -> None:
+        super().__init__()
+        self.attention = Attention(cfg)
+        self.intermediate = Intermediate(cfg)
+        self.output = ResidualOutput(cfg.intermediate_size, cfg.hidden_size, cfg.layer_norm_eps)
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        x = self.attention(x, mask)
+        return self.output(self.intermediate(x), x)
+
+
+class Embeddings(nn.Module):
+    def __init__(self, cfg: EncoderConfig) -> None:
+        super().__init__()
+        self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
+        self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        S = input_ids.shape[1]
+        pos = torch.arange(S, device=input_ids.device)
+        # Single-segment input: token type is always 0.
+        x = self.word_embeddings(input_ids) + self.position_embeddings(pos) + self.token_type_embeddings.weight[0]
+        return self.LayerNorm(x)  # [B, S, D]
+
+
+class Encoder(nn.Module):
+    def __init__(self, cfg: EncoderConfig) -> None:
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_hidden_layers))
+
+
+class BertEncoder(nn.Module):
+    """Parameter names equal HF BertModel's state-dict keys (less `pooler.*`)."""
+
+    def __init__(self, cfg: EncoderConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embeddings = Embeddings(cfg)
+        self.encoder = Encoder(cfg)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        S = input_ids.shape[1]
+        if S > self.config.max_position_embeddings:
+            raise BatchinfError(
+                f"sequence length {S} exceeds max_position_embeddings "
+                f"{self.config.max_position_embeddings}; lower the tokenizer max_length"
+            )
+        mask = attention_mask.bool()[:, None, None, :]  # [B, 1, 1, S], True = attend
+        x = self.embeddings(input_ids)
+        for layer in self.encoder.layer:
+            x = layer(x, mask)
+        return x  # [B, S, D]
+
+
+def load_encoder(
+    model_dir: Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+) -> BertEncoder:
+    model_dir = Path(model_dir)
+    config_path = model_dir / "config.json"
+    if not config_path.is_file():
+        raise BundleError(f"{config_path} not found; a model directory needs an HF config.json")
+    cfg = EncoderConfig.from_hf(json.loads(config_path.read_text()))
+
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise BundleError(
+            f"no *.safetensors weights in {model_dir}; only safetensors are loaded (pickle files are refused)"
+        )
+    state: dict[str, Tensor] = {}
+    for f in files:
+        for key, tensor in load_file(f, device=str(torch.device(device))).items():
+            key = key.removeprefix("bert.")
+            if not key.startswith(_IGNORED_PREFIXES):
+                state[key] = tensor
+
+    with torch.device("meta"):
+        model = BertEncoder(cfg)
+    missing = sorted(set(model.state_dict()) - set(state))
+    if missing:
+        raise BundleError(f"weights in {model_dir} lack {len(missing)} key(s): {', '.join(missing)}")
+    try:
+        model.load_state_dict(state, strict=False, assign=True)
+    except RuntimeError as e:  # shape mismatch against config.json
+        raise BundleError(f"weights in {model_dir} do not match config.json: {e}") from e
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def pool(hidden: Tensor, attention_mask: Tensor, mode: str, normalize: bool) -> Tensor:
+    hidden = hidden.float()
+    if mode == "mean":
+        m = attention_mask.to(hidden.dtype).unsqueeze(-1)  # [B, S, 1]
+        out = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)  # [B, D]
+    elif mode == "cls":
+        out = hidden[:, 0]  # [B, D]
+    else:
+        raise BatchinfError(f"unknown pooling mode {mode!r}; use 'mean' or 'cls'")
+    return F.normalize(out, p=2, dim=1) if normalize else out
+
+
+def embed_batch(
+    model: BertEncoder, batch: list[list[int]], pad_id: int, pooling: str, normalize: bool
+) -> tuple[np.ndarray, int]:
+    device = next(model.parameters()).device
+    if not batch or min(map(len, batch)) == 0:
+        # An all-padding row has no key to attend to and would pool to NaN.
+        raise BatchinfError("embed_batch needs a non-empty batch of non-empty token sequences")
+    B, S = len(batch), max(map(len, batch))
+    input_ids = torch.tensor([ids + [pad_id] * (S - len(ids)) for ids in batch], device=device)  # [B, S]
+    attention_mask = torch.tensor([[1] * len(ids) + [0] * (S - len(ids)) for ids in batch], device=device)
+    with torch.inference_mode():
+        hidden = model(input_ids, attention_mask)  # [B, S, D]
+        out = pool(hidden, attention_mask, pooling, normalize)  # [B, D]
+    return out.cpu().numpy().astype(np.float32, copy=False), B * S
+
+
+_LEGACY_POOLING_KEYS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}
+
+
+def _module_kind(type_ref: str) -> str:
+    # v2-v5 write "sentence_transformers.models.Pooling", v6 writes
+    # "sentence_transformers.sentence_transformer.modules.pooling.Pooling"; compare class names.
+    return type_ref.rsplit(".", 1)[-1] if type_ref.startswith("sentence_transformers.") else type_ref
+
+
+def read_pooling_config(model_dir: Path) -> tuple[str, bool]:
+    modules_path = Path(model_dir) / "modules.json"
+    if not modules_path.is_file():
+        return "mean", False
+    modules = json.loads(modules_path.read_text())
+    kinds = [_module_kind(str(m.get("type"))) for m in modules]
+    unknown = [m["type"] for m, k in zip(modules, kinds) if k not in ("Transformer", "Pooling", "Normalize")]
+    if unknown:
+        # A Dense or other module would change the embedding; refuse rather than diverge.
+        raise BundleError(f"{modules_path} has unsupported module(s): {', '.join(map(str, unknown))}")
+    if "Pooling" not in kinds:
+        raise BundleError(f"{modules_path} has no sentence_transformers Pooling module")
+    pool_path = Path(model_dir) / modules[kinds.index("Pooling")].get("path", "") / "config.json"
+    if not pool_path.is_file():
+        raise BundleError(f"pooling config {pool_path} not found")
+    pool_cfg = json.loads(pool_path.read_text())
+    if "pooling_mode" in pool_cfg:  # sentence-transformers >= 6
+        mode = pool_cfg["pooling_mode"]
+        modes = [mode] if isinstance(mode, str) else list(mode)
+    else:
+        modes = [k for k, v in pool_cfg.items() if k.startswith("pooling_mode_") and v is True]
+        modes = [_LEGACY_POOLING_KEYS.get(k, k) for k in modes] or ["mean"]
+    if len(modes) != 1 or modes[0] not in ("mean", "cls"):
+        raise BundleError(f"{pool_path}: pooling {modes} is not supported; use exactly one of mean, cls")
+    return modes[0], "Normalize" in kinds
+
+
+def sentence_transformers_max_length(model_dir: Path) -> int | None:
+    path = Path(model_dir) / "sentence_bert_config.json"
+    if not path.is_file():
+        return None
+    value = json.loads(path.read_text()).get("max_seq_length")
+    return int(value) if value is not None else None

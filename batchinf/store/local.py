@@ -1,0 +1,139 @@
+"""file:// backend. A pin's etag is the hex sha256 of the content; writes are atomic (temp file + os.replace)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterator
+
+from batchinf.errors import InputError, StoreError
+from batchinf.store.base import ObjectPin, Store, as_path, changed_error, missing_error, split_uri
+
+TMP_SUFFIX = ".batchinf-tmp"  # in-flight writes; never listed
+
+
+@contextlib.contextmanager
+def _os_errors(op: str, uri: str, missing_is_input: bool = True) -> Iterator[None]:
+    try:
+        yield
+    except FileNotFoundError as exc:
+        if not missing_is_input:
+            raise StoreError(f"local {op} {uri} failed: {exc}") from exc
+        raise missing_error(uri) from None
+    except OSError as exc:
+        raise StoreError(f"local {op} {uri} failed: {exc}") from exc
+
+
+def _path(uri: str) -> Path:
+    scheme, _, path = split_uri(uri)
+    if scheme != "file":
+        raise StoreError(f"LocalStore cannot handle {uri}: only file:// uris or plain paths")
+    return Path(os.path.normpath(path))
+
+
+def _sha256(f: BinaryIO) -> str:
+    return hashlib.file_digest(f, "sha256").hexdigest()  # streams in chunks
+
+
+def _pin(path: Path) -> ObjectPin:
+    uri = "file://" + str(path)
+    with _os_errors("head", uri):
+        if not path.is_file():
+            raise missing_error(uri)
+        with open(path, "rb") as f:
+            return ObjectPin(uri=uri, size=os.fstat(f.fileno()).st_size, etag=_sha256(f))
+
+
+def _atomic_write(path: Path, uri: str, write: Callable[[BinaryIO], object]) -> None:
+    """Write via a temp file in the same directory, fsync, then os.replace; no temp file survives a failure."""
+    with _os_errors("write", uri, missing_is_input=False):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
+        try:
+            os.fchmod(fd, 0o644)
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+
+class LocalStore(Store):
+    """Objects are regular files; 'prefixes' are directories."""
+
+    def list(self, prefix_uri: str) -> list[ObjectPin]:
+        root = _path(prefix_uri)
+        if root.is_file():
+            return [_pin(root)]
+        files = [
+            Path(d) / name
+            for d, _, names in os.walk(root)
+            for name in names
+            if not name.endswith(TMP_SUFFIX)
+        ]
+        return sorted((_pin(p) for p in files), key=lambda pin: pin.uri)
+
+    def head(self, uri: str, version_id: str | None = None) -> ObjectPin:
+        if version_id:
+            raise InputError(f"{uri}: local files have no versions; remove version_id for it")
+        return _pin(_path(uri))
+
+    @contextlib.contextmanager
+    def open_read(self, pin: ObjectPin) -> Iterator[BinaryIO]:
+        """Hashes the open file once up front (a later os.replace cannot swap it), then yields it rewound."""
+        path = _path(pin.uri)
+        try:
+            f = open(path, "rb")
+        except (FileNotFoundError, IsADirectoryError):
+            raise changed_error(pin, None) from None
+        except OSError as exc:
+            raise StoreError(f"local open {pin.uri} failed: {exc}") from exc
+        with f:
+            with _os_errors("read", pin.uri):
+                digest = _sha256(f)
+                f.seek(0)
+            if digest != pin.etag:
+                raise changed_error(pin, digest)
+            yield f
+
+    def get_bytes(self, uri: str) -> bytes:
+        with _os_errors("read", uri):
+            return _path(uri).read_bytes()
+
+    def put_bytes(self, uri: str, data: bytes) -> None:
+        _atomic_write(_path(uri), uri, lambda f: f.write(data))
+
+    def put_file(self, uri: str, path: str | Path) -> None:
+        with _os_errors("read", str(path)), open(as_path(path), "rb") as src:
+            _atomic_write(_path(uri), uri, lambda f: shutil.copyfileobj(src, f, 1 << 20))
+
+    def download_file(self, uri: str, path: str | Path) -> None:
+        with _os_errors("read", uri), open(_path(uri), "rb") as src:
+            _atomic_write(as_path(path), str(path), lambda f: shutil.copyfileobj(src, f, 1 << 20))
+
+    def copy(self, src_uri: str, dst_uri: str) -> None:
+        with _os_errors("copy", src_uri), open(_path(src_uri), "rb") as src:
+            _atomic_write(_path(dst_uri), dst_uri, lambda f: shutil.copyfileobj(src, f, 1 << 20))
+
+    def delete(self, uri: str) -> None:
+        with _os_errors("delete", uri):
+            _path(uri).unlink(missing_ok=True)
+
+    def delete_prefix(self, prefix_uri: str) -> None:
+        root = _path(prefix_uri)
+        with _os_errors("delete", prefix_uri):
+            if root.is_dir():
+                shutil.rmtree(root)
+            else:
+                root.unlink(missing_ok=True)
+
+    def exists(self, uri: str) -> bool:
+        return _path(uri).is_file()

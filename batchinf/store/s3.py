@@ -1,0 +1,213 @@
+"""s3:// backend (AWS, MinIO, moto) on boto3.
+
+Endpoint from ``BATCHINF_S3_ENDPOINT_URL`` (unset: AWS), region from ``AWS_DEFAULT_REGION`` (default us-east-1),
+credentials from the usual AWS_* chain. Clients are created lazily and per process (forked workers make their own).
+
+Listing uses ListObjectVersions (latest versions only): one request per 1000 versions yields key, size, ETag and
+VersionId from one consistent record, instead of a HeadObject per object. Where a store refuses it (no
+s3:ListBucketVersions permission, or an S3-compatible store without versioning), it falls back to ListObjectsV2
+with version_id None: reads are then pinned by If-Match on the ETag, still exact, but an overwrite fails the read
+instead of reading the old version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, BinaryIO, Iterator
+
+import boto3
+from boto3.exceptions import S3UploadFailedError
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, IncompleteReadError
+from botocore.exceptions import ConnectionError as BotoConnectionError
+
+from batchinf.errors import BatchinfError, InputError, StoreError, TransientError
+from batchinf.store.base import ObjectPin, Store, as_path, changed_error, missing_error, split_uri
+
+SPOOL_MEMORY = 64 << 20  # open_read keeps up to this much in memory, then spills to a temp file
+_MISSING = {"NoSuchKey", "404", "NotFound"}
+_CHANGED = _MISSING | {"412", "PreconditionFailed", "NoSuchVersion"}
+_TRANSIENT = {"SlowDown", "RequestTimeout", "RequestTimeTooSkewed", "Throttling", "ThrottlingException"}
+_NO_VERSION_LISTING = {"AccessDenied", "NotImplemented", "MethodNotAllowed", "InvalidRequest"}
+
+_clients: dict[tuple[int, str | None, str], Any] = {}
+_lock = threading.Lock()
+os.register_at_fork(after_in_child=lambda: globals().update(_lock=threading.Lock()))
+
+
+def client() -> Any:
+    """This process's S3 client for the current endpoint and region (cached by pid)."""
+    endpoint = os.environ.get("BATCHINF_S3_ENDPOINT_URL") or None
+    region = os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    key = (os.getpid(), endpoint, region)
+    if key not in _clients:
+        with _lock:
+            if key not in _clients:
+                config = Config(
+                    retries={"max_attempts": 8, "mode": "adaptive"},
+                    connect_timeout=5,
+                    read_timeout=60,
+                    s3={"addressing_style": "path"} if endpoint else None,
+                )
+                session = boto3.session.Session()
+                _clients[key] = session.client("s3", endpoint_url=endpoint, region_name=region, config=config)
+    return _clients[key]
+
+
+def _code(exc: ClientError) -> tuple[str, int]:
+    return str(exc.response.get("Error", {}).get("Code", "")), int(
+        exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+    )
+
+
+def _translate(exc: BaseException, op: str, uri: str) -> BatchinfError:
+    if isinstance(exc, S3UploadFailedError) and isinstance(exc.__cause__, ClientError):
+        exc = exc.__cause__
+    if isinstance(exc, (BotoConnectionError, HTTPClientError, IncompleteReadError)):
+        return TransientError(f"S3 {op} {uri} failed after retries (connection): {exc}")
+    if isinstance(exc, ClientError):
+        code, status = _code(exc)
+        if code == "NoSuchBucket":
+            return StoreError(f"S3 {op} {uri} failed: the bucket does not exist")
+        if code in _MISSING:
+            return missing_error(uri)
+        if status >= 500 or code in _TRANSIENT:
+            return TransientError(f"S3 {op} {uri} failed after retries: {code} (HTTP {status})")
+        return StoreError(f"S3 {op} {uri} failed: {code} (HTTP {status}): {exc}")
+    return StoreError(f"S3 {op} {uri} failed: {exc}")
+
+
+@contextlib.contextmanager
+def _errors(op: str, uri: str) -> Iterator[None]:
+    try:
+        yield
+    except (ClientError, BotoCoreError, S3UploadFailedError, OSError) as exc:
+        raise _translate(exc, op, uri) from exc
+
+
+def _bucket_key(uri: str) -> tuple[str, str]:
+    scheme, bucket, key = split_uri(uri)
+    if scheme != "s3":
+        raise StoreError(f"S3Store cannot handle {uri}: only s3:// uris")
+    return bucket, key
+
+
+def _version(vid: str | None) -> str | None:
+    return None if vid in (None, "", "null") else vid
+
+
+class S3Store(Store):
+    """Objects are S3 keys; 'prefixes' are key prefixes ending in '/'."""
+
+    def list(self, prefix_uri: str) -> list[ObjectPin]:
+        bucket, key = _bucket_key(prefix_uri)
+        if key and not key.endswith("/"):
+            try:
+                return [self.head(prefix_uri)]
+            except InputError:
+                key += "/"
+        with _errors("ListObjectVersions", prefix_uri):
+            try:
+                pins = [
+                    ObjectPin(f"s3://{bucket}/{v['Key']}", v["Size"], v["ETag"].strip('"'), _version(v.get("VersionId")))
+                    for page in client().get_paginator("list_object_versions").paginate(Bucket=bucket, Prefix=key)
+                    for v in page.get("Versions", [])
+                    if v["IsLatest"] and not v["Key"].endswith("/")
+                ]
+            except ClientError as exc:
+                if _code(exc)[0] not in _NO_VERSION_LISTING:
+                    raise
+                pins = [
+                    ObjectPin(f"s3://{bucket}/{o['Key']}", o["Size"], o["ETag"].strip('"'), None)
+                    for page in client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key)
+                    for o in page.get("Contents", [])
+                    if not o["Key"].endswith("/")
+                ]
+        return sorted(pins, key=lambda pin: pin.uri)
+
+    def head(self, uri: str, version_id: str | None = None) -> ObjectPin:
+        bucket, key = _bucket_key(uri)
+        with _errors("HeadObject", uri):
+            r = client().head_object(Bucket=bucket, Key=key,
+                                     **({"VersionId": version_id} if version_id else {}))
+        return ObjectPin(uri, r["ContentLength"], r["ETag"].strip('"'), _version(r.get("VersionId")))
+
+    @contextlib.contextmanager
+    def open_read(self, pin: ObjectPin) -> Iterator[BinaryIO]:
+        """GetObject with VersionId when pinned, else If-Match on the ETag; spooled so the file is seekable."""
+        bucket, key = _bucket_key(pin.uri)
+        exact = {"VersionId": pin.version_id} if pin.version_id else {"IfMatch": pin.etag}
+        with tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY) as spool:
+            with _errors("GetObject", pin.uri):
+                try:
+                    r = client().get_object(Bucket=bucket, Key=key, **exact)
+                except ClientError as exc:
+                    if _code(exc)[0] in _CHANGED or _code(exc)[1] in (404, 412):
+                        raise changed_error(pin, self._current_etag(pin.uri)) from exc
+                    raise
+                if r["ETag"].strip('"') != pin.etag:
+                    raise changed_error(pin, r["ETag"].strip('"'))
+                for chunk in r["Body"].iter_chunks(1 << 20):
+                    spool.write(chunk)
+            if spool.tell() != pin.size:
+                raise TransientError(f"S3 GetObject {pin.uri} returned {spool.tell()} bytes, pinned {pin.size}")
+            spool.seek(0)
+            yield spool  # type: ignore[misc]
+
+    def _current_etag(self, uri: str) -> str | None:
+        try:
+            return self.head(uri).etag
+        except InputError:
+            return None
+        except BatchinfError:
+            return "unknown"
+
+    def get_bytes(self, uri: str) -> bytes:
+        bucket, key = _bucket_key(uri)
+        with _errors("GetObject", uri):
+            return client().get_object(Bucket=bucket, Key=key)["Body"].read()
+
+    def put_bytes(self, uri: str, data: bytes) -> None:
+        bucket, key = _bucket_key(uri)
+        with _errors("PutObject", uri):
+            client().put_object(Bucket=bucket, Key=key, Body=data)
+
+    def put_file(self, uri: str, path: str | Path) -> None:
+        bucket, key = _bucket_key(uri)
+        with _errors("PutObject", uri):
+            client().upload_file(str(as_path(path)), bucket, key)
+
+    def download_file(self, uri: str, path: str | Path) -> None:
+        """s3transfer writes a temp file next to ``path`` and renames it, so ``path`` is never partial."""
+        bucket, key = _bucket_key(uri)
+        with _errors("GetObject", uri):
+            as_path(path).parent.mkdir(parents=True, exist_ok=True)
+            client().download_file(bucket, key, str(as_path(path)))
+
+    def copy(self, src_uri: str, dst_uri: str) -> None:
+        (src_bucket, src_key), (dst_bucket, dst_key) = _bucket_key(src_uri), _bucket_key(dst_uri)
+        with _errors("CopyObject", src_uri):
+            client().copy({"Bucket": src_bucket, "Key": src_key}, dst_bucket, dst_key)
+
+    def delete(self, uri: str) -> None:
+        """On a versioned bucket this adds a delete marker; pins with a VersionId still read their version."""
+        bucket, key = _bucket_key(uri)
+        with _errors("DeleteObject", uri):
+            client().delete_object(Bucket=bucket, Key=key)
+
+    def delete_prefix(self, prefix_uri: str) -> None:
+        bucket, key = _bucket_key(prefix_uri)
+        under = key if not key or key.endswith("/") else key + "/"
+        with _errors("DeleteObjects", prefix_uri):
+            pages = client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=under)
+            keys = ([key] if key != under else []) + [o["Key"] for p in pages for o in p.get("Contents", [])]
+            for i in range(0, len(keys), 1000):
+                batch = [{"Key": k} for k in keys[i : i + 1000]]
+                r = client().delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True})
+                if r.get("Errors"):
+                    e = r["Errors"][0]
+                    raise StoreError(f"S3 DeleteObjects {prefix_uri}: {len(r['Errors'])} failed, e.g. {e['Key']}: {e['Code']}")

@@ -1,0 +1,158 @@
+"""Verify and publish: check coverage and digests, promote the winning attempts' files, then
+write `_MANIFEST.json` and, last, `_SUCCESS`. Nothing else writes those two files.
+
+Coverage: every pinned input record, identified by (source object, ordinal), appears exactly
+once across result and error parts, and no record id succeeds twice.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+from typing import Any, Iterable
+
+import numpy as np
+from sqlalchemy import select
+
+from batchinf import failpoints
+from batchinf.errors import BatchinfError, VerificationError
+from batchinf.jobs import input_pins, job_row
+from batchinf.ledger.db import tx
+from batchinf.ledger.ops import now, transition_job
+from batchinf.ledger.states import SHARD_DONE, JobStatus
+from batchinf.ledger.tables import shards
+from batchinf.parts import digest_of_uri, read_table
+from batchinf.store import get_store, join
+
+MANIFEST = "_MANIFEST.json"
+SUCCESS = "_SUCCESS"
+
+
+def _digest(uri: str) -> tuple[str, int]:
+    try:
+        return digest_of_uri(uri)
+    except (OSError, BatchinfError) as exc:
+        raise VerificationError(f"part {uri} cannot be read: {exc}") from exc
+
+
+def check_coverage(inputs: list[dict[str, Any]], parts: Iterable[tuple[str, str]]) -> None:
+    """inputs: [{uri, records}]; parts: (uri, kind) Parquet files with source/ordinal/record_id.
+    Raises VerificationError naming the first record missing or seen twice."""
+    seen = {i["uri"]: np.zeros(int(i["records"]), dtype=np.int8) for i in inputs}
+    ids: set[str] = set()
+    for uri, kind in parts:
+        t = read_table(uri, columns=["record_id", "source", "ordinal"])
+        sources = t.column("source").to_pylist()
+        ordinals = t.column("ordinal").to_numpy()
+        for src in set(sources):
+            if src not in seen:
+                raise VerificationError(f"{uri} holds records of {src}, which is not a pinned input")
+        for src, o in zip(sources, ordinals):
+            arr = seen[src]
+            if o < 0 or o >= arr.size:
+                raise VerificationError(f"{uri}: record {o} of {src} is beyond its {arr.size} records")
+            arr[o] += 1
+        if kind == "results":
+            for rid in t.column("record_id").to_pylist():
+                if rid in ids:
+                    raise VerificationError(f"record id {rid!r} has two results (second in {uri})")
+                ids.add(rid)
+    for src, arr in seen.items():
+        missing, dup = np.flatnonzero(arr == 0), np.flatnonzero(arr > 1)
+        if dup.size:
+            raise VerificationError(f"record {dup[0]} of {src} appears {arr[dup[0]]} times")
+        if missing.size:
+            raise VerificationError(f"record {missing[0]} of {src} is missing ({missing.size} missing)")
+
+
+def publish(job_id: str) -> dict[str, Any]:
+    """verifying -> succeeded. Safe to re-run after a crash at any point: promotion copies are
+    idempotent and `_SUCCESS` is written only after `_MANIFEST.json`."""
+    t0 = time.perf_counter()
+    job = job_row(job_id)
+    if job.status != JobStatus.VERIFYING:
+        raise VerificationError(f"job {job_id} is {job.status}, not verifying")
+    with tx() as conn:
+        rows = conn.execute(select(shards).where(shards.c.job_id == job_id)
+                            .order_by(shards.c.bucket, shards.c.ordinal)).all()
+    not_done = [r.id for r in rows if r.status not in SHARD_DONE]
+    if not_done:
+        raise VerificationError(f"job {job_id}: shard {not_done[0]} is not committed")
+    pins = input_pins(job_id)
+    inputs = [{**p.to_dict(), "records": n} for p, n in pins]
+
+    out = job.output_uri
+    store = get_store(out)
+    parts, sources = [], []
+    numbers = {"results": 0, "errors": 0}
+    for r in rows:
+        for kind, src, sha, count in (("results", r.output_uri, r.output_sha256, r.output_rows),
+                                      ("errors", r.errors_uri, r.errors_sha256, r.error_rows)):
+            if not count:
+                continue
+            key = ("" if kind == "results" else "errors/") + f"part-{numbers[kind]:05d}.parquet"
+            numbers[kind] += 1
+            got_sha, got_rows = _digest(src)
+            if (got_sha, got_rows) != (sha, count):
+                raise VerificationError(f"{src} (shard {r.id}) has sha256 {got_sha[:12]}… and {got_rows} "
+                                        f"rows; the ledger committed {sha[:12]}… and {count}")
+            sources.append((src, kind))
+            parts.append({"key": key, "kind": kind, "sha256": sha, "rows": count, "shard": r.id})
+    check_coverage(inputs, sources)
+
+    for part, (src, _) in zip(parts, sources):
+        store.copy(src, join(out, part["key"]))
+    plan = json.loads(job.plan or "{}")
+    sums = {k: sum(getattr(r, k) or 0 for r in rows)
+            for k in ("tokens_input", "tokens_output", "tokens_real", "tokens_padded",
+                      "output_rows", "error_rows", "execute_seconds")}
+    manifest = {
+        "job_id": job.id, "name": job.name, "task": job.task, "bundle": job.bundle_ref,
+        "bundle_digest": job.bundle_digest, "input_uri": job.input_uri, "output_uri": out,
+        "inputs": inputs, "parts": parts,
+        "counts": {"records_total": job.records_total, "records_succeeded": sums["output_rows"],
+                   "records_failed": sums["error_rows"], "records_truncated": plan.get("truncated", 0)},
+        "tokens": {"input": sums["tokens_input"], "output": sums["tokens_output"],
+                   "real": sums["tokens_real"], "padded": sums["tokens_padded"]},
+        "shards": {"total": len(rows), "bucket_bounds": plan.get("bucket_bounds", [])},
+        "timings": {"plan": job.plan_seconds, "execute": sums["execute_seconds"],
+                    "execute_wall": (now() - job.started_at - (job.plan_seconds or 0))
+                    if job.started_at else None,
+                    "verify": time.perf_counter() - t0},
+        "created_at": datetime.now(timezone.utc).isoformat(),
+    }
+    if manifest["counts"]["records_succeeded"] + manifest["counts"]["records_failed"] != job.records_total:
+        raise VerificationError(f"job {job_id}: {manifest['counts']} do not add up")
+    failpoints.hit("verify.before_publish")
+    store.put_bytes(join(out, MANIFEST), json.dumps(manifest, indent=1).encode())
+    store.put_bytes(join(out, SUCCESS), b"")
+    with tx() as conn:
+        transition_job(conn, job_id, JobStatus.SUCCEEDED, detail={"parts": len(parts)},
+                       finished_at=now(), verify_seconds=manifest["timings"]["verify"])
+    store.delete_prefix(job.work_uri)
+    if not store.list(join(out, "_work/")):
+        store.delete_prefix(join(out, "_work/"))
+    return manifest
+
+
+def verify_output(output_uri: str) -> dict[str, Any]:
+    """Re-check a published output from its `_MANIFEST.json` alone: part digests and row counts,
+    coverage of every pinned input record, counts that add up."""
+    store = get_store(output_uri)
+    try:
+        manifest = json.loads(store.get_bytes(join(output_uri, MANIFEST)))
+    except Exception as exc:  # noqa: BLE001
+        raise VerificationError(f"{join(output_uri, MANIFEST)} cannot be read: {exc}") from exc
+    if not store.exists(join(output_uri, SUCCESS)):
+        raise VerificationError(f"{join(output_uri, SUCCESS)} is missing")
+    for p in manifest["parts"]:
+        sha, rows = _digest(join(output_uri, p["key"]))
+        if (sha, rows) != (p["sha256"], p["rows"]):
+            raise VerificationError(f"{p['key']}: sha256 {sha[:12]}… / {rows} rows, manifest says "
+                                    f"{p['sha256'][:12]}… / {p['rows']}")
+    check_coverage(manifest["inputs"], [(join(output_uri, p["key"]), p["kind"]) for p in manifest["parts"]])
+    c = manifest["counts"]
+    if c["records_succeeded"] + c["records_failed"] != c["records_total"]:
+        raise VerificationError(f"counts do not add up: {c}")
+    return {"ok": True, "output_uri": output_uri, "parts": len(manifest["parts"]), "counts": c}

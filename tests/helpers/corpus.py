@@ -1,0 +1,50 @@
+"""Generated corpora for tests: heavy-tailed text lengths, plus every kind of bad record."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+WORDS = ("the quick brown fox jumps over lazy dog batch inference model shard ledger record "
+         "object storage token length bucket padding worker lease commit verify publish").split()
+
+
+def texts(n: int, seed: int = 0, median_words: int = 8) -> list[str]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        k = max(1, int(rng.paretovariate(1.6) * median_words / 1.5))
+        out.append(" ".join(rng.choice(WORDS) for _ in range(min(k, 400))))
+    return out
+
+
+BAD_LINES: list[tuple[bytes, str]] = [
+    (b"{not json", "malformed_json"),
+    (b'{"text": "no id here"}', "missing_id"),
+    (b'{"id": "no-text"}', "missing_text"),
+    (b'{"id": "blank", "text": "   "}', "empty_text"),
+    (b'{"id": "bad-bytes", "text": "caf\xff\xfe"}', "invalid_utf8"),
+    (b'{"id": "r0", "text": "a duplicate of the first id"}', "duplicate_id"),
+]
+
+
+def write_jsonl(path: Path, n: int, *, seed: int = 0, bad: bool = True, prefix: str = "r") -> dict[str, str]:
+    """Write n good records (ids prefix0..), then the BAD_LINES; returns id -> text of good ones."""
+    good = {f"{prefix}{i}": t for i, t in enumerate(texts(n, seed))}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        for rid, t in good.items():
+            f.write(json.dumps({"id": rid, "text": t}).encode() + b"\n")
+        if bad:
+            for line, _ in BAD_LINES:
+                f.write(line + b"\n")
+    return good
+
+
+def manifest(input_uri: str, output_uri: str, bundle: str = "tiny@prod", **extra: object) -> dict:
+    m = {"name": "test-embed", "task": "embed", "bundle": bundle,
+         "input": {"uri": input_uri, "format": "jsonl"}, "output": {"uri": output_uri},
+         "shards": {"max_records": 200}}
+    m.update(extra)
+    return m

@@ -1,0 +1,211 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from batchinf.errors import BundleError
+from batchinf.runtime.encoder import (
+    EncoderConfig,
+    embed_batch,
+    load_encoder,
+    pool,
+    read_pooling_config,
+    sentence_transformers_max_length,
+)
+from batchinf.runtime.tokenizer import TextTokenizer
+from tests.helpers.tiny_models import make_tiny_bert
+
+TEXTS = [
+    "hello",
+    "The model reads a batch of text and writes one vector per line.",
+    "Zebras quietly x-ray 42 jovial kiwis; QED!",
+    "a b c",
+    "Every good boy does fine, " * 6,
+]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_bert(tmp_path_factory.mktemp("tiny"))
+
+
+def _padded(tok: TextTokenizer, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = [e.ids for e in tok.encode_batch(texts)]
+    S = max(map(len, ids))
+    input_ids = torch.tensor([x + [tok.pad_id] * (S - len(x)) for x in ids])
+    mask = torch.tensor([[1] * len(x) + [0] * (S - len(x)) for x in ids])
+    return input_ids, mask
+
+
+def test_hidden_states_match_transformers(tiny: Path) -> None:
+    from transformers import BertModel
+
+    tok = TextTokenizer.from_file(tiny / "tokenizer.json", max_length=64)
+    input_ids, mask = _padded(tok, TEXTS)
+    assert (mask == 0).any(), "batch must contain padding"
+
+    ref = BertModel.from_pretrained(str(tiny), attn_implementation="eager", torch_dtype=torch.float32).eval()
+    ours = load_encoder(tiny)
+    with torch.inference_mode():
+        expected = ref(input_ids=input_ids, attention_mask=mask).last_hidden_state
+        got = ours(input_ids, mask)
+    assert got.shape == expected.shape
+    real = mask.bool()
+    assert (got[real] - expected[real]).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("act", ["gelu_new", "gelu_pytorch_tanh"])
+def test_tanh_gelu_matches_transformers(tmp_path: Path, act: str) -> None:
+    from transformers import BertModel
+
+    d = make_tiny_bert(tmp_path, seed=3)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "hidden_act": act}))
+    input_ids, mask = _padded(TextTokenizer.from_file(d / "tokenizer.json", 64), TEXTS)
+    ref = BertModel.from_pretrained(str(d), attn_implementation="eager").eval()
+    with torch.inference_mode():
+        expected = ref(input_ids=input_ids, attention_mask=mask).last_hidden_state
+        got = load_encoder(d)(input_ids, mask)
+    assert (got[mask.bool()] - expected[mask.bool()]).abs().max().item() <= 1e-4
+
+
+def test_pool_matches_manual_reference() -> None:
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(3, 5, 8, generator=g)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0]])
+    means = torch.stack([hidden[i, : int(mask[i].sum())].mean(0) for i in range(3)])
+    torch.testing.assert_close(pool(hidden, mask, "mean", normalize=False), means)
+    torch.testing.assert_close(pool(hidden, mask, "mean", normalize=True), means / means.norm(dim=1, keepdim=True))
+    torch.testing.assert_close(pool(hidden, mask, "cls", normalize=False), hidden[:, 0])
+    cls = pool(hidden, mask, "cls", normalize=True)
+    torch.testing.assert_close(cls, F.normalize(hidden[:, 0], dim=1))
+    torch.testing.assert_close(cls.norm(dim=1), torch.ones(3))
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_embed_batch_pads_and_pools(tmp_path: Path, pooling: str) -> None:
+    d = make_tiny_bert(tmp_path, pooling=pooling, normalize=False)
+    assert read_pooling_config(d) == (pooling, False)
+    tok = TextTokenizer.from_file(d / "tokenizer.json", 64)
+    model = load_encoder(d)
+    batch = [e.ids for e in tok.encode_batch(TEXTS)]
+    vecs, padded = embed_batch(model, batch, tok.pad_id, pooling, normalize=False)
+    assert vecs.shape == (len(TEXTS), 32) and vecs.dtype == "float32"
+    assert padded == len(TEXTS) * max(map(len, batch))
+    # Padding must not change any row: each text alone gives the same vector.
+    for i, ids in enumerate(batch):
+        alone, n = embed_batch(model, [ids], tok.pad_id, pooling, normalize=False)
+        assert n == len(ids)
+        assert abs(alone[0] - vecs[i]).max() <= 1e-5
+
+
+def test_read_pooling_config_variants(tmp_path: Path) -> None:
+    assert read_pooling_config(tmp_path) == ("mean", False)
+    assert sentence_transformers_max_length(tmp_path) is None
+    d = make_tiny_bert(tmp_path / "m", pooling="cls", normalize=True, max_position=64)
+    assert read_pooling_config(d) == ("cls", True)
+    assert sentence_transformers_max_length(d) == 64
+    # sentence-transformers >= 6 writes new module paths and a single pooling_mode key.
+    (d / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.base.modules.transformer.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling",
+         "type": "sentence_transformers.sentence_transformer.modules.pooling.Pooling"},
+    ]))
+    (d / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode": "mean"}))
+    assert read_pooling_config(d) == ("mean", False)
+    (d / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode": "max"}))
+    with pytest.raises(BundleError, match="max"):
+        read_pooling_config(d)
+
+
+def _write_tokenizer_with_fixed_padding(src: Path, dst: Path) -> Path:
+    tj = json.loads((src / "tokenizer.json").read_text())
+    tj["truncation"] = {"direction": "Right", "max_length": 8, "strategy": "LongestFirst", "stride": 0}
+    tj["padding"] = {
+        "strategy": {"Fixed": 8}, "direction": "Right", "pad_to_multiple_of": None,
+        "pad_id": 0, "pad_type_id": 0, "pad_token": "[PAD]",
+    }
+    dst.write_text(json.dumps(tj))
+    return dst
+
+
+def test_tokenizer_max_length_overrides_tokenizer_json(tiny: Path, tmp_path: Path) -> None:
+    from transformers import PreTrainedTokenizerFast
+
+    path = _write_tokenizer_with_fixed_padding(tiny, tmp_path / "tokenizer.json")
+    text = "the man made a good picture of the world and each house"  # 12 words, all in vocab
+    n = len(text.split()) + 2
+    ours = TextTokenizer.from_file(path, max_length=32)
+    assert ours.pad_id == 0
+    enc = ours.encode(text)
+    assert len(enc.ids) == n and not enc.truncated
+    assert enc.ids[0] == 2 and enc.ids[-1] == 3  # [CLS] ... [SEP], no [PAD]
+    assert [len(e.ids) for e in ours.encode_batch(["hello", text])] == [3, n]  # no batch padding
+
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(path))
+    for max_length in (32, n, n - 1, 5, 3):
+        small = TextTokenizer.from_file(path, max_length=max_length)
+        got = small.encode(text)
+        want = hf(text, truncation=True, max_length=max_length)["input_ids"]
+        assert got.ids == want
+        assert len(got.ids) == min(n, max_length)
+        assert got.truncated == (n > max_length)
+        assert got.ids[-1] == 3  # [SEP] kept when truncating
+        batch = small.encode_batch([text, "hello", text])
+        assert [e.ids for e in batch] == hf([text, "hello", text], truncation=True, max_length=max_length)["input_ids"]
+        assert [e.truncated for e in batch] == [n > max_length, False, n > max_length]
+
+
+def test_tokenizer_pad_id_fallbacks(tiny: Path, tmp_path: Path) -> None:
+    tj = json.loads((tiny / "tokenizer.json").read_text())
+    assert tj["padding"] is None
+    assert TextTokenizer.from_file(tiny / "tokenizer.json", 16).pad_id == 0  # from the [PAD] token
+    tj["padding"] = {
+        "strategy": "BatchLongest", "direction": "Right", "pad_to_multiple_of": None,
+        "pad_id": 7, "pad_type_id": 0, "pad_token": "[PAD]",
+    }
+    (tmp_path / "t.json").write_text(json.dumps(tj))
+    tok = TextTokenizer.from_file(tmp_path / "t.json", 16)
+    assert tok.pad_id == 7
+    assert len(tok.encode_batch(["hello", "hello world the"])[0].ids) == 3  # padding disabled
+
+
+def test_load_encoder_refuses_missing_weight(tiny: Path, tmp_path: Path) -> None:
+    for name in ("config.json", "tokenizer.json"):
+        (tmp_path / name).write_bytes((tiny / name).read_bytes())
+    weights = load_file(tiny / "model.safetensors")
+    del weights["encoder.layer.1.attention.self.key.weight"]
+    save_file(weights, str(tmp_path / "model.safetensors"))
+    with pytest.raises(BundleError, match=r"encoder\.layer\.1\.attention\.self\.key\.weight"):
+        load_encoder(tmp_path)
+
+
+def test_load_encoder_accepts_bert_prefix_and_shards(tiny: Path, tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_bytes((tiny / "config.json").read_bytes())
+    weights = {"bert." + k: v for k, v in load_file(tiny / "model.safetensors").items()}
+    keys = sorted(weights)
+    save_file({k: weights[k] for k in keys[::2]}, str(tmp_path / "model-00001-of-00002.safetensors"))
+    save_file({k: weights[k] for k in keys[1::2]}, str(tmp_path / "model-00002-of-00002.safetensors"))
+    a, b = load_encoder(tiny), load_encoder(tmp_path)
+    for (ka, va), (kb, vb) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert ka == kb and torch.equal(va, vb)
+
+
+def test_load_encoder_refuses_pickle_only_dir(tiny: Path, tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_bytes((tiny / "config.json").read_bytes())
+    (tmp_path / "pytorch_model.bin").write_bytes(b"not loaded")
+    with pytest.raises(BundleError, match="safetensors"):
+        load_encoder(tmp_path)
+
+
+def test_config_rejects_unsupported_activation() -> None:
+    base = {"vocab_size": 10, "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "intermediate_size": 16, "max_position_embeddings": 16}
+    assert EncoderConfig.from_hf(base).hidden_act == "gelu"
+    with pytest.raises(BundleError, match="relu"):
+        EncoderConfig.from_hf({**base, "hidden_act": "relu"})
