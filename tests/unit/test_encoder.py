@@ -209,3 +209,12 @@ def test_config_rejects_unsupported_activation() -> None:
     assert EncoderConfig.from_hf(base).hidden_act == "gelu"
     with pytest.raises(BundleError, match="relu"):
         EncoderConfig.from_hf({**base, "hidden_act": "relu"})
+
+
+def test_embed_batch_refuses_empty_sequences(tiny: Path) -> None:
+    from batchinf.errors import BatchinfError
+
+    model = load_encoder(tiny)
+    for batch in ([], [[2, 3], []]):
+        with pytest.raises(BatchinfError):
+            embed_batch(model, batch, 0, "mean", normalize=True)

@@ -1,0 +1,213 @@
+"""Reading input records: bad records become error records with line/row numbers, never exceptions."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from batchinf.records import InputRecord, read_jsonl, read_parquet, read_records
+
+URI = "file:///data/in.jsonl"
+
+
+def jsonl(*lines: bytes | str) -> io.BytesIO:
+    return io.BytesIO(b"".join((ln.encode() if isinstance(ln, str) else ln) + b"\n" for ln in lines))
+
+
+def read(*lines: bytes | str, id_field: str = "id", text_field: str = "text") -> list[InputRecord]:
+    return list(read_jsonl(jsonl(*lines), URI, id_field, text_field))
+
+
+def one(line: bytes | str) -> InputRecord:
+    (rec,) = read(line)
+    return rec
+
+
+def test_good_records_int_and_str_ids_become_str() -> None:
+    recs = read('{"id": 1, "text": "hello"}', '{"id": "a-2", "text": "world", "extra": [1]}',
+                '{"id": 0, "text": "zero id is an id"}', '{"id": -7, "text": "negative"}',
+                json.dumps({"id": "ü", "text": "Ünïcödé 🚀 中文"}, ensure_ascii=False))
+    assert [(r.ordinal, r.record_id, r.text, r.error) for r in recs] == [
+        (0, "1", "hello", None), (1, "a-2", "world", None), (2, "0", "zero id is an id", None),
+        (3, "-7", "negative", None), (4, "ü", "Ünïcödé 🚀 中文", None)]
+    assert all(r.message is None for r in recs)
+
+
+def test_custom_field_names() -> None:
+    (rec,) = read('{"doc": 5, "body": "hi", "id": 1, "text": "other"}', id_field="doc", text_field="body")
+    assert (rec.record_id, rec.text, rec.error) == ("5", "hi", None)
+    (rec,) = read('{"id": 5, "text": "hi"}', id_field="doc", text_field="body")
+    assert rec.error == "missing_id" and "'doc'" in rec.message and "input.id_field" in rec.message
+
+
+def test_malformed_json_names_line_number() -> None:
+    recs = read('{"id": 1, "text": "ok"}', '{"id": 2, "text": "unterminated', '{"id": 3, "text": "ok"}')
+    assert [r.error for r in recs] == [None, "malformed_json", None]
+    bad = recs[1]
+    assert bad.ordinal == 1 and bad.record_id is None and bad.text is None
+    assert bad.message.startswith(f"{URI} line 2: malformed JSON")
+    assert recs[2].ordinal == 2 and recs[2].record_id == "3"
+
+
+@pytest.mark.parametrize("line, kind", [('[1, "text"]', "list"), ('"just a string"', "str"),
+                                        ("42", "int"), ("null", "NoneType")])
+def test_non_object_lines(line: str, kind: str) -> None:
+    rec = one(line)
+    assert rec.error == "malformed_json"
+    assert rec.message == f"{URI} line 1: expected a JSON object, got {kind}"
+
+
+@pytest.mark.parametrize("line, shown", [
+    ('{"text": "no id"}', "missing"),
+    ('{"id": null, "text": "null id"}', "missing"),
+    ('{"id": 1.5, "text": "float id"}', "1.5"),
+    ('{"id": 2.0, "text": "float id"}', "2.0"),
+    ('{"id": true, "text": "bool id"}', "True"),
+    ('{"id": false, "text": "bool id"}', "False"),
+    ('{"id": {"a": 1}, "text": "object id"}', "{'a': 1}"),
+    ('{"id": [1], "text": "list id"}', "[1]"),
+    ('{"id": "", "text": "empty id"}', "''"),
+])
+def test_bad_ids(line: str, shown: str) -> None:
+    rec = one(line)
+    assert rec.error == "missing_id"
+    assert rec.record_id is None and rec.text is None and rec.ordinal == 0
+    assert rec.message.startswith(f"{URI} line 1: id field 'id' is ")
+    assert shown in rec.message
+
+
+def test_missing_text() -> None:
+    for line in ('{"id": 7}', '{"id": 7, "text": null}'):
+        rec = one(line)
+        assert (rec.error, rec.record_id, rec.text) == ("missing_text", "7", None)
+        assert rec.message.startswith(f"{URI} line 1: record '7' has no text field 'text'")
+
+
+@pytest.mark.parametrize("value, type_name", [(3, "int"), (["a"], "list"), ({"t": "x"}, "dict"),
+                                              (True, "bool"), (1.0, "float")])
+def test_non_string_text(value: object, type_name: str) -> None:
+    rec = one(json.dumps({"id": "r", "text": value}))
+    assert (rec.error, rec.record_id, rec.text) == ("invalid_text", "r", None)
+    assert rec.message.endswith(f"must be a string, got {type_name}")
+
+
+@pytest.mark.parametrize("text", ["", " ", "\t\n  ", "\u3000"])
+def test_empty_or_whitespace_text(text: str) -> None:
+    rec = one(json.dumps({"id": 9, "text": text}))
+    assert (rec.error, rec.record_id) == ("empty_text", "9")
+    assert "line 1" in rec.message and "empty text" in rec.message
+
+
+def test_invalid_utf8_bytes_name_the_line() -> None:
+    recs = read('{"id": 1, "text": "ok"}', b'{"id": 2, "text": "bad \xff\xfe bytes"}', '{"id": 3, "text": "ok"}')
+    assert [r.error for r in recs] == [None, "invalid_utf8", None]
+    bad = recs[1]
+    assert bad.ordinal == 1 and bad.record_id is None
+    assert bad.message.startswith(f"{URI} line 2: invalid UTF-8 at byte 23")
+    assert [r.ordinal for r in recs] == [0, 1, 2]
+
+
+def test_lone_surrogate_escape_is_invalid_utf8() -> None:
+    recs = read('{"id": 1, "text": "ok"}', r'{"id": "s", "text": "before \ud800 after"}')
+    bad = recs[1]
+    assert (bad.error, bad.record_id, bad.text, bad.ordinal) == ("invalid_utf8", "s", None, 1)
+    assert bad.message.startswith(f"{URI} line 2: record 's' text is not valid Unicode")
+    assert "character 7" in bad.message
+    # a valid surrogate pair is fine
+    ok = one(r'{"id": "p", "text": "rocket \ud83d\ude80"}')
+    assert ok.error is None and ok.text == "rocket 🚀"
+
+
+def test_blank_lines_are_skipped_without_consuming_ordinals() -> None:
+    data = io.BytesIO(b'\n{"id": 1, "text": "a"}\n   \n\r\n{"id": 2, "text": "b"}\n\n'
+                      b'not json\n\t\n{"id": 4, "text": "d"}')   # last line has no newline
+    recs = list(read_jsonl(data, URI, "id", "text"))
+    assert [r.ordinal for r in recs] == [0, 1, 2, 3]
+    assert [r.record_id for r in recs] == ["1", "2", None, "4"]
+    assert recs[2].error == "malformed_json" and recs[2].message.startswith(f"{URI} line 7:")
+
+
+def test_ordinals_cover_every_non_blank_line() -> None:
+    lines = ['{"id": 1, "text": "a"}', "{", "[]", '{"id": 1.5, "text": "x"}', '{"id": 5}',
+             '{"id": 6, "text": 6}', '{"id": 7, "text": " "}', b'\xc3\x28', r'{"id": 9, "text": "\udfff"}',
+             '{"id": 10, "text": "ok"}']
+    recs = read(*lines)
+    assert [r.ordinal for r in recs] == list(range(len(lines)))
+    assert [r.error for r in recs] == [None, "malformed_json", "malformed_json", "missing_id", "missing_text",
+                                       "invalid_text", "empty_text", "invalid_utf8", "invalid_utf8", None]
+    for i, r in enumerate(recs):
+        if r.error:
+            assert f"line {i + 1}:" in r.message
+
+
+def test_read_records_dispatch() -> None:
+    recs = list(read_records(jsonl('{"id": 1, "text": "a"}'), "jsonl", URI, "id", "text"))
+    assert recs == [InputRecord(0, "1", "a")]
+    with pytest.raises(NotImplementedError, match="openai-batch"):
+        read_records(io.BytesIO(b""), "openai-batch", URI, "id", "text")
+
+
+# --- Parquet ---------------------------------------------------------------------------------------
+
+
+def parquet(table: pa.Table, **kw: object) -> io.BytesIO:
+    buf = io.BytesIO()
+    pq.write_table(table, buf, **kw)
+    buf.seek(0)
+    return buf
+
+
+PQ = "s3://bucket/in.parquet"
+
+
+def test_read_parquet_rows() -> None:
+    table = pa.table({"id": pa.array(["a", None, "c", "d", "e"], pa.string()),
+                      "text": pa.array(["hello", "no id", None, "", "  world  "], pa.string()),
+                      "other": [1, 2, 3, 4, 5]})
+    recs = list(read_parquet(parquet(table), PQ, "id", "text"))
+    assert [(r.ordinal, r.record_id, r.text, r.error) for r in recs] == [
+        (0, "a", "hello", None), (1, None, None, "missing_id"), (2, "c", None, "missing_text"),
+        (3, "d", None, "empty_text"), (4, "e", "  world  ", None)]
+    assert recs[1].message.startswith(f"{PQ} row 1: id field 'id' is missing")
+    assert recs[2].message.startswith(f"{PQ} row 2: record 'c' has no text field 'text'")
+    assert recs[3].message.startswith(f"{PQ} row 3:")
+
+
+def test_read_parquet_int_ids_and_many_row_groups() -> None:
+    n = 10_000
+    table = pa.table({"text": [f"t{i}" for i in range(n)], "id": pa.array(range(n), pa.int64())})
+    recs = list(read_parquet(parquet(table, row_group_size=3000), PQ, "id", "text"))
+    assert len(recs) == n
+    assert [r.ordinal for r in recs] == list(range(n))
+    assert all(r.record_id == str(i) and r.text == f"t{i}" and r.error is None for i, r in enumerate(recs))
+
+
+def test_read_parquet_non_string_text_column() -> None:
+    table = pa.table({"id": ["a", "b"], "text": [1, 2]})
+    recs = list(read_parquet(parquet(table), PQ, "id", "text"))
+    assert [r.error for r in recs] == ["invalid_text", "invalid_text"]
+
+
+def test_read_parquet_missing_column_errors_every_row() -> None:
+    table = pa.table({"id": ["a", "b", "c"], "body": ["x", "y", "z"], "lang": ["en", "de", "fr"]})
+    recs = list(read_parquet(parquet(table), PQ, "id", "text"))
+    assert [r.ordinal for r in recs] == [0, 1, 2]
+    assert all(r.error == "missing_column" and r.record_id is None and r.text is None for r in recs)
+    msg = recs[0].message
+    assert msg.startswith(f"{PQ}: has no column 'text'")
+    assert "columns: id, body, lang" in msg
+    assert "input.text_field" in msg
+    # the same file read with the right field name is fine
+    recs = list(read_parquet(parquet(table), PQ, "id", "body"))
+    assert [(r.record_id, r.text, r.error) for r in recs] == [("a", "x", None), ("b", "y", None), ("c", "z", None)]
+
+
+def test_read_parquet_missing_id_column() -> None:
+    table = pa.table({"text": ["x", "y"]})
+    recs = list(read_records(parquet(table), "parquet", PQ, "doc_id", "text"))
+    assert len(recs) == 2 and all(r.error == "missing_column" for r in recs)
+    assert "no column 'doc_id'" in recs[0].message and "columns: text" in recs[0].message
