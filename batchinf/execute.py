@@ -110,6 +110,8 @@ def execute_shard(lease: ops.Lease, *, device: str = "cpu", heartbeat: Heartbeat
         job = conn.execute(select(jobs).where(jobs.c.id == lease.job_id)).one()
         shard = conn.execute(select(shards).where(shards.c.id == lease.shard_id)).one()
     m = job_manifest(job)
+    if m.options.device != "auto":
+        device = m.options.device
     staged = read_table(shard.input_uri)
     errors_col = staged.column("error").to_pylist()
     record_ids = staged.column("record_id").to_pylist()

@@ -15,6 +15,7 @@ from batchinf.errors import ManifestError
 
 TASKS = ("embed", "generate")
 FORMATS = ("jsonl", "parquet", "openai-batch")
+DEVICES = ("auto", "cpu", "cuda")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,12 +69,11 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 
 
 def parse_duration(value: Any, where: str) -> float:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    m = _DURATION.match(str(value))
-    if not m:
-        raise ManifestError(f"{where}: {value!r} is not a duration; write e.g. 90s, 30m, 6h or 1d")
-    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    m = None if isinstance(value, bool) else _DURATION.match(str(value))
+    seconds = float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)] if m else 0.0
+    if seconds <= 0:
+        raise ManifestError(f"{where}: {value!r} is not a positive duration; write e.g. 90s, 30m, 6h or 1d")
+    return seconds
 
 
 def _section(cls: type, raw: Any, where: str) -> Any:
@@ -125,6 +125,9 @@ def parse_manifest(raw: Any) -> JobManifest:
                             "(a JSONL list of objects)")
     if inp.format not in FORMATS:
         raise ManifestError(f"input.format {inp.format!r} is not supported; use one of {', '.join(FORMATS)}")
+    options = _section(EmbedOptions, raw.get("options"), "options")
+    if options.device not in DEVICES:
+        raise ManifestError(f"options.device {options.device!r} is not one of {', '.join(DEVICES)}")
     out = raw["output"]
     if not isinstance(out, dict) or set(out) != {"uri"} or not isinstance(out["uri"], str):
         raise ManifestError("output must be a mapping with exactly one key, uri")
@@ -137,8 +140,8 @@ def parse_manifest(raw: Any) -> JobManifest:
     return JobManifest(
         name=str(raw["name"]), task=task, bundle=str(raw["bundle"]), input=inp,
         output_uri=out["uri"], shards=_section(ShardSpec, raw.get("shards"), "shards"),
-        options=_section(EmbedOptions, raw.get("options"), "options"),
-        deadline_seconds=parse_duration(raw["deadline"], "deadline") if raw.get("deadline") else None,
+        options=options,
+        deadline_seconds=parse_duration(raw["deadline"], "deadline") if raw.get("deadline") is not None else None,
         priority=priority, idempotency_key=key)
 
 

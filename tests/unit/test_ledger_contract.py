@@ -1,0 +1,118 @@
+"""One ledger contract, run on SQLite and PostgreSQL (schema built by Alembic)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from sqlalchemy import func, insert, select, update
+
+from batchinf.errors import StaleAttemptError
+from batchinf.ledger import ops
+from batchinf.ledger.db import retrying, tx
+from batchinf.ledger.states import (JOB_ACTIVE, JOB_TERMINAL, JOB_TRANSITIONS, SHARD_TERMINAL,
+                                    SHARD_TRANSITIONS, JobStatus, ShardStatus)
+from batchinf.ledger.tables import attempts, bundles, job_events, jobs, shards
+
+
+def test_state_groups_cover_the_enums() -> None:
+    assert set(JOB_TRANSITIONS) == set(JobStatus)
+    assert set(SHARD_TRANSITIONS) == set(ShardStatus)
+    assert JOB_ACTIVE | JOB_TERMINAL == set(JobStatus) and not JOB_ACTIVE & JOB_TERMINAL
+    assert all(not JOB_TRANSITIONS[s] for s in JOB_TERMINAL)
+    assert all(not SHARD_TRANSITIONS[s] for s in SHARD_TERMINAL)
+    for s in JOB_ACTIVE:   # any non-final state can fail, be cancelled or expire
+        assert {JobStatus.FAILED, JobStatus.EXPIRED} <= JOB_TRANSITIONS[s]
+        assert s is JobStatus.CANCELLING or JobStatus.CANCELLING in JOB_TRANSITIONS[s]
+
+
+def _job(n_shards: int = 3, job_id: str = "job-1") -> str:
+    t = ops.now()
+    with tx() as conn:
+        if conn.execute(select(bundles.c.digest)).first() is None:
+            conn.execute(insert(bundles).values(digest="sha256:" + "0" * 64, name="b", uri="file:///b",
+                                                task="embed", family="bert", meta="{}", created_at=t))
+        conn.execute(insert(jobs).values(
+            id=job_id, tenant="default", name="t", status="running", task="embed", manifest="{}",
+            bundle_ref="b", bundle_digest="sha256:" + "0" * 64, input_uri="file:///in",
+            output_uri="file:///out/", work_uri="file:///out/_work/", priority=0, created_at=t, updated_at=t))
+        conn.execute(insert(shards), [
+            {"id": f"{job_id}-s{i}", "job_id": job_id, "bucket": 0, "ordinal": i, "status": "pending",
+             "attempt": 0, "num_records": 1, "num_tokens": 1, "input_uri": "file:///x", "updated_at": t}
+            for i in range(n_shards)])
+    return job_id
+
+
+def _result() -> ops.ShardResult:
+    return ops.ShardResult("file:///o", "a" * 64, 1, "file:///e", "b" * 64, 0, 5, 0, 5, 8, 0.1, [])
+
+
+def test_job_transitions_follow_the_table(ledger: str) -> None:
+    job_id = _job()
+    with tx() as conn:
+        assert not ops.transition_job(conn, job_id, JobStatus.SUCCEEDED)   # running -/-> succeeded
+        assert ops.transition_job(conn, job_id, JobStatus.VERIFYING)
+        assert ops.transition_job(conn, job_id, JobStatus.SUCCEEDED)
+        assert not ops.transition_job(conn, job_id, JobStatus.FAILED)      # terminal stays terminal
+        events = conn.execute(select(job_events.c.from_status, job_events.c.to_status)
+                              .where(job_events.c.kind == "job")).all()
+    assert [tuple(e) for e in events] == [("running", "verifying"), ("verifying", "succeeded")]
+
+
+def test_claim_heartbeat_commit_with_fencing(ledger: str) -> None:
+    job_id = _job(n_shards=2)
+    assert ops.claim_next([job_id], "w:1", 30) is None                   # nothing queued yet
+    assert len(ops.dispatch_ready(job_id)) == 2
+    a = ops.claim_next([job_id], "w:1", 30)
+    b = ops.claim_next([job_id], "w:2", 30)
+    assert a and b and a.shard_id != b.shard_id and a.attempt == b.attempt == 1
+    assert ops.claim_next([job_id], "w:3", 30) is None
+    assert ops.claim_shard(a.shard_id, "w:3", 30) is None                # duplicate delivery
+    assert ops.heartbeat(a, 30)
+    ops.commit_attempt(a, _result())
+    with pytest.raises(StaleAttemptError):
+        ops.commit_attempt(a, _result())                                 # commits once
+    with tx() as conn:
+        row = conn.execute(select(shards).where(shards.c.id == a.shard_id)).one()
+        att = conn.execute(select(attempts.c.status).where(attempts.c.shard_id == a.shard_id)).scalars().all()
+    assert row.status == "committed" and row.output_sha256 == "a" * 64 and att == ["committed"]
+
+
+def test_expired_lease_retries_then_fails_after_bounded_attempts(ledger: str) -> None:
+    job_id = _job(n_shards=1)
+    for attempt in (1, 2):
+        ops.dispatch_ready(job_id)
+        with tx() as conn:   # skip backoff
+            conn.execute(update(shards).values(not_before=0))
+        ops.dispatch_ready(job_id)
+        lease = ops.claim_next([job_id], "w:1", 30)
+        assert lease is not None and lease.attempt == attempt
+        with tx() as conn:
+            conn.execute(update(shards).values(lease_expires_at=0))
+        assert ops.expire_leases(job_id, max_attempts=2) == 1
+        assert not ops.heartbeat(lease, 30)
+    with tx() as conn:
+        assert conn.execute(select(shards.c.status)).scalar() == "failed"
+        assert conn.execute(select(jobs.c.status)).scalar() == "failed"
+        assert "failed 2 attempts" in conn.execute(select(jobs.c.error)).scalar()
+
+
+def test_concurrent_claims_never_share_a_shard(ledger: str) -> None:
+    job_id = _job(n_shards=20)
+    ops.dispatch_ready(job_id)
+    got: list[str] = []
+    lock = threading.Lock()
+
+    def worker(n: int) -> None:
+        while (lease := retrying(ops.claim_next, [job_id], f"w:{n}", 30)) is not None:
+            with lock:
+                got.append(lease.shard_id)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(got) == sorted(f"{job_id}-s{i}" for i in range(20))
+    with tx() as conn:
+        assert conn.execute(select(func.count()).select_from(attempts)).scalar() == 20
