@@ -47,36 +47,6 @@ class EncoderConfig:
             raise BundleError(f"config.json lacks a required field: {e}") from e
 
 
-@dataclass
-class Packing:
-    """Where the T real tokens of a batch sit in its padded [B, S] view. Linear layers, LayerNorms
-    and the MLP run on the packed [T, D] tokens only; attention scatters into [B, S] and back."""
-    index: Tensor       # [T] flat positions b * S + s of the real tokens
-    positions: Tensor   # [T] position of each token within its sequence
-    segments: Tensor    # [T] sequence of each token
-    lengths: Tensor     # [B]
-    mask: Tensor        # [B, 1, 1, S], True = attend
-    B: int
-    S: int
-
-    @classmethod
-    def of(cls, lengths: list[int], device: torch.device) -> "Packing":
-        B, S = len(lengths), max(lengths)
-        lens = torch.tensor(lengths, device=device)
-        valid = torch.arange(S, device=device)[None, :] < lens[:, None]  # [B, S]
-        index = valid.reshape(-1).nonzero().squeeze(1)
-        return cls(index=index, positions=index % S, segments=index // S, lengths=lens,
-                   mask=valid[:, None, None, :], B=B, S=S)
-
-    def pad(self, x: Tensor) -> Tensor:
-        out = x.new_zeros(self.B * self.S, x.shape[-1])
-        out[self.index] = x
-        return out.view(self.B, self.S, x.shape[-1])  # [T, D] -> [B, S, D]
-
-    def unpad(self, y: Tensor) -> Tensor:
-        return y.reshape(self.B * self.S, y.shape[-1])[self.index]  # [B, S, D] -> [T, D]
-
-
 class SelfAttention(nn.Module):
     def __init__(self, cfg: EncoderConfig) -> None:
         super().__init__()
@@ -87,18 +57,15 @@ class SelfAttention(nn.Module):
         self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
 
-    def forward(self, x: Tensor, mask: Tensor, packing: Packing | None = None) -> Tensor:
-        D = x.shape[-1]
-        # padded x: [B, S, D]; packed x: [T, D], projected before padding so no compute goes to pads
-        pad = packing.pad if packing is not None else (lambda t: t)
-        B, S = (packing.B, packing.S) if packing is not None else x.shape[:2]
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        B, S, D = x.shape
+        # [B, S, D] -> [B, H, S, Dh]
         q, k, v = (
-            pad(proj(x)).view(B, S, self.n_head, D // self.n_head).transpose(1, 2)  # [B, H, S, Dh]
+            proj(x).view(B, S, self.n_head, D // self.n_head).transpose(1, 2)
             for proj in (self.query, self.key, self.value)
         )
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # mask: [B, 1, 1, S]
-        y = y.transpose(1, 2).reshape(B, S, D)
-        return packing.unpad(y) if packing is not None else y
+        return y.transpose(1, 2).reshape(B, S, D)
 
 
 class ResidualOutput(nn.Module):
@@ -119,8 +86,8 @@ class Attention(nn.Module):
         self.self = SelfAttention(cfg)
         self.output = ResidualOutput(cfg.hidden_size, cfg.hidden_size, cfg.layer_norm_eps)
 
-    def forward(self, x: Tensor, mask: Tensor, packing: Packing | None = None) -> Tensor:
-        return self.output(self.self(x, mask, packing), x)
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        return self.output(self.self(x, mask), x)
 
 
 class Intermediate(nn.Module):
@@ -140,8 +107,8 @@ class BertLayer(nn.Module):
         self.intermediate = Intermediate(cfg)
         self.output = ResidualOutput(cfg.intermediate_size, cfg.hidden_size, cfg.layer_norm_eps)
 
-    def forward(self, x: Tensor, mask: Tensor, packing: Packing | None = None) -> Tensor:
-        x = self.attention(x, mask, packing)
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        x = self.attention(x, mask)
         return self.output(self.intermediate(x), x)
 
 
@@ -153,13 +120,12 @@ class Embeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
 
-    def forward(self, input_ids: Tensor, positions: Tensor | None = None) -> Tensor:
-        if positions is None:
-            positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+    def forward(self, input_ids: Tensor) -> Tensor:
+        S = input_ids.shape[1]
+        pos = torch.arange(S, device=input_ids.device)
         # Single-segment input: token type is always 0.
-        x = (self.word_embeddings(input_ids) + self.position_embeddings(positions)
-             + self.token_type_embeddings.weight[0])
-        return self.LayerNorm(x)  # [B, S, D], or [T, D] packed
+        x = self.word_embeddings(input_ids) + self.position_embeddings(pos) + self.token_type_embeddings.weight[0]
+        return self.LayerNorm(x)  # [B, S, D]
 
 
 class Encoder(nn.Module):
@@ -189,16 +155,6 @@ class BertEncoder(nn.Module):
         for layer in self.encoder.layer:
             x = layer(x, mask)
         return x  # [B, S, D]
-
-    def forward_packed(self, input_ids: Tensor, packing: Packing) -> Tensor:
-        """Unpadded forward: input_ids [T] are the batch's sequences concatenated; returns [T, D]."""
-        if packing.S > self.config.max_position_embeddings:
-            raise BatchinfError(f"sequence length {packing.S} exceeds max_position_embeddings "
-                                f"{self.config.max_position_embeddings}; lower the tokenizer max_length")
-        x = self.embeddings(input_ids, packing.positions)
-        for layer in self.encoder.layer:
-            x = layer(x, packing.mask, packing)
-        return x
 
 
 def load_encoder(
@@ -244,33 +200,6 @@ def pool(hidden: Tensor, attention_mask: Tensor, mode: str, normalize: bool) -> 
     else:
         raise BatchinfError(f"unknown pooling mode {mode!r}; use 'mean' or 'cls'")
     return F.normalize(out, p=2, dim=1) if normalize else out
-
-
-def pool_packed(hidden: Tensor, packing: Packing, mode: str, normalize: bool) -> Tensor:
-    hidden = hidden.float()  # [T, D]
-    if mode == "mean":
-        sums = hidden.new_zeros(packing.B, hidden.shape[1]).index_add_(0, packing.segments, hidden)
-        out = sums / packing.lengths[:, None].to(hidden.dtype)  # [B, D]
-    elif mode == "cls":
-        out = hidden[(packing.positions == 0).nonzero().squeeze(1)]  # first token of each sequence
-    else:
-        raise BatchinfError(f"unknown pooling mode {mode!r}; use 'mean' or 'cls'")
-    return F.normalize(out, p=2, dim=1) if normalize else out
-
-
-def embed_packed(
-    model: BertEncoder, batch: list[list[int]], pooling: str, normalize: bool
-) -> tuple[np.ndarray, int]:
-    """Like embed_batch, without padding outside attention. Returns ([B, D], padded positions B*S)."""
-    device = next(model.parameters()).device
-    if not batch or min(map(len, batch)) == 0:
-        raise BatchinfError("embed_packed needs a non-empty batch of non-empty token sequences")
-    packing = Packing.of([len(ids) for ids in batch], device)
-    input_ids = torch.tensor([t for ids in batch for t in ids], device=device)  # [T]
-    with torch.inference_mode():
-        hidden = model.forward_packed(input_ids, packing)  # [T, D]
-        out = pool_packed(hidden, packing, pooling, normalize)  # [B, D]
-    return out.cpu().numpy().astype(np.float32, copy=False), packing.B * packing.S
 
 
 def embed_batch(

@@ -12,7 +12,6 @@ from batchinf.errors import BundleError
 from batchinf.runtime.encoder import (
     EncoderConfig,
     embed_batch,
-    embed_packed,
     load_encoder,
     pool,
     read_pooling_config,
@@ -103,20 +102,6 @@ def test_embed_batch_pads_and_pools(tmp_path: Path, pooling: str) -> None:
         alone, n = embed_batch(model, [ids], tok.pad_id, pooling, normalize=False)
         assert n == len(ids)
         assert abs(alone[0] - vecs[i]).max() <= 1e-5
-
-
-@pytest.mark.parametrize("pooling", ["mean", "cls"])
-@pytest.mark.parametrize("normalize", [True, False])
-def test_packed_forward_equals_padded(tmp_path: Path, pooling: str, normalize: bool) -> None:
-    """The unpadded path (linear layers on real tokens only) gives the padded path's vectors."""
-    d = make_tiny_bert(tmp_path, pooling=pooling, normalize=normalize)
-    tok = TextTokenizer.from_file(d / "tokenizer.json", 64)
-    model = load_encoder(d)
-    batch = [e.ids for e in tok.encode_batch(TEXTS)]
-    padded_vecs, n_padded = embed_batch(model, batch, tok.pad_id, pooling, normalize)
-    packed_vecs, n_packed = embed_packed(model, batch, pooling, normalize)
-    assert n_packed == n_padded
-    assert abs(packed_vecs - padded_vecs).max() <= 1e-5
 
 
 def test_read_pooling_config_variants(tmp_path: Path) -> None:
