@@ -87,7 +87,13 @@ def run(manifest: str, workers: int, threads: int | None, device: str, as_json: 
             speed = progress.tasks[0].speed
             progress.update(bar, rate=f"{speed:,.0f}/s" if speed else "")
 
-        final = drive(job_id, workers=workers, device=device, threads=threads, on_tick=tick)
+        try:
+            final = drive(job_id, workers=workers, device=device, threads=threads, on_tick=tick)
+        except KeyboardInterrupt:
+            progress.stop()
+            console.print(f"interrupted; committed shards are kept. Run `batchinf run {manifest}` "
+                          "again to resume.", highlight=False)
+            sys.exit(130)
     s = status(job_id)
     _emit(s, as_json, _print_status)
     sys.exit(0 if final == "succeeded" else 1)

@@ -20,20 +20,26 @@ from batchinf.verify import publish
 def drive(job_id: str, *, workers: int = 1, device: str = "auto", threads: int | None = None,
           on_tick: Callable[[], None] | None = None) -> str:
     """Run a job to a terminal state in this machine's processes; returns the final status."""
-    while True:
-        status = job_row(job_id).status
-        if status in JOB_TERMINAL:
-            return status
-        if status in (JobStatus.SUBMITTED, JobStatus.PLANNING):
-            plan_or_fail(job_id)
-        elif status == JobStatus.RUNNING:
-            LocalPool(job_id, workers=workers, device=device, threads=threads).run(on_tick)
-        elif status == JobStatus.VERIFYING:
-            try:
-                publish(job_id)
-            except VerificationError as exc:
-                fail_job(job_id, f"verification failed: {exc}")
-        else:   # cancelling: nothing runs in embedded mode once the driver stops
-            return status
-        if on_tick:
-            on_tick()
+    pool = LocalPool(job_id, workers=workers, device=device, threads=threads)
+    try:
+        while True:
+            status = job_row(job_id).status
+            if status in JOB_TERMINAL:
+                return status
+            if status in (JobStatus.SUBMITTED, JobStatus.PLANNING):
+                pool.start()            # workers load the bundle while we plan
+                plan_or_fail(job_id)
+            elif status == JobStatus.RUNNING:
+                pool.run(on_tick)
+            elif status == JobStatus.VERIFYING:
+                pool.stop()
+                try:
+                    publish(job_id)
+                except VerificationError as exc:
+                    fail_job(job_id, f"verification failed: {exc}")
+            else:   # cancelling: nothing runs in embedded mode once the driver stops
+                return status
+            if on_tick:
+                on_tick()
+    finally:
+        pool.stop()

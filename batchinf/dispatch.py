@@ -53,13 +53,30 @@ def run_lease(lease: ops.Lease, device: str, parent_pid: int | None = None) -> N
         hb.stop()
 
 
+WAITING = (JobStatus.SUBMITTED, JobStatus.PLANNING, JobStatus.RUNNING)
+
+
 def worker_main(job_id: str, device: str, threads: int, parent_pid: int) -> None:
-    """Entry point of an embedded worker process: lease shards of one job until none are left."""
+    """Entry point of an embedded worker process: lease shards of one job until none are left.
+    Started while the job is still planning, it loads the bundle meanwhile."""
+    import signal
+
     import torch
 
+    from batchinf.bundles import open_runtime
+    from batchinf.errors import BundleError
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the driver's to handle
     torch.set_num_threads(threads)
+    torch.set_num_interop_threads(1)
     device = pick_device(device)
     me = worker_name()
+    with tx() as conn:
+        digest = conn.execute(select(jobs.c.bundle_digest).where(jobs.c.id == job_id)).scalar()
+    try:
+        open_runtime(digest, device=device)
+    except BundleError:
+        pass      # reported by the first shard that needs it, which fails the job
     while True:
         if os.getppid() != parent_pid:
             return
@@ -67,7 +84,7 @@ def worker_main(job_id: str, device: str, threads: int, parent_pid: int) -> None
         if lease is None:
             with tx() as conn:
                 status = conn.execute(select(jobs.c.status).where(jobs.c.id == job_id)).scalar()
-            if status != JobStatus.RUNNING:
+            if status not in WAITING:
                 return
             time.sleep(0.1)
             continue
@@ -109,6 +126,11 @@ class LocalPool:
         self.ctx = mp.get_context("spawn")
         self.procs: list[mp.process.BaseProcess] = []
 
+    def start(self) -> None:
+        """Start the workers now (e.g. while the job plans), so their start-up overlaps planning."""
+        while len(self.procs) < self.n:
+            self._spawn()
+
     def _spawn(self) -> None:
         p = self.ctx.Process(target=worker_main, name="batchinf-worker",
                              args=(self.job_id, self.device, self.threads, os.getpid()), daemon=True)
@@ -145,10 +167,13 @@ class LocalPool:
                 if on_tick:
                     on_tick()
                 time.sleep(tick)
-        finally:
-            self.stop()
+        except BaseException:
+            self.stop(timeout=0)
+            raise
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Wait for workers to finish (they exit once the job leaves running), then kill stragglers.
+        Their leases, if any, expire and are taken over by the next driver."""
         for p in self.procs:
             p.join(timeout)
             if p.is_alive():

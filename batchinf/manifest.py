@@ -36,7 +36,7 @@ class ShardSpec:
 @dataclass(frozen=True, kw_only=True)
 class EmbedOptions:
     max_length: int | None = None          # default: the bundle's max length (never above it)
-    max_batch_tokens: int = 16384          # padded tokens per forward batch
+    max_batch_tokens: int = 2048           # padded tokens per forward batch (CPU sweet spot)
     truncate: bool = True                  # False: over-long records become error rows
     device: str = "auto"                   # auto | cpu | cuda
 

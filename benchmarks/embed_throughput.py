@@ -147,7 +147,7 @@ def run_batchinf(corpus: Path, work: Path, threads: int, workers: int) -> dict:
         "name": "bench", "task": "embed", "bundle": "minilm@bench",
         "input": {"uri": str(corpus), "format": "jsonl"}, "output": {"uri": str(out)},
         "shards": {"max_records": 2048, "max_tokens": 400000},
-        "options": {"max_length": 256, "max_batch_tokens": 8192}}))
+        "options": {"max_length": 256}}))
     cmd = [sys.executable, "-m", "batchinf.cli", "run", str(manifest), "--json",
            "--workers", str(workers), "--threads", str(max(1, threads // workers)), "--device", "cpu"]
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
