@@ -74,19 +74,8 @@ def run(manifest: str, workers: int, threads: int | None, device: str, as_json: 
     job_id, created = submit(load_manifest(manifest))
     if not created and not as_json:
         console.print(f"resuming {job_id}", highlight=False)
-    show = not as_json and console.is_terminal
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("records"), TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
-                  TimeRemainingColumn(), console=console, disable=not show) as progress:
-        bar = progress.add_task(job_id, total=None, rate="")
-
-        def tick() -> None:
-            s = status(job_id)
-            done, total = s["counts"]["records_done"], s["counts"]["records_total"]
-            progress.update(bar, total=total, completed=done, description=f"{job_id} {s['status']}")
-            speed = progress.tasks[0].speed
-            progress.update(bar, rate=f"{speed:,.0f}/s" if speed else "")
-
+    with _progress(as_json) as progress:
+        tick = _ticker(progress, job_id)
         try:
             final = drive(job_id, workers=workers, device=device, threads=threads, on_tick=tick)
         except KeyboardInterrupt:
@@ -99,18 +88,93 @@ def run(manifest: str, workers: int, threads: int | None, device: str, as_json: 
     sys.exit(0 if final == "succeeded" else 1)
 
 
+def _progress(as_json: bool) -> Progress:
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("records"), TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
+                    TimeRemainingColumn(), console=console, disable=as_json or not console.is_terminal)
+
+
+def _ticker(progress: Progress, job_id: str) -> Callable[[], dict[str, Any]]:
+    """Refresh the progress bar from the ledger's status model; returns that status."""
+    from batchinf.jobs import status
+
+    bar = progress.add_task(job_id, total=None, rate="")
+
+    def tick() -> dict[str, Any]:
+        s = status(job_id)
+        progress.update(bar, total=s["counts"]["records_total"], completed=s["counts"]["records_done"],
+                        description=f"{job_id} {s['status']}")
+        speed = progress.tasks[0].speed
+        progress.update(bar, rate=f"{speed:,.0f}/s" if speed else "")
+        return s
+    return tick
+
+
 @main.command()
 @click.argument("manifest", type=click.Path(exists=True, dir_okay=False))
+@click.option("--wait", is_flag=True, help="Wait for the job to finish, with a progress bar.")
 @click.option("--json", "as_json", is_flag=True)
 @friendly
-def submit(manifest: str, as_json: bool) -> None:
-    """Submit a job to the ledger without running it here (a controller and workers run it)."""
+def submit(manifest: str, wait: bool, as_json: bool) -> None:
+    """Submit a job to the ledger; a controller and workers run it (distributed mode).
+    With --wait, exits 0 only if the job succeeded."""
+    import time
+
     from batchinf.jobs import status
     from batchinf.jobs import submit as do_submit
+    from batchinf.ledger.states import JOB_TERMINAL
     from batchinf.manifest import load_manifest
 
     job_id, _ = do_submit(load_manifest(manifest))
-    _emit(status(job_id), as_json, _print_status)
+    s = status(job_id)
+    if wait:
+        with _progress(as_json) as progress:
+            tick = _ticker(progress, job_id)
+            while (s := tick())["status"] not in JOB_TERMINAL:
+                time.sleep(1.0)
+    _emit(s, as_json, _print_status)
+    if wait:
+        sys.exit(0 if s["status"] == "succeeded" else 1)
+
+
+@main.command()
+@click.option("--concurrency", default=1, show_default=True, help="Worker processes.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--threads", type=int, default=None, help="Torch threads per process (default: cores / concurrency).")
+@friendly
+def worker(concurrency: int, device: str, threads: int | None) -> None:
+    """A Celery worker (distributed mode). Its processes keep loaded bundles cached by digest."""
+    import os
+
+    os.environ["BATCHINF_DEVICE"] = device
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads or max(1, (os.cpu_count() or 1) // concurrency)))
+    from workers.celery_app import QUEUE, app
+
+    app.worker_main(["worker", "--concurrency", str(concurrency), "--pool", "prefork", "-Q", QUEUE,
+                     "--loglevel", "INFO", "--without-gossip", "--without-mingle",
+                     "-n", f"batchinf-{os.getpid()}@%h"])
+
+
+@main.command()
+@click.option("--max-in-flight", default=16, show_default=True, help="Shards queued or running per job.")
+@click.option("--requeue-seconds", default=30.0, show_default=True,
+              help="Send a queued shard's message again after this long (lost messages).")
+@click.option("--tick", default=1.0, show_default=True, help="Seconds between passes over the ledger.")
+@friendly
+def controller(max_in_flight: int, requeue_seconds: float, tick: float) -> None:
+    """Plan, dispatch, recover and publish every job in the ledger (distributed mode). Restartable;
+    several may run at once."""
+    import logging
+    import signal
+    import threading
+
+    from batchinf.controller import Controller
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    Controller(max_in_flight=max_in_flight, requeue_seconds=requeue_seconds, tick_seconds=tick).run_forever(stop)
 
 
 @main.command()

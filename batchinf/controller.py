@@ -6,15 +6,28 @@ embedded `batchinf run` resumes a killed run by calling `drive` again.
 
 from __future__ import annotations
 
+import logging
+import os
+import socket
+import threading
 from typing import Callable
 
+from sqlalchemy import select, update
+
+from batchinf.config import settings
 from batchinf.dispatch import LocalPool
 from batchinf.errors import VerificationError
 from batchinf.jobs import job_row
-from batchinf.ledger.ops import fail_job
-from batchinf.ledger.states import JOB_TERMINAL, JobStatus
-from batchinf.plan import plan_or_fail
+from batchinf.ledger import ops
+from batchinf.ledger.db import tx
+from batchinf.ledger.ops import fail_job, now
+from batchinf.ledger.states import JOB_ACTIVE, JOB_TERMINAL, JobStatus, ShardStatus
+from batchinf.ledger.tables import attempts, job_inputs, jobs, shards
+from batchinf.plan import failing_job_on_permanent_error, finish_plan, pin_job, plan_or_fail
+from batchinf.store import get_store, join
 from batchinf.verify import publish
+
+log = logging.getLogger("batchinf.controller")
 
 
 def drive(job_id: str, *, workers: int = 1, device: str = "auto", threads: int | None = None,
@@ -43,3 +56,104 @@ def drive(job_id: str, *, workers: int = 1, device: str = "auto", threads: int |
                 on_tick()
     finally:
         pool.stop()
+
+
+class Controller:
+    """Distributed mode's restartable loop over every active job in the ledger.
+
+    Per tick and job (under a controller lease, so two controllers never step one job at once):
+    pin submitted jobs; send one planning task per input object and run the global planning
+    step when all are staged; keep at most `max_in_flight` shards queued or running; expire
+    leases of silent workers; send again any queued shard whose message may be lost; verify and
+    publish finished jobs; delete the files of attempts that lost. All of it is derived from the
+    ledger on every tick, so a controller may be killed and restarted at any point.
+    """
+
+    def __init__(self, *, name: str | None = None, max_in_flight: int = 16,
+                 requeue_seconds: float = 30.0, tick_seconds: float = 1.0,
+                 send_shard: Callable[[str], None] | None = None,
+                 send_plan: Callable[[str, int], None] | None = None) -> None:
+        self.name = name or f"controller@{socket.gethostname()}:{os.getpid()}"
+        self.max_in_flight, self.requeue_seconds, self.tick_seconds = max_in_flight, requeue_seconds, tick_seconds
+        if send_shard is None or send_plan is None:
+            from workers import celery_app
+
+            send_shard = send_shard or (lambda sid: celery_app.execute_shard.apply_async(args=[sid]))
+            send_plan = send_plan or (lambda jid, idx: celery_app.plan_object.apply_async(args=[jid, idx]))
+        self.send_shard, self.send_plan = send_shard, send_plan
+
+    def run_forever(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                self.tick()
+            except Exception as exc:  # noqa: BLE001 -- ledger or broker down: try again next tick
+                log.warning("controller tick failed, retrying: %s: %s", type(exc).__name__, exc)
+            stop.wait(self.tick_seconds)
+
+    def tick(self) -> None:
+        with tx() as conn:
+            active = conn.execute(select(jobs.c.id).where(jobs.c.status.in_([s.value for s in JOB_ACTIVE]))
+                                  .order_by(jobs.c.priority.desc(), jobs.c.created_at)).scalars().all()
+        for job_id in active:
+            if ops.lock_job(job_id, self.name, max(30.0, 10 * self.tick_seconds)):
+                self.step(job_id)
+
+    def step(self, job_id: str) -> None:
+        status = job_row(job_id).status
+        if status == JobStatus.SUBMITTED:
+            with failing_job_on_permanent_error(job_id, "pinning inputs"):
+                pin_job(job_id)
+        elif status == JobStatus.PLANNING:
+            with failing_job_on_permanent_error(job_id, "planning"):
+                self._plan(job_id)
+        elif status == JobStatus.RUNNING:
+            self._run(job_id)
+            self._sweep(job_id)
+        elif status == JobStatus.VERIFYING:
+            try:
+                publish(job_id)
+            except VerificationError as exc:
+                fail_job(job_id, f"verification failed: {exc}")
+
+    def _plan(self, job_id: str) -> None:
+        with tx() as conn:
+            rows = conn.execute(select(job_inputs).where(job_inputs.c.job_id == job_id)
+                                .order_by(job_inputs.c.idx)).all()
+        if all(r.records is not None for r in rows):
+            finish_plan(job_id, [r.records for r in rows])
+            return
+        for r in rows:
+            if r.records is None and (r.dispatched_at is None or r.dispatched_at < now() - self.requeue_seconds):
+                self.send_plan(job_id, r.idx)
+                with tx() as conn:
+                    conn.execute(update(job_inputs).where(job_inputs.c.job_id == job_id, job_inputs.c.idx == r.idx)
+                                 .values(dispatched_at=now()))
+
+    def _run(self, job_id: str) -> None:
+        ops.expire_leases(job_id, settings().max_attempts)
+        if ops.verify_when_done(job_id):
+            return
+        with tx() as conn:
+            counts = ops.shard_counts(conn, job_id)
+        in_flight = counts.get(ShardStatus.QUEUED, 0) + counts.get(ShardStatus.RUNNING, 0)
+        fresh = ops.dispatch_ready(job_id, limit=max(0, self.max_in_flight - in_flight))
+        resend = [s for s in ops.stale_queued(job_id, self.requeue_seconds) if s not in fresh]
+        for shard_id in fresh + resend:
+            self.send_shard(shard_id)
+        ops.mark_dispatched(fresh + resend)
+
+    def _sweep(self, job_id: str) -> None:
+        """Delete the files of attempts that lost (their worker died or was fenced off) once their
+        shard is committed, so no zombie can still be writing them."""
+        with tx() as conn:
+            work = conn.execute(select(jobs.c.work_uri).where(jobs.c.id == job_id)).scalar()
+            losers = conn.execute(select(attempts.c.shard_id, attempts.c.number)
+                                  .join(shards, shards.c.id == attempts.c.shard_id)
+                                  .where(shards.c.job_id == job_id, shards.c.status == "committed",
+                                         attempts.c.status.in_(["lost", "failed"]))).all()
+        for shard_id, number in losers:
+            base = join(work, "attempts", shard_id, f"a{number}")
+            get_store(base).delete_prefix(base)
+            with tx() as conn:
+                conn.execute(update(attempts).where(attempts.c.shard_id == shard_id,
+                                                    attempts.c.number == number).values(status="swept"))

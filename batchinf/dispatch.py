@@ -13,12 +13,13 @@ import socket
 import time
 from typing import Callable
 
+from sqlalchemy import select
+
 from batchinf.config import settings
 from batchinf.ledger import ops
 from batchinf.ledger.db import retrying, tx
-from batchinf.ledger.states import JobStatus, ShardStatus
+from batchinf.ledger.states import SHARD_DONE, JobStatus, ShardStatus
 from batchinf.ledger.tables import jobs, shards
-from sqlalchemy import select
 
 
 def worker_name(pid: int | None = None) -> str:
@@ -44,13 +45,20 @@ def run_lease(lease: ops.Lease, device: str, parent_pid: int | None = None) -> N
         execute_shard(lease, device=device, heartbeat=hb)
     except StaleAttemptError:
         pass                                  # another attempt owns the shard now
-    except BundleError as exc:                # permanent: no retry can fix a bad bundle
-        ops.fail_attempt(lease, str(exc), max_attempts=0)
-        ops.fail_job(lease.job_id, str(exc))
+    except BundleError as exc:                # permanent: no retry can fix a bad bundle,
+        ops.fail_attempt(lease, str(exc), max_attempts=0)   # so the shard and its job fail now
     except Exception as exc:  # noqa: BLE001
         retrying(ops.fail_attempt, lease, f"{type(exc).__name__}: {exc}", settings().max_attempts)
     finally:
         hb.stop()
+
+
+def run_shard(shard_id: str, device: str = "auto") -> None:
+    """Distributed mode (a Celery task): lease the named shard and run it. A message for a shard
+    that is not queued (duplicate delivery, already leased or committed) does nothing."""
+    lease = retrying(ops.claim_shard, shard_id, worker_name(), settings().lease_seconds)
+    if lease is not None:
+        run_lease(lease, pick_device(device))
 
 
 WAITING = (JobStatus.SUBMITTED, JobStatus.PLANNING, JobStatus.RUNNING)
@@ -151,17 +159,14 @@ class LocalPool:
                         if p.exitcode != 0:
                             dead.append(worker_name(p.pid))
                 retrying(ops.expire_leases, self.job_id, s.max_attempts, dead_owners=dead)
+                if retrying(ops.verify_when_done, self.job_id):
+                    return
                 with tx() as conn:
                     status = conn.execute(select(jobs.c.status).where(jobs.c.id == self.job_id)).scalar()
                     counts = ops.shard_counts(conn, self.job_id)
                 if status != JobStatus.RUNNING:
                     return
-                open_shards = sum(n for st, n in counts.items()
-                                  if st not in (ShardStatus.COMMITTED, ShardStatus.QUARANTINED))
-                if open_shards == 0:
-                    with tx() as conn:
-                        ops.transition_job(conn, self.job_id, JobStatus.VERIFYING)
-                    return
+                open_shards = sum(n for st, n in counts.items() if st not in SHARD_DONE)
                 while len(self.procs) < min(self.n, open_shards):
                     self._spawn()
                 if on_tick:

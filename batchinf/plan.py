@@ -15,9 +15,10 @@ import json
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing import get_context
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -25,7 +26,6 @@ from sqlalchemy import insert, select, update
 
 from batchinf import failpoints
 from batchinf.bundles import open_runtime
-from batchinf.errors import BatchinfError
 from batchinf.jobs import input_pins, job_manifest, job_row, pin_inputs
 from batchinf.ledger.db import tx
 from batchinf.ledger.ops import now, transition_job
@@ -131,7 +131,8 @@ def cut(order: np.ndarray, tokens: np.ndarray, max_records: int, max_tokens: int
     return runs
 
 
-def _pin(job_id: str) -> None:
+def pin_job(job_id: str) -> None:
+    """submitted -> planning: pin every input object once (a second pinner changes nothing)."""
     row = job_row(job_id)
     pins = pin_inputs(job_manifest(row))
     with tx() as conn:
@@ -143,28 +144,53 @@ def _pin(job_id: str) -> None:
     failpoints.hit("plan.after_pin")
 
 
-def plan_job(job_id: str, *, processes: int | None = None) -> None:
-    """Take a job from submitted (or a crashed planning) to running with all shards pending."""
-    t0 = time.perf_counter()
+def object_tasks(job_id: str) -> list[ObjectTask]:
     row = job_row(job_id)
-    if row.status == JobStatus.SUBMITTED:
-        _pin(job_id)
-        row = job_row(job_id)
-    if row.status != JobStatus.PLANNING:
-        return
     m = job_manifest(row)
     runtime = open_runtime(row.bundle_digest, with_model=False)   # verifies files + tokenizer
     max_length = min(m.options.max_length or runtime.meta["max_length"], runtime.meta["max_length"])
-    pins = [p for p, _ in input_pins(job_id)]
-    tasks = [ObjectTask(i, p, m.input.format, m.input.id_field, m.input.text_field,
-                        row.bundle_digest, max_length, m.options.truncate,
-                        join(row.work_uri, "plan", f"obj-{i:05d}.parquet")) for i, p in enumerate(pins)]
+    return [ObjectTask(i, p, m.input.format, m.input.id_field, m.input.text_field,
+                       row.bundle_digest, max_length, m.options.truncate,
+                       join(row.work_uri, "plan", f"obj-{i:05d}.parquet"))
+            for i, (p, _) in enumerate(input_pins(job_id))]
+
+
+def plan_one_object(job_id: str, idx: int) -> int:
+    """A planning task (distributed mode: one Celery task per input object): stage one object
+    and record its record count in the ledger."""
+    task = object_tasks(job_id)[idx]
+    n = plan_object(task)
+    with tx() as conn:
+        conn.execute(update(job_inputs).where(job_inputs.c.job_id == job_id, job_inputs.c.idx == idx)
+                     .values(records=n))
+    return n
+
+
+def plan_job(job_id: str, *, processes: int | None = None) -> None:
+    """Embedded planning: take a job from submitted (or a crashed planning) to running, with
+    the per-object tasks in a local process pool."""
+    t0 = time.perf_counter()
+    if job_row(job_id).status == JobStatus.SUBMITTED:
+        pin_job(job_id)
+    if job_row(job_id).status != JobStatus.PLANNING:
+        return
+    tasks = object_tasks(job_id)
     workers = min(len(tasks), processes or os.cpu_count() or 1)
     if workers > 1:
         with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
             counts = list(pool.map(plan_object, tasks))
     else:
         counts = [plan_object(t) for t in tasks]
+    finish_plan(job_id, counts, started=t0)
+
+
+def finish_plan(job_id: str, counts: list[int], *, started: float | None = None) -> None:
+    """The global step over every staged object: drop duplicate ids, choose bucket bounds from
+    the job's own length distribution, cut shards, and move the job to running."""
+    row = job_row(job_id)
+    m = job_manifest(row)
+    tasks = object_tasks(job_id)
+    pins = [t.pin for t in tasks]
 
     # Global step: all records of the job, by (object, ordinal); token ids stay in Arrow.
     tables = [read_table(t.stage_uri) for t in tasks]
@@ -207,7 +233,7 @@ def plan_job(job_id: str, *, processes: int | None = None) -> None:
                 "status": ShardStatus.PENDING.value, "attempt": 0, "num_records": len(run),
                 "num_tokens": int(n_tokens[run].sum()), "input_uri": uri, "updated_at": now()})
 
-    plan_info = {"bucket_bounds": bounds, "max_length": max_length, "objects": len(pins),
+    plan_info = {"bucket_bounds": bounds, "max_length": tasks[0].max_length if tasks else None, "objects": len(pins),
                  "records": int(len(ordinal)), "invalid": int((~valid).sum()),
                  "truncated": int(np.asarray(table.column("truncated").to_numpy(zero_copy_only=False)).sum()),
                  "tokens": int(n_tokens.sum())}
@@ -221,18 +247,30 @@ def plan_job(job_id: str, *, processes: int | None = None) -> None:
             conn.execute(insert(shards), shard_rows)
         transition_job(conn, job_id, JobStatus.RUNNING, detail={"shards": len(shard_rows)},
                        plan=json.dumps(plan_info), records_total=int(len(ordinal)),
-                       plan_seconds=time.perf_counter() - t0)
+                       plan_seconds=(time.perf_counter() - started) if started is not None
+                       else now() - (row.started_at or now()))
 
 
-def plan_or_fail(job_id: str, **kw: Any) -> None:
-    """Planning errors that no retry can fix (missing input, bad bundle) fail the job with their
-    message; anything else propagates so the caller can retry."""
+@contextmanager
+def failing_job_on_permanent_error(job_id: str, stage: str) -> Iterator[None]:
+    """Errors no retry can fix (missing input, bad bundle or manifest) fail the job with their
+    message; anything else propagates so the caller retries."""
     from batchinf.errors import BundleError, InputError, ManifestError, StoreError
     from batchinf.ledger.ops import fail_job
 
     try:
-        plan_job(job_id, **kw)
+        yield
     except (BundleError, InputError, ManifestError, StoreError) as exc:
-        fail_job(job_id, f"planning failed: {exc}")
-    except BatchinfError:
-        raise
+        fail_job(job_id, f"{stage} failed: {exc}")
+
+
+def plan_object_task(job_id: str, idx: int) -> None:
+    """Distributed planning task for one input object."""
+    if job_row(job_id).status == JobStatus.PLANNING:
+        with failing_job_on_permanent_error(job_id, "planning"):
+            plan_one_object(job_id, idx)
+
+
+def plan_or_fail(job_id: str, **kw: Any) -> None:
+    with failing_job_on_permanent_error(job_id, "planning"):
+        plan_job(job_id, **kw)

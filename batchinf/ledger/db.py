@@ -77,9 +77,9 @@ def _is_transient(exc: BaseException) -> bool:
 
 
 @contextmanager
-def tx(url: str | None = None, *, retries: int = 8) -> Iterator[Connection]:
-    """One ledger transaction. Connection-level faults before commit are retried by callers
-    through `retrying`; here we only translate them into TransientError."""
+def tx(url: str | None = None) -> Iterator[Connection]:
+    """One ledger transaction. Connection-level faults become TransientError, which callers
+    retry with `retrying` (or, in loops, on their next pass)."""
     eng = engine(url)
     try:
         with eng.begin() as conn:

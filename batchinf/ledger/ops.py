@@ -19,7 +19,7 @@ from sqlalchemy import Connection, and_, func, insert, select, update
 
 from batchinf.errors import LedgerError, StaleAttemptError
 from batchinf.ledger.db import tx
-from batchinf.ledger.states import (JobStatus, ShardStatus, job_sources, shard_sources)
+from batchinf.ledger.states import SHARD_DONE, JobStatus, ShardStatus, job_sources, shard_sources
 from batchinf.ledger.tables import attempts, job_events, jobs, record_errors, shards
 
 
@@ -268,3 +268,44 @@ def shard_counts(conn: Connection, job_id: str) -> dict[str, int]:
     rows = conn.execute(select(shards.c.status, func.count()).where(shards.c.job_id == job_id)
                         .group_by(shards.c.status)).all()
     return {status: n for status, n in rows}
+
+
+def lock_job(job_id: str, owner: str, seconds: float) -> bool:
+    """Take (or extend) the controller lease on a job: two controllers never step one job at once."""
+    t = now()
+    with tx() as conn:
+        res = conn.execute(update(jobs).where(
+            jobs.c.id == job_id,
+            (jobs.c.lock_owner.is_(None)) | (jobs.c.lock_owner == owner) | (jobs.c.lock_expires_at < t))
+            .values(lock_owner=owner, lock_expires_at=t + seconds))
+        return res.rowcount == 1
+
+
+def unlock_job(job_id: str, owner: str) -> None:
+    with tx() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == job_id, jobs.c.lock_owner == owner)
+                     .values(lock_owner=None, lock_expires_at=None))
+
+
+def mark_dispatched(shard_ids: list[str]) -> None:
+    if shard_ids:
+        with tx() as conn:
+            conn.execute(update(shards).where(shards.c.id.in_(shard_ids)).values(dispatched_at=now()))
+
+
+def stale_queued(job_id: str, older_than: float) -> list[str]:
+    """Queued shards whose last message is older than `older_than` seconds: the message may be
+    lost (broker flushed or restarted), so it is sent again. A duplicate is harmless."""
+    with tx() as conn:
+        return conn.execute(select(shards.c.id).where(
+            shards.c.job_id == job_id, shards.c.status == ShardStatus.QUEUED.value,
+            func.coalesce(shards.c.dispatched_at, 0) < now() - older_than)).scalars().all()
+
+
+def verify_when_done(job_id: str) -> bool:
+    """running -> verifying once no shard is left open; True when the job moved."""
+    with tx() as conn:
+        counts = shard_counts(conn, job_id)
+        if any(n for st, n in counts.items() if st not in SHARD_DONE):
+            return False
+        return transition_job(conn, job_id, JobStatus.VERIFYING)

@@ -55,6 +55,8 @@ jobs = Table(
     Column("finished_at", Float, nullable=True),
     Column("plan_seconds", Float, nullable=True),
     Column("verify_seconds", Float, nullable=True),
+    Column("lock_owner", String(200), nullable=True),      # controller holding the job's lease
+    Column("lock_expires_at", Float, nullable=True),
     UniqueConstraint("tenant", "idempotency_key", name="uq_jobs_tenant_idempotency"),
     Index("ix_jobs_status", "status"),
 )
@@ -68,6 +70,7 @@ job_inputs = Table(
     Column("etag", String(200), nullable=False),
     Column("version_id", String(300), nullable=True),
     Column("records", BigInteger, nullable=True),         # filled by planning
+    Column("dispatched_at", Float, nullable=True),        # last planning task sent (distributed)
 )
 
 shards = Table(
@@ -84,6 +87,7 @@ shards = Table(
     Column("lease_owner", String(200), nullable=True),
     Column("lease_expires_at", Float, nullable=True),
     Column("not_before", Float, nullable=True),           # retry backoff
+    Column("dispatched_at", Float, nullable=True),        # last broker message sent
     Column("output_uri", Text, nullable=True),            # winning attempt's files
     Column("output_sha256", String(64), nullable=True),
     Column("output_rows", Integer, nullable=True),

@@ -92,8 +92,8 @@ def test_s3_inputs_pinned_by_version(tmp_path: Path, tiny_bundle: str, s3_bucket
     s3.upload_file(str(tmp_path / "b.jsonl"), bucket, "in/b.jsonl")
     job_id, _ = submit(parse_manifest(manifest(f"{s3_bucket}/in/", f"{s3_bucket}/out/")))
 
-    from batchinf.plan import _pin
-    _pin(job_id)                                  # pins versions; planning reads later
+    from batchinf.plan import pin_job
+    pin_job(job_id)                                  # pins versions; planning reads later
     s3.put_object(Bucket=bucket, Key="in/b.jsonl", Body=b'{"id": "new", "text": "replaced"}\n')
     assert drive(job_id, workers=1, threads=1) == "succeeded"
 
@@ -124,8 +124,8 @@ def test_input_manifest_and_changed_object(tmp_path: Path, tiny_bundle: str, s3_
     m = manifest("", str(tmp_path / "out"))
     m["input"] = {"manifest": f"{bucket_uri}/inputs.jsonl", "format": "jsonl"}
     job_id, _ = submit(parse_manifest(m))
-    from batchinf.plan import _pin
-    _pin(job_id)
+    from batchinf.plan import pin_job
+    pin_job(job_id)
     s3.put_object(Bucket=bucket, Key="data/a.jsonl", Body=b'{"id": "z", "text": "changed"}\n')
     assert drive(job_id, workers=1, threads=1) == "failed"
     err = job_row(job_id).error

@@ -1,0 +1,24 @@
+"""Benchmarks' short modes run in CI for correctness only (no timing assertions)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_embed_throughput_short_mode(minilm_dir: Path, tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "embed_throughput.py"), "--short", "--json"],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(r.stdout)
+    assert report["corpus"]["records"] == 400
+    assert min(report["min_cosine_vs_batchinf"].values()) >= 0.9999
+    assert report["padding_efficiency"]["batchinf"] >= 0.95
+    assert set(report["records_per_s"]) >= {"batchinf run (end to end)", "naive loop bs=32 (file order)"}
