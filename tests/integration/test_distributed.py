@@ -179,6 +179,21 @@ def test_two_workers_complete_a_job_identical_to_embedded(cluster: Cluster, tmp_
     assert diff <= 1e-6
 
 
+def test_rabbitmq_broker_works_too(cluster: Cluster, tmp_path: Path, s3_bucket: str) -> None:
+    import socket
+
+    try:
+        socket.create_connection(("127.0.0.1", 5672), timeout=3).close()
+    except OSError as exc:
+        _unavailable(f"RabbitMQ is not reachable on 127.0.0.1:5672: {exc}")
+    cluster.env["BATCHINF_BROKER_URL"] = "amqp://guest:guest@127.0.0.1:5672//"
+    job_id, good = _job(tmp_path, s3_bucket, n=200)
+    cluster.controller()
+    cluster.worker("w1")
+    _wait(job_id, cluster)
+    _exactly_once(job_id, s3_bucket, good)
+
+
 def test_worker_killed_mid_shard(cluster: Cluster, tmp_path: Path, s3_bucket: str) -> None:
     job_id, good = _job(tmp_path, s3_bucket)
     cluster.controller()
