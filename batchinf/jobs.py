@@ -132,13 +132,10 @@ def status(job_id: str) -> dict[str, Any]:
     row = job_row(job_id)
     with tx() as conn:
         counts = shard_counts(conn, job_id)
-        agg = conn.execute(select(func.coalesce(func.sum(shards.c.output_rows), 0),
-                                  func.coalesce(func.sum(shards.c.error_rows), 0))
-                           .where(shards.c.job_id == job_id,
-                                  shards.c.status == ShardStatus.COMMITTED.value)).first()
-        done_records = conn.execute(select(func.coalesce(func.sum(shards.c.num_records), 0))
-                                    .where(shards.c.job_id == job_id,
-                                           shards.c.status == ShardStatus.COMMITTED.value)).scalar()
+        ok, failed, done = conn.execute(
+            select(*(func.coalesce(func.sum(c), 0) for c in (shards.c.output_rows, shards.c.error_rows,
+                                                              shards.c.num_records)))
+            .where(shards.c.job_id == job_id, shards.c.status == ShardStatus.COMMITTED.value)).one()
     total = sum(counts.values())
     return {
         "job_id": row.id, "name": row.name, "status": row.status, "tenant": row.tenant,
@@ -151,9 +148,9 @@ def status(job_id: str) -> dict[str, Any]:
                    "quarantined": counts.get("quarantined", 0),
                    "failed": counts.get("failed", 0)},
         "counts": {"records_total": row.records_total,
-                   "records_done": int(done_records),
-                   "records_succeeded": int(agg[0]),
-                   "records_failed": int(agg[1])},
+                   "records_done": int(done),
+                   "records_succeeded": int(ok),
+                   "records_failed": int(failed)},
         "error": row.error, "created_at": row.created_at, "finished_at": row.finished_at,
     }
 

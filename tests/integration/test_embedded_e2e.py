@@ -211,3 +211,22 @@ def test_verify_detects_tampered_output(tmp_path: Path, tiny_bundle: str) -> Non
     from batchinf.cli import main
     r = CliRunner().invoke(main, ["verify", job_id, "--json"])
     assert r.exit_code == 1 and json.loads(r.output)["ok"] is False
+
+
+def test_parquet_input_with_bad_rows(tmp_path: Path, tiny_bundle: str) -> None:
+    import pyarrow as pa
+
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"doc": ["a", "b", None, "d", "a"], "body": ["one text", "", "no id", None, "dup"]}),
+                   tmp_path / "in" / "x.parquet", row_group_size=2)
+    pq.write_table(pa.table({"doc": ["z"], "other": ["wrong column"]}), tmp_path / "in" / "y.parquet")
+    m = manifest(str(tmp_path / "in") + "/", str(tmp_path / "out"))
+    m["input"].update(format="parquet", id_field="doc", text_field="body")
+    job_id, _ = submit(parse_manifest(m))
+    assert drive(job_id, workers=1, threads=1) == JobStatus.SUCCEEDED
+    results, errors = read_output(tmp_path / "out")
+    assert [r["record_id"] for r in results] == ["a"]
+    assert sorted(e["error"] for e in errors) == ["duplicate_id", "empty_text", "missing_column", "missing_id",
+                                                  "missing_text"]
+    s = status(job_id)["counts"]
+    assert s["records_total"] == 6 == s["records_succeeded"] + s["records_failed"]
