@@ -189,6 +189,20 @@ def status(job_id: str, as_json: bool) -> None:
 
 
 @main.command()
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True)
+@friendly
+def cancel(job_id: str, as_json: bool) -> None:
+    """Cancel a job: dispatch stops, running attempts stop within a heartbeat, committed results
+    stay and `_PARTIAL.json` describes what is done. `_SUCCESS` is never written."""
+    from batchinf.controller import cancel as do_cancel
+    from batchinf.jobs import status as job_status
+
+    do_cancel(job_id)
+    _emit(job_status(job_id), as_json, _print_status)
+
+
+@main.command()
 @click.option("--limit", default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 @friendly

@@ -16,7 +16,7 @@ from sqlalchemy import select, update
 
 from batchinf.config import settings
 from batchinf.dispatch import LocalPool
-from batchinf.errors import VerificationError
+from batchinf.errors import LedgerError, VerificationError
 from batchinf.jobs import job_row
 from batchinf.ledger import ops
 from batchinf.ledger.db import tx
@@ -25,7 +25,7 @@ from batchinf.ledger.states import JOB_ACTIVE, JOB_TERMINAL, JobStatus, ShardSta
 from batchinf.ledger.tables import attempts, job_inputs, jobs, shards
 from batchinf.plan import failing_job_on_permanent_error, finish_plan, pin_job, plan_or_fail
 from batchinf.store import get_store, join
-from batchinf.verify import publish
+from batchinf.verify import publish, publish_partial
 
 log = logging.getLogger("batchinf.controller")
 
@@ -36,6 +36,7 @@ def drive(job_id: str, *, workers: int = 1, device: str = "auto", threads: int |
     pool = LocalPool(job_id, workers=workers, device=device, threads=threads)
     try:
         while True:
+            ops.cancel_if_past_deadline(job_id)
             status = job_row(job_id).status
             if status in JOB_TERMINAL:
                 return status
@@ -50,12 +51,30 @@ def drive(job_id: str, *, workers: int = 1, device: str = "auto", threads: int |
                     publish(job_id)
                 except VerificationError as exc:
                     fail_job(job_id, f"verification failed: {exc}")
-            else:   # cancelling: nothing runs in embedded mode once the driver stops
-                return status
+            else:   # cancelling: our workers stop at their next heartbeat
+                pool.stop()
+                finish_stopped(job_id)
             if on_tick:
                 on_tick()
     finally:
         pool.stop()
+
+
+def finish_stopped(job_id: str) -> None:
+    """cancelling -> cancelled/expired once no attempt can still commit: leases released,
+    committed parts promoted, `_PARTIAL.json` written."""
+    ops.release_leases(job_id)
+    publish_partial(job_id)
+
+
+def cancel(job_id: str, reason: str = "cancelled by request") -> str:
+    """Request cancellation; finish it here when no worker holds a live lease (otherwise the
+    driver or controller running the job finishes it). Returns the job's status."""
+    if not ops.request_cancel(job_id, reason) and job_row(job_id).status != JobStatus.CANCELLING:
+        raise LedgerError(f"job {job_id} is already {job_row(job_id).status}; nothing to cancel")
+    if job_row(job_id).status == JobStatus.CANCELLING and ops.leases_held(job_id) == 0:
+        finish_stopped(job_id)
+    return job_row(job_id).status
 
 
 class Controller:
@@ -99,6 +118,7 @@ class Controller:
                 self.step(job_id)
 
     def step(self, job_id: str) -> None:
+        ops.cancel_if_past_deadline(job_id)
         status = job_row(job_id).status
         if status == JobStatus.SUBMITTED:
             with failing_job_on_permanent_error(job_id, "pinning inputs"):
@@ -114,6 +134,8 @@ class Controller:
                 publish(job_id)
             except VerificationError as exc:
                 fail_job(job_id, f"verification failed: {exc}")
+        elif status == JobStatus.CANCELLING and ops.leases_held(job_id) == 0:
+            finish_stopped(job_id)   # workers saw the cancel at their heartbeat; leases ran out
 
     def _plan(self, job_id: str) -> None:
         with tx() as conn:

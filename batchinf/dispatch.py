@@ -150,6 +150,7 @@ class LocalPool:
         ops.expire_leases(self.job_id, s.max_attempts, dead_owners=dead_local_owners(self.job_id))
         try:
             while True:
+                ops.cancel_if_past_deadline(self.job_id)
                 retrying(ops.dispatch_ready, self.job_id)
                 dead = []
                 for p in list(self.procs):

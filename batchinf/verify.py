@@ -27,6 +27,7 @@ from batchinf.store import get_store, join
 
 MANIFEST = "_MANIFEST.json"
 SUCCESS = "_SUCCESS"
+PARTIAL = "_PARTIAL.json"
 
 
 def _digest(uri: str) -> tuple[str, int]:
@@ -66,6 +67,71 @@ def check_coverage(inputs: list[dict[str, Any]], parts: Iterable[tuple[str, str]
             raise VerificationError(f"record {missing[0]} of {src} is missing ({missing.size} missing)")
 
 
+def _committed_parts(rows: list[Any]) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+    """The committed shards' files, checked against the digests and row counts in the ledger,
+    with the keys they get under the output prefix."""
+    parts, sources = [], []
+    numbers = {"results": 0, "errors": 0}
+    for r in rows:
+        if r.status != "committed":
+            continue
+        for kind, src, sha, count in (("results", r.output_uri, r.output_sha256, r.output_rows),
+                                      ("errors", r.errors_uri, r.errors_sha256, r.error_rows)):
+            if not count:
+                continue
+            key = ("" if kind == "results" else "errors/") + f"part-{numbers[kind]:05d}.parquet"
+            numbers[kind] += 1
+            got_sha, got_rows = _digest(src)
+            if (got_sha, got_rows) != (sha, count):
+                raise VerificationError(f"{src} (shard {r.id}) has sha256 {got_sha[:12]}… and {got_rows} "
+                                        f"rows; the ledger committed {sha[:12]}… and {count}")
+            sources.append((src, kind))
+            parts.append({"key": key, "kind": kind, "sha256": sha, "rows": count, "shard": r.id})
+    return parts, sources
+
+
+def _promote(out: str, parts: list[dict[str, Any]], sources: list[tuple[str, str]]) -> None:
+    store = get_store(out)
+    for part, (src, _) in zip(parts, sources):
+        store.copy(src, join(out, part["key"]))
+
+
+def publish_partial(job_id: str) -> dict[str, Any]:
+    """cancelling -> cancelled (or expired, past its deadline): promote what was committed and
+    describe in `_PARTIAL.json` which shards and records are done and which are not.
+    `_MANIFEST.json` and `_SUCCESS` are never written for such a job."""
+    job = job_row(job_id)
+    with tx() as conn:
+        rows = conn.execute(select(shards).where(shards.c.job_id == job_id)
+                            .order_by(shards.c.bucket, shards.c.ordinal)).all()
+    parts, sources = _committed_parts(rows)
+    _promote(job.output_uri, parts, sources)
+    expired = job.deadline_at is not None and job.deadline_at <= now()
+    done = [r for r in rows if r.status == "committed"]
+    partial = {
+        "job_id": job.id, "status": "expired" if expired else "cancelled", "reason": job.error,
+        "bundle_digest": job.bundle_digest, "output_uri": job.output_uri,
+        "inputs": [{**p.to_dict(), "records": n} for p, n in input_pins(job_id)],
+        "parts": parts,
+        "counts": {"records_total": job.records_total,
+                   "records_done": sum(r.num_records for r in done),
+                   "records_succeeded": sum(r.output_rows or 0 for r in done),
+                   "records_failed": sum(r.error_rows or 0 for r in done),
+                   "records_not_done": sum(r.num_records for r in rows if r.status != "committed")},
+        # records of a done shard are exactly the rows of its parts; a not-done shard's records
+        # are listed (source, ordinal, record_id) in its staged file until the work prefix is removed
+        "shards_done": [{"shard": r.id, "records": r.num_records} for r in done],
+        "shards_not_done": [{"shard": r.id, "status": r.status, "records": r.num_records,
+                             "staged_records": r.input_uri} for r in rows if r.status != "committed"],
+        "created_at": datetime.now(timezone.utc).isoformat(),
+    }
+    get_store(job.output_uri).put_bytes(join(job.output_uri, PARTIAL), json.dumps(partial, indent=1).encode())
+    with tx() as conn:
+        transition_job(conn, job_id, JobStatus.EXPIRED if expired else JobStatus.CANCELLED,
+                       detail={"parts": len(parts)}, finished_at=now())
+    return partial
+
+
 def publish(job_id: str) -> dict[str, Any]:
     """verifying -> succeeded. Safe to re-run after a crash at any point: promotion copies are
     idempotent and `_SUCCESS` is written only after `_MANIFEST.json`."""
@@ -81,28 +147,11 @@ def publish(job_id: str) -> dict[str, Any]:
         raise VerificationError(f"job {job_id}: shard {not_done[0]} is not committed")
     pins = input_pins(job_id)
     inputs = [{**p.to_dict(), "records": n} for p, n in pins]
-
     out = job.output_uri
     store = get_store(out)
-    parts, sources = [], []
-    numbers = {"results": 0, "errors": 0}
-    for r in rows:
-        for kind, src, sha, count in (("results", r.output_uri, r.output_sha256, r.output_rows),
-                                      ("errors", r.errors_uri, r.errors_sha256, r.error_rows)):
-            if not count:
-                continue
-            key = ("" if kind == "results" else "errors/") + f"part-{numbers[kind]:05d}.parquet"
-            numbers[kind] += 1
-            got_sha, got_rows = _digest(src)
-            if (got_sha, got_rows) != (sha, count):
-                raise VerificationError(f"{src} (shard {r.id}) has sha256 {got_sha[:12]}… and {got_rows} "
-                                        f"rows; the ledger committed {sha[:12]}… and {count}")
-            sources.append((src, kind))
-            parts.append({"key": key, "kind": kind, "sha256": sha, "rows": count, "shard": r.id})
+    parts, sources = _committed_parts(rows)
     check_coverage(inputs, sources)
-
-    for part, (src, _) in zip(parts, sources):
-        store.copy(src, join(out, part["key"]))
+    _promote(out, parts, sources)
     plan = json.loads(job.plan or "{}")
     sums = {k: sum(getattr(r, k) or 0 for r in rows)
             for k in ("tokens_input", "tokens_output", "tokens_real", "tokens_padded",

@@ -138,6 +138,8 @@ def heartbeat(lease: Lease, lease_seconds: float) -> bool:
     """Extend the lease; False when the attempt has lost its fencing token."""
     t = now()
     with tx() as conn:
+        if conn.execute(select(jobs.c.status).where(jobs.c.id == lease.job_id)).scalar() != JobStatus.RUNNING:
+            return False          # cancelled, expired or failed: stop working on it
         res = conn.execute(update(shards)
                            .where(shards.c.id == lease.shard_id, shards.c.attempt == lease.attempt,
                                   shards.c.status == ShardStatus.RUNNING.value)
@@ -173,8 +175,15 @@ class ShardResult:
 
 def commit_attempt(lease: Lease, result: ShardResult) -> None:
     """Checkpoint: the shard becomes committed with this attempt's outputs, in one transaction,
-    only if the attempt still holds the fencing token. Raises StaleAttemptError otherwise."""
+    only if the attempt still holds the fencing token and the job is still running (so nothing
+    commits after a cancel or deadline). Raises StaleAttemptError otherwise."""
     with tx() as conn:
+        q = select(jobs.c.status).where(jobs.c.id == lease.job_id)
+        if conn.dialect.name == "postgresql":
+            q = q.with_for_update()      # serializes with the job's cancel/expire transition
+        if conn.execute(q).scalar() != JobStatus.RUNNING:
+            raise StaleAttemptError(f"job {lease.job_id} is no longer running; attempt {lease.attempt} "
+                                    f"of shard {lease.shard_id} is discarded")
         ok = transition_shard(
             conn, lease.shard_id, ShardStatus.COMMITTED, attempt=lease.attempt,
             detail={"attempt": lease.attempt, "rows": result.output_rows, "errors": result.error_rows},
@@ -309,3 +318,36 @@ def verify_when_done(job_id: str) -> bool:
         if any(n for st, n in counts.items() if st not in SHARD_DONE):
             return False
         return transition_job(conn, job_id, JobStatus.VERIFYING)
+
+
+def request_cancel(job_id: str, reason: str) -> bool:
+    """Any active job -> cancelling. Dispatch stops, running attempts stop at their next
+    heartbeat, nothing commits any more; the driver or controller then writes _PARTIAL.json."""
+    with tx() as conn:
+        return transition_job(conn, job_id, JobStatus.CANCELLING, detail=reason, error=reason)
+
+
+def cancel_if_past_deadline(job_id: str) -> bool:
+    with tx() as conn:
+        deadline = conn.execute(select(jobs.c.deadline_at).where(jobs.c.id == job_id)).scalar()
+    if deadline is None or deadline > now():
+        return False
+    return request_cancel(job_id, "deadline passed before the job completed")
+
+
+def release_leases(job_id: str) -> None:
+    """A stopped job's running shards give up their leases (their attempts are lost)."""
+    with tx() as conn:
+        rows = conn.execute(select(shards.c.id, shards.c.attempt).where(
+            shards.c.job_id == job_id, shards.c.status == ShardStatus.RUNNING.value)).all()
+        for r in rows:
+            _retry_or_fail(conn, r.id, r.attempt, "job stopped", max_attempts=r.attempt + 1,
+                           attempt_status="lost")
+
+
+def leases_held(job_id: str) -> int:
+    """Running shards of the job whose lease has not expired yet."""
+    with tx() as conn:
+        return conn.execute(select(func.count()).select_from(shards).where(
+            shards.c.job_id == job_id, shards.c.status == ShardStatus.RUNNING.value,
+            shards.c.lease_expires_at >= now())).scalar()

@@ -280,3 +280,24 @@ def test_paused_worker_cannot_commit_late(cluster: Cluster, tmp_path: Path, s3_b
     with tx() as conn:
         assert conn.execute(select(shards.c.attempt).where(shards.c.id == paused_shard)).scalar() > 1
     assert verify_output(f"{s3_bucket}/out/")["ok"]
+
+
+def test_cancel_mid_job(cluster: Cluster, tmp_path: Path, s3_bucket: str) -> None:
+    from batchinf.controller import cancel
+    from batchinf.store import get_store
+
+    job_id, _ = _job(tmp_path, s3_bucket)
+    cluster.controller()
+    cluster.worker("w1", **SLOW)
+    _wait(job_id, cluster, until=lambda s: s["shards"]["committed"] >= 2)
+    cancel(job_id)
+    s = _wait(job_id, cluster)
+    assert s["status"] == "cancelled"
+    store = get_store(s3_bucket)
+    assert not store.exists(f"{s3_bucket}/out/_SUCCESS") and not store.exists(f"{s3_bucket}/out/_MANIFEST.json")
+    partial = json.loads(store.get_bytes(f"{s3_bucket}/out/_PARTIAL.json"))
+    c = partial["counts"]
+    assert c["records_done"] + c["records_not_done"] == c["records_total"] and c["records_not_done"] > 0
+    with tx() as conn:
+        assert not conn.execute(select(shards.c.id).where(shards.c.job_id == job_id,
+                                                          shards.c.status == "running")).all()

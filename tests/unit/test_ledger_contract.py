@@ -116,3 +116,20 @@ def test_concurrent_claims_never_share_a_shard(ledger: str) -> None:
     assert sorted(got) == sorted(f"{job_id}-s{i}" for i in range(20))
     with tx() as conn:
         assert conn.execute(select(func.count()).select_from(attempts)).scalar() == 20
+
+
+def test_nothing_commits_after_cancel(ledger: str) -> None:
+    job_id = _job(n_shards=2)
+    ops.dispatch_ready(job_id)
+    lease = ops.claim_next([job_id], "w:1", 30)
+    assert lease is not None and ops.leases_held(job_id) == 1
+    assert ops.request_cancel(job_id, "cancelled by request")
+    assert not ops.request_cancel(job_id, "again")            # cancelling -/-> cancelling
+    assert not ops.heartbeat(lease, 30)                       # the worker learns at its heartbeat
+    with pytest.raises(StaleAttemptError):
+        ops.commit_attempt(lease, _result())
+    assert ops.claim_next([job_id], "w:2", 30) is None        # nothing new starts
+    ops.release_leases(job_id)
+    with tx() as conn:
+        assert conn.execute(select(shards.c.status).where(shards.c.id == lease.shard_id)).scalar() == "retrying"
+        assert conn.execute(select(jobs.c.status)).scalar() == "cancelling"
