@@ -23,7 +23,8 @@ from batchinf.ledger.db import tx
 from batchinf.ledger.ops import fail_job, now
 from batchinf.ledger.states import JOB_ACTIVE, JOB_TERMINAL, JobStatus, ShardStatus
 from batchinf.ledger.tables import attempts, job_inputs, jobs, shards
-from batchinf.plan import failing_job_on_permanent_error, finish_plan, pin_job, plan_or_fail
+from batchinf.plan import (failing_job_on_permanent_error, finish_plan, pin_job, plan_or_fail,
+                           resolve_quarantined)
 from batchinf.store import get_store, join
 from batchinf.verify import publish, publish_partial
 
@@ -153,6 +154,7 @@ class Controller:
 
     def _run(self, job_id: str) -> None:
         ops.expire_leases(job_id, settings().max_attempts)
+        resolve_quarantined(job_id)
         if ops.verify_when_done(job_id):
             return
         with tx() as conn:

@@ -20,6 +20,7 @@ from batchinf.ledger import ops
 from batchinf.ledger.db import retrying, tx
 from batchinf.ledger.states import SHARD_DONE, JobStatus, ShardStatus
 from batchinf.ledger.tables import jobs, shards
+from batchinf.plan import resolve_quarantined
 
 
 def worker_name(pid: int | None = None) -> str:
@@ -160,6 +161,7 @@ class LocalPool:
                         if p.exitcode != 0:
                             dead.append(worker_name(p.pid))
                 retrying(ops.expire_leases, self.job_id, s.max_attempts, dead_owners=dead)
+                resolve_quarantined(self.job_id)
                 if retrying(ops.verify_when_done, self.job_id):
                     return
                 with tx() as conn:

@@ -22,16 +22,17 @@ from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
-from sqlalchemy import insert, select, update
+import pyarrow.compute  # noqa: F401 -- pa.compute
+from sqlalchemy import func, insert, select, update
 
 from batchinf import failpoints
 from batchinf.bundles import open_runtime
 from batchinf.jobs import input_pins, job_manifest, job_row, pin_inputs
 from batchinf.ledger.db import tx
-from batchinf.ledger.ops import now, transition_job
+from batchinf.ledger.ops import now, record_event, transition_job
 from batchinf.ledger.states import JobStatus, ShardStatus
-from batchinf.ledger.tables import job_inputs, jobs, shards
-from batchinf.parts import STAGE_ROW_GROUP, read_table, write_table
+from batchinf.ledger.tables import job_inputs, jobs, record_errors, shards
+from batchinf.parts import ERROR_SCHEMA, STAGE_ROW_GROUP, read_table, write_table
 from batchinf.records import read_records
 from batchinf.store import ObjectPin, get_store, join
 
@@ -274,3 +275,59 @@ def plan_object_task(job_id: str, idx: int) -> None:
 def plan_or_fail(job_id: str, **kw: Any) -> None:
     with failing_job_on_permanent_error(job_id, "planning"):
         plan_job(job_id, **kw)
+
+
+def resolve_quarantined(job_id: str) -> int:
+    """Poison isolation. A quarantined shard (every attempt killed its worker) is split into two
+    child shards, recursively, until the killing record is alone; a one-record quarantined shard
+    becomes a `poison` error row. Every other record still gets its result. Returns the number of
+    shards resolved. Idempotent: a shard already split or recorded is skipped."""
+    job = job_row(job_id)
+    child = shards.alias("child")
+    with tx() as conn:
+        todo = conn.execute(select(shards).where(
+            shards.c.job_id == job_id, shards.c.status == ShardStatus.QUARANTINED.value,
+            shards.c.errors_uri.is_(None),
+            ~select(child.c.id).where(child.c.parent_id == shards.c.id).exists())).all()
+    for sh in todo:
+        staged = read_table(sh.input_uri)
+        if staged.num_rows == 1:
+            _record_poison(job, sh, staged)
+            continue
+        with tx() as conn:
+            top = conn.execute(select(func.max(shards.c.ordinal)).where(
+                shards.c.job_id == job_id, shards.c.bucket == sh.bucket)).scalar()
+        half = staged.num_rows // 2
+        rows = []
+        for k, part in enumerate((staged.slice(0, half), staged.slice(half))):
+            ordinal = top + 1 + k
+            uri = join(job.work_uri, "shards", f"b{sh.bucket + 1:03d}-{ordinal:05d}.parquet")
+            write_table(uri, part, row_group_size=STAGE_ROW_GROUP)
+            rows.append({"id": "sh-" + hashlib.sha256(f"{sh.id}|{k}".encode()).hexdigest()[:29],
+                         "job_id": job_id, "bucket": sh.bucket, "ordinal": ordinal, "parent_id": sh.id,
+                         "status": ShardStatus.PENDING.value, "attempt": 0, "num_records": part.num_rows,
+                         "num_tokens": int(pa.compute.sum(part.column("n_tokens")).as_py() or 0),
+                         "input_uri": uri, "updated_at": now()})
+        with tx() as conn:
+            if conn.execute(select(shards.c.id).where(shards.c.parent_id == sh.id)).first() is None:
+                conn.execute(insert(shards), rows)
+                record_event(conn, job_id, "shard", sh.status, None, shard_id=sh.id,
+                       detail={"split_into": [r["id"] for r in rows]})
+    return len(todo)
+
+
+def _record_poison(job: Any, sh: Any, staged: pa.Table) -> None:
+    r = staged.to_pylist()[0]
+    source = staged.column("source").cast(pa.string())[0].as_py()
+    row = {"record_id": r["record_id"], "source": source, "ordinal": r["ordinal"], "error": "poison",
+           "message": (f"record {r['record_id']!r} ({source} record {r['ordinal']}) killed the worker "
+                       f"process in each of {sh.attempt} attempts; quarantined"), "attempts": sh.attempt}
+    uri = join(job.work_uri, "attempts", sh.id, "poison", "errors.parquet")
+    sha = write_table(uri, pa.Table.from_pylist([row], schema=ERROR_SCHEMA))
+    with tx() as conn:
+        done = conn.execute(update(shards).where(shards.c.id == sh.id, shards.c.errors_uri.is_(None))
+                            .values(errors_uri=uri, errors_sha256=sha, error_rows=1, output_rows=0,
+                                    updated_at=now())).rowcount
+        if done:
+            conn.execute(insert(record_errors).values(job_id=job.id, shard_id=sh.id, **row))
+            record_event(conn, job.id, "shard", sh.status, sh.status, shard_id=sh.id, detail={"poison": r["record_id"]})

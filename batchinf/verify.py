@@ -72,8 +72,8 @@ def _committed_parts(rows: list[Any]) -> tuple[list[dict[str, Any]], list[tuple[
     with the keys they get under the output prefix."""
     parts, sources = [], []
     numbers = {"results": 0, "errors": 0}
-    for r in rows:
-        if r.status != "committed":
+    for r in rows:   # committed shards, and quarantined ones holding a poison error row
+        if r.status not in ("committed", "quarantined"):
             continue
         for kind, src, sha, count in (("results", r.output_uri, r.output_sha256, r.output_rows),
                                       ("errors", r.errors_uri, r.errors_sha256, r.error_rows)):

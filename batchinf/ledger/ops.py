@@ -27,7 +27,7 @@ def now() -> float:
     return time.time()
 
 
-def _event(conn: Connection, job_id: str, kind: str, frm: str | None, to: str | None,
+def record_event(conn: Connection, job_id: str, kind: str, frm: str | None, to: str | None,
            shard_id: str | None = None, detail: Any = None) -> None:
     if detail is not None and not isinstance(detail, str):
         detail = json.dumps(detail, default=str)
@@ -46,7 +46,7 @@ def transition_job(conn: Connection, job_id: str, to: JobStatus, *, detail: Any 
                        .values(status=to.value, updated_at=now(), **fields))
     if res.rowcount != 1:
         return False
-    _event(conn, job_id, "job", frm, to.value, detail=detail)
+    record_event(conn, job_id, "job", frm, to.value, detail=detail)
     return True
 
 
@@ -62,7 +62,7 @@ def transition_shard(conn: Connection, shard_id: str, to: ShardStatus, *, attemp
     res = conn.execute(update(shards).where(*cond).values(status=to.value, updated_at=now(), **fields))
     if res.rowcount != 1:
         return False
-    _event(conn, row.job_id, "shard", row.status, to.value, shard_id=shard_id, detail=detail)
+    record_event(conn, row.job_id, "shard", row.status, to.value, shard_id=shard_id, detail=detail)
     return True
 
 
@@ -99,7 +99,7 @@ def _take(conn: Connection, shard_id: str, job_id: str, worker: str, lease_secon
         return None
     conn.execute(insert(attempts).values(shard_id=shard_id, number=number, worker=worker,
                                          status="running", started_at=t, heartbeat_at=t))
-    _event(conn, job_id, "shard", ShardStatus.QUEUED.value, ShardStatus.RUNNING.value,
+    record_event(conn, job_id, "shard", ShardStatus.QUEUED.value, ShardStatus.RUNNING.value,
            shard_id=shard_id, detail={"attempt": number, "worker": worker})
     return Lease(shard_id, job_id, number, worker)
 
@@ -212,7 +212,14 @@ def backoff(attempt: int, base: float = 1.0, cap: float = 30.0) -> float:
 
 def _retry_or_fail(conn: Connection, shard_id: str, attempt: int, error: str, max_attempts: int,
                    attempt_status: str) -> ShardStatus | None:
-    target = ShardStatus.RETRYING if attempt < max_attempts else ShardStatus.FAILED
+    """Out of attempts, a shard whose every attempt lost its worker is quarantined (a record in
+    it kills workers); one whose attempts raised fails, and fails its job."""
+    target = ShardStatus.RETRYING
+    if attempt >= max_attempts:
+        others = conn.execute(select(attempts.c.status).where(
+            attempts.c.shard_id == shard_id, attempts.c.number != attempt)).scalars().all()
+        killed = attempt_status == "lost" and all(s in ("lost", "swept") for s in others)
+        target = ShardStatus.QUARANTINED if killed else ShardStatus.FAILED
     ok = transition_shard(conn, shard_id, target, attempt=attempt,
                           detail={"attempt": attempt, "error": error[:2000]},
                           lease_owner=None, lease_expires_at=None, last_error=error[:4000],
@@ -313,11 +320,16 @@ def stale_queued(job_id: str, older_than: float) -> list[str]:
 
 def verify_when_done(job_id: str) -> bool:
     """running -> verifying once no shard is left open; True when the job moved."""
+    child = shards.alias("child")
     with tx() as conn:
         counts = shard_counts(conn, job_id)
         if any(n for st, n in counts.items() if st not in SHARD_DONE):
             return False
-        return transition_job(conn, job_id, JobStatus.VERIFYING)
+        unresolved = conn.execute(select(shards.c.id).where(     # quarantined, not yet split/recorded
+            shards.c.job_id == job_id, shards.c.status == ShardStatus.QUARANTINED.value,
+            shards.c.errors_uri.is_(None),
+            ~select(child.c.id).where(child.c.parent_id == shards.c.id).exists())).first()
+        return unresolved is None and transition_job(conn, job_id, JobStatus.VERIFYING)
 
 
 def request_cancel(job_id: str, reason: str) -> bool:

@@ -27,7 +27,8 @@ class ShardStatus(StrEnum):
     RUNNING = "running"          # leased by one attempt (fencing token = shards.attempt)
     RETRYING = "retrying"        # last attempt failed or its lease expired; waiting for backoff
     COMMITTED = "committed"      # exactly one winning attempt; its outputs are in the ledger
-    QUARANTINED = "quarantined"  # its records keep killing workers; recorded as error rows
+    QUARANTINED = "quarantined"  # its records killed every attempt's worker: split in halves into
+                                 # child shards, or, holding one record, kept as a `poison` error row
     FAILED = "failed"            # attempts exhausted without a commit; fails the job
 
 

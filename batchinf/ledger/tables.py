@@ -79,6 +79,7 @@ shards = Table(
     Column("job_id", String(40), ForeignKey("jobs.id"), nullable=False),
     Column("bucket", Integer, nullable=False),            # -1: records that failed validation
     Column("ordinal", Integer, nullable=False),
+    Column("parent_id", String(40), nullable=True),       # a quarantined shard this one was split from
     Column("status", String(16), nullable=False),
     Column("attempt", Integer, nullable=False, default=0),  # fencing token of the current lease
     Column("num_records", Integer, nullable=False),

@@ -78,19 +78,36 @@ def test_claim_heartbeat_commit_with_fencing(ledger: str) -> None:
     assert row.status == "committed" and row.output_sha256 == "a" * 64 and att == ["committed"]
 
 
-def test_expired_lease_retries_then_fails_after_bounded_attempts(ledger: str) -> None:
+def _claim_again(job_id: str, attempt: int) -> ops.Lease:
+    ops.dispatch_ready(job_id)
+    with tx() as conn:   # skip backoff
+        conn.execute(update(shards).values(not_before=0))
+    ops.dispatch_ready(job_id)
+    lease = ops.claim_next([job_id], "w:1", 30)
+    assert lease is not None and lease.attempt == attempt
+    return lease
+
+
+def test_lost_leases_retry_then_quarantine(ledger: str) -> None:
+    """Every attempt lost its worker: after the bounded attempts the shard is quarantined (for
+    poison isolation), and the job keeps running."""
     job_id = _job(n_shards=1)
     for attempt in (1, 2):
-        ops.dispatch_ready(job_id)
-        with tx() as conn:   # skip backoff
-            conn.execute(update(shards).values(not_before=0))
-        ops.dispatch_ready(job_id)
-        lease = ops.claim_next([job_id], "w:1", 30)
-        assert lease is not None and lease.attempt == attempt
+        lease = _claim_again(job_id, attempt)
         with tx() as conn:
             conn.execute(update(shards).values(lease_expires_at=0))
         assert ops.expire_leases(job_id, max_attempts=2) == 1
         assert not ops.heartbeat(lease, 30)
+    with tx() as conn:
+        assert conn.execute(select(shards.c.status)).scalar() == "quarantined"
+        assert conn.execute(select(jobs.c.status)).scalar() == "running"
+
+
+def test_raising_attempts_fail_the_shard_and_job(ledger: str) -> None:
+    job_id = _job(n_shards=1)
+    for attempt in (1, 2):
+        lease = _claim_again(job_id, attempt)
+        ops.fail_attempt(lease, "OSError: disk full", max_attempts=2)
     with tx() as conn:
         assert conn.execute(select(shards.c.status)).scalar() == "failed"
         assert conn.execute(select(jobs.c.status)).scalar() == "failed"

@@ -1,0 +1,49 @@
+"""Poison records: one that raises is isolated by splitting its batch; one that kills its worker
+is isolated by splitting its shard until it is alone, then quarantined. The job completes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from batchinf.config import settings
+from batchinf.controller import drive
+from batchinf.jobs import submit
+from batchinf.manifest import parse_manifest
+from batchinf.verify import verify_output
+from tests.helpers.corpus import manifest, write_jsonl
+
+pytestmark = pytest.mark.integration
+
+
+def _run(tmp_path: Path, failpoints: str, monkeypatch: pytest.MonkeyPatch, n: int = 64) -> tuple[list, list]:
+    good = write_jsonl(tmp_path / "a.jsonl", n, bad=False, seed=9)
+    monkeypatch.setenv("BATCHINF_FAILPOINTS", failpoints)    # read by the worker processes
+    monkeypatch.setenv("BATCHINF_MAX_ATTEMPTS", "1")
+    settings.cache_clear()
+    out = tmp_path / "out"
+    job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "a.jsonl"), str(out), shards={"max_records": 32})))
+    assert drive(job_id, workers=1, threads=1) == "succeeded"
+    assert verify_output(str(out))["ok"]
+    results = pq.read_table(out, ignore_prefixes=["_", "errors"]).to_pylist()
+    errors = pq.read_table(out / "errors").to_pylist()
+    assert len(results) + len(errors) == len(good)
+    return results, errors
+
+
+def test_record_that_raises_becomes_an_error_row(tmp_path: Path, tiny_bundle: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    results, errors = _run(tmp_path, "execute.record[r5]=raise", monkeypatch)
+    assert [(e["record_id"], e["error"]) for e in errors] == [("r5", "inference_error")]
+    assert "failpoint execute.record[r5] raised" in errors[0]["message"]
+    assert len(results) == 63
+
+
+def test_record_that_kills_its_worker_is_quarantined(tmp_path: Path, tiny_bundle: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    results, errors = _run(tmp_path, "execute.record[r37]=crash", monkeypatch)
+    assert [(e["record_id"], e["error"]) for e in errors] == [("r37", "poison")]
+    assert "killed the worker" in errors[0]["message"]
+    assert sorted(r["record_id"] for r in results) == sorted(f"r{i}" for i in range(64) if i != 37)
