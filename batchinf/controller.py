@@ -16,10 +16,10 @@ from sqlalchemy import select, update
 
 from batchinf.config import settings
 from batchinf.dispatch import LocalPool
-from batchinf.errors import LedgerError, VerificationError
+from batchinf.errors import LedgerError, TransientError, VerificationError
 from batchinf.jobs import job_row
 from batchinf.ledger import ops
-from batchinf.ledger.db import tx
+from batchinf.ledger.db import retrying, tx
 from batchinf.ledger.ops import fail_job, now
 from batchinf.ledger.states import JOB_ACTIVE, JOB_TERMINAL, JobStatus, ShardStatus
 from batchinf.ledger.tables import attempts, job_inputs, jobs, shards
@@ -43,13 +43,13 @@ def drive(job_id: str, *, workers: int = 1, device: str = "auto", threads: int |
                 return status
             if status in (JobStatus.SUBMITTED, JobStatus.PLANNING):
                 pool.start()            # workers load the bundle while we plan
-                plan_or_fail(job_id)
+                retrying(plan_or_fail, job_id)
             elif status == JobStatus.RUNNING:
                 pool.run(on_tick)
             elif status == JobStatus.VERIFYING:
                 pool.stop()
                 try:
-                    publish(job_id)
+                    retrying(publish, job_id)
                 except VerificationError as exc:
                     fail_job(job_id, f"verification failed: {exc}")
             else:   # cancelling: our workers stop at their next heartbeat
@@ -115,8 +115,11 @@ class Controller:
             active = conn.execute(select(jobs.c.id).where(jobs.c.status.in_([s.value for s in JOB_ACTIVE]))
                                   .order_by(jobs.c.priority.desc(), jobs.c.created_at)).scalars().all()
         for job_id in active:
-            if ops.lock_job(job_id, self.name, max(30.0, 10 * self.tick_seconds)):
-                self.step(job_id)
+            try:
+                if ops.lock_job(job_id, self.name, max(30.0, 10 * self.tick_seconds)):
+                    self.step(job_id)
+            except TransientError as exc:     # this job waits for the next tick; others go on
+                log.warning("job %s: %s", job_id, exc)
 
     def step(self, job_id: str) -> None:
         ops.cancel_if_past_deadline(job_id)

@@ -60,12 +60,37 @@ def _check(ordinal: int, rid_raw: object, text: object, where: str, id_field: st
     return InputRecord(ordinal, rid, text)
 
 
-def read_jsonl(fh: BinaryIO, uri: str, id_field: str, text_field: str) -> Iterator[InputRecord]:
+MAX_LINE_BYTES = 64 << 20   # a longer JSONL line becomes an error row, read in bounded chunks
+
+
+def _lines(fh: BinaryIO, limit: int) -> Iterator[bytes | None]:
+    """The file's lines; None for a line longer than `limit`, which is skipped chunk by chunk so
+    memory stays bounded whatever the line's size."""
+    while True:
+        line = fh.readline(limit + 1)
+        if not line:
+            return
+        if len(line) > limit and not line.endswith(b"\n"):
+            while (rest := fh.readline(limit)) and not rest.endswith(b"\n"):
+                pass
+            yield None
+            continue
+        yield line
+
+
+def read_jsonl(fh: BinaryIO, uri: str, id_field: str, text_field: str,
+               max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[InputRecord]:
     ordinal = 0
-    for lineno, raw in enumerate(fh, start=1):
+    for lineno, raw in enumerate(_lines(fh, max_line_bytes), start=1):
+        where = f"{uri} line {lineno}"
+        if raw is None:
+            yield InputRecord(ordinal, None, None, "line_too_long",
+                              f"{where}: longer than {max_line_bytes} bytes; split the record or "
+                              "shorten its text")
+            ordinal += 1
+            continue
         if not raw.strip():
             continue
-        where = f"{uri} line {lineno}"
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as exc:

@@ -47,3 +47,24 @@ def test_record_that_kills_its_worker_is_quarantined(tmp_path: Path, tiny_bundle
     assert [(e["record_id"], e["error"]) for e in errors] == [("r37", "poison")]
     assert "killed the worker" in errors[0]["message"]
     assert sorted(r["record_id"] for r in results) == sorted(f"r{i}" for i in range(64) if i != 37)
+
+
+def test_storage_faults_are_retried(tmp_path: Path, tiny_bundle: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fifth of storage writes fail (as a 5xx would): attempts retry with backoff and the job
+    still completes with exactly-once coverage."""
+    from batchinf import failpoints
+
+    good = write_jsonl(tmp_path / "a.jsonl", 200, bad=False, seed=4)
+    monkeypatch.setenv("BATCHINF_FAILPOINTS", "store.put=0.2*raise")
+    monkeypatch.setenv("BATCHINF_MAX_ATTEMPTS", "12")
+    failpoints.reload()
+    settings.cache_clear()
+    out = tmp_path / "out"
+    job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "a.jsonl"), str(out), shards={"max_records": 40})))
+    try:
+        assert drive(job_id, workers=1, threads=1) == "succeeded"
+    finally:
+        monkeypatch.delenv("BATCHINF_FAILPOINTS")
+        failpoints.reload()
+    assert verify_output(str(out))["ok"]
+    assert pq.read_table(out, ignore_prefixes=["_", "errors"]).num_rows == len(good)

@@ -211,3 +211,16 @@ def test_read_parquet_missing_id_column() -> None:
     recs = list(read_records(parquet(table), "parquet", PQ, "doc_id", "text"))
     assert len(recs) == 2 and all(r.error == "missing_column" for r in recs)
     assert "no column 'doc_id'" in recs[0].message and "columns: text" in recs[0].message
+
+
+def test_overlong_jsonl_line_is_an_error_row_and_reading_goes_on() -> None:
+    import io
+
+    from batchinf.records import read_jsonl
+
+    data = (b'{"id": "a", "text": "short"}\n' + b'{"id": "b", "text": "' + b"x" * 500 + b'"}\n'
+            + b'{"id": "c", "text": "after"}\n' + b'{"id": "d", "text": "' + b"y" * 300)
+    recs = list(read_jsonl(io.BytesIO(data), "mem://f", "id", "text", max_line_bytes=100))
+    assert [(r.ordinal, r.record_id, r.error) for r in recs] == [
+        (0, "a", None), (1, None, "line_too_long"), (2, "c", None), (3, None, "line_too_long")]
+    assert "line 2" in recs[1].message and "100 bytes" in recs[1].message
