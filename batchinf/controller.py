@@ -1,7 +1,9 @@
-"""Drive a job through its stages: plan -> dispatch/execute -> verify/publish.
+"""Drive jobs through their stages: plan -> dispatch/execute -> verify/publish (or, once
+cancelled or past their deadline, -> _PARTIAL.json).
 
-Every step reads the job's state from the ledger and is safe to re-run after a crash, so the
-embedded `batchinf run` resumes a killed run by calling `drive` again.
+`drive` runs one job on this machine (embedded `batchinf run`); `Controller` steps every active
+job of a shared ledger for Celery workers (`batchinf controller`). Every step reads the job's
+state from the ledger and is safe to re-run after a crash, so either resumes by running again.
 """
 
 from __future__ import annotations
