@@ -33,12 +33,20 @@ def parse(spec: str) -> dict[str, tuple[float, str, float]]:
     return points
 
 
-_points = parse(os.environ.get("BATCHINF_FAILPOINTS", ""))
+_points: dict[str, tuple[float, str, float]] = {}
+_rng = random.Random()
 
 
 def reload() -> None:
+    """Read BATCHINF_FAILPOINTS. BATCHINF_FAILPOINTS_SEED seeds the probabilistic draws; each
+    process mixes in its pid, so a restarted worker does not replay its predecessor's draws."""
     global _points
     _points = parse(os.environ.get("BATCHINF_FAILPOINTS", ""))
+    seed = os.environ.get("BATCHINF_FAILPOINTS_SEED")
+    _rng.seed(None if seed is None else f"{seed}:{os.getpid()}")
+
+
+reload()
 
 
 def hit(point: str) -> None:
@@ -48,7 +56,7 @@ def hit(point: str) -> None:
     if spec is None:
         return
     prob, act, secs = spec
-    if prob < 1.0 and random.random() >= prob:
+    if prob < 1.0 and _rng.random() >= prob:
         return
     if act == "crash":
         os._exit(137)
