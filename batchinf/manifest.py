@@ -16,6 +16,8 @@ from batchinf.errors import ManifestError
 TASKS = ("embed", "generate")
 FORMATS = ("jsonl", "parquet", "openai-batch")
 DEVICES = ("auto", "cpu", "cuda")
+IMPLEMENTED_TASKS = ("embed",)            # generate arrives with the decoder runtime
+IMPLEMENTED_FORMATS = ("jsonl", "parquet")  # openai-batch arrives with generation
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,12 +121,18 @@ def parse_manifest(raw: Any) -> JobManifest:
     task = raw.get("task", "embed")
     if task not in TASKS:
         raise ManifestError(f"task {task!r} is not supported; use one of {', '.join(TASKS)}")
+    if task not in IMPLEMENTED_TASKS:
+        raise ManifestError(f"task {task!r} is not implemented yet; this version runs: "
+                            f"{', '.join(IMPLEMENTED_TASKS)}")
     inp = _section(InputSpec, raw["input"], "input")
     if bool(inp.uri) == bool(inp.manifest):
         raise ManifestError("input needs exactly one of uri (a prefix or object) or manifest "
                             "(a JSONL list of objects)")
     if inp.format not in FORMATS:
         raise ManifestError(f"input.format {inp.format!r} is not supported; use one of {', '.join(FORMATS)}")
+    if inp.format not in IMPLEMENTED_FORMATS:
+        raise ManifestError(f"input.format {inp.format!r} is not implemented yet; use "
+                            f"{' or '.join(IMPLEMENTED_FORMATS)}")
     options = _section(EmbedOptions, raw.get("options"), "options")
     if options.device not in DEVICES:
         raise ManifestError(f"options.device {options.device!r} is not one of {', '.join(DEVICES)}")

@@ -219,3 +219,16 @@ def test_optional_fields_are_type_checked(mutate: Any, match: str) -> None:
     ok = design()
     ok["options"]["max_length"] = None            # explicit null means "the bundle's max length"
     assert parse_manifest(ok).options.max_length is None
+
+
+@pytest.mark.parametrize("mutate, match", [
+    (lambda d: d.update(task="generate"), "task 'generate' is not implemented yet"),
+    (lambda d: d["input"].update(format="openai-batch"), "input.format 'openai-batch' is not implemented yet"),
+])
+def test_contract_values_not_implemented_yet_are_refused_clearly(mutate, match) -> None:  # noqa: ANN001
+    from batchinf.manifest import parse_manifest
+
+    d = {"name": "n", "bundle": "b", "input": {"uri": "s3://x/"}, "output": {"uri": "s3://y/"}}
+    mutate(d)
+    with pytest.raises(ManifestError, match=match):
+        parse_manifest(d)
