@@ -8,7 +8,14 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+from tokenizers import (
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+)
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 COMMON_WORDS = (

