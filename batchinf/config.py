@@ -17,6 +17,9 @@ class Settings:
     lease_seconds: float            # a shard lease not heartbeated for this long is expired
     heartbeat_seconds: float
     max_attempts: int               # attempts per shard before it fails
+    job_retry_budget: int           # failed attempts per job before it fails; 0: max(10, shards)
+    speculate_factor: float         # a tail shard running this many times its bucket's median
+    speculate_min_seconds: float    # (and at least this long) gets a speculative attempt; 0: off
 
     @property
     def embedded(self) -> bool:
@@ -38,4 +41,7 @@ def settings() -> Settings:
         lease_seconds=_float("BATCHINF_LEASE_SECONDS", 60.0),
         heartbeat_seconds=_float("BATCHINF_HEARTBEAT_SECONDS", 5.0),
         max_attempts=int(os.environ.get("BATCHINF_MAX_ATTEMPTS", 3)),
+        job_retry_budget=int(os.environ.get("BATCHINF_JOB_RETRY_BUDGET", 0)),
+        speculate_factor=_float("BATCHINF_SPECULATE_FACTOR", 3.0),
+        speculate_min_seconds=_float("BATCHINF_SPECULATE_MIN_SECONDS", 30.0),
     )

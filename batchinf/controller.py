@@ -23,7 +23,7 @@ from batchinf.jobs import job_row
 from batchinf.ledger import ops
 from batchinf.ledger.db import retrying, tx
 from batchinf.ledger.ops import fail_job, now
-from batchinf.ledger.states import JOB_ACTIVE, JOB_TERMINAL, JobStatus, ShardStatus
+from batchinf.ledger.states import ATTEMPT_LOSERS, JOB_ACTIVE, JOB_TERMINAL, AttemptStatus, JobStatus, ShardStatus
 from batchinf.ledger.tables import attempts, job_inputs, jobs, shards
 from batchinf.plan import (failing_job_on_permanent_error, finish_plan, pin_job, plan_or_fail,
                            resolve_quarantined)
@@ -31,6 +31,27 @@ from batchinf.store import get_store, join
 from batchinf.verify import publish, publish_partial
 
 log = logging.getLogger("batchinf.controller")
+
+
+def share_slots(max_in_flight: int, demand: list[ops.Demand]) -> dict[str, int]:
+    """Fair share of the fleet's free dispatch slots: `max_in_flight` shards may be queued or
+    running across all jobs; free slots go to jobs by priority, then earliest deadline, and
+    round-robin between jobs that tie, each up to what it has ready. A big low-priority backfill
+    therefore holds at most the slots it already has when an urgent job arrives, and gets no new
+    ones while the urgent job is being planned or has shards ready."""
+    free = max(0, max_in_flight - sum(d.in_flight for d in demand))
+    shares = {d.job_id: 0 for d in demand}
+    by_class: dict[tuple[int, float], list[ops.Demand]] = {}
+    for d in demand:
+        by_class.setdefault((-d.priority, d.deadline_at or float("inf")), []).append(d)
+    for key in sorted(by_class):
+        group = sorted(by_class[key], key=lambda d: d.created_at)
+        while free and any(shares[d.job_id] < d.ready for d in group):
+            for d in group:
+                if free and shares[d.job_id] < d.ready:
+                    shares[d.job_id] += 1
+                    free -= 1
+    return shares
 
 
 def drive(job_id: str, *, workers: int = 1, device: str = "auto", threads: int | None = None,
@@ -93,16 +114,18 @@ class Controller:
 
     def __init__(self, *, name: str | None = None, max_in_flight: int = 16,
                  requeue_seconds: float = 30.0, tick_seconds: float = 1.0,
-                 send_shard: Callable[[str], None] | None = None,
+                 send_shard: Callable[..., None] | None = None,
                  send_plan: Callable[[str, int], None] | None = None) -> None:
         self.name = name or f"controller@{socket.gethostname()}:{os.getpid()}"
         self.max_in_flight, self.requeue_seconds, self.tick_seconds = max_in_flight, requeue_seconds, tick_seconds
         if send_shard is None or send_plan is None:
             from workers import celery_app
 
-            send_shard = send_shard or (lambda sid: celery_app.execute_shard.apply_async(args=[sid]))
+            send_shard = send_shard or (lambda sid, speculative=False: celery_app.execute_shard.apply_async(
+                args=[sid], kwargs={"speculative": True} if speculative else {}))
             send_plan = send_plan or (lambda jid, idx: celery_app.plan_object.apply_async(args=[jid, idx]))
         self.send_shard, self.send_plan = send_shard, send_plan
+        self._speculated: dict[str, float] = {}      # straggler shard -> when its twin was sent
 
     def run_forever(self, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -116,14 +139,15 @@ class Controller:
         with tx() as conn:
             active = conn.execute(select(jobs.c.id).where(jobs.c.status.in_([s.value for s in JOB_ACTIVE]))
                                   .order_by(jobs.c.priority.desc(), jobs.c.created_at)).scalars().all()
+        shares = share_slots(self.max_in_flight, ops.dispatch_demand())
         for job_id in active:
             try:
                 if ops.lock_job(job_id, self.name, max(30.0, 10 * self.tick_seconds)):
-                    self.step(job_id)
+                    self.step(job_id, slots=shares.get(job_id, 0))
             except TransientError as exc:     # this job waits for the next tick; others go on
                 log.warning("job %s: %s", job_id, exc)
 
-    def step(self, job_id: str) -> None:
+    def step(self, job_id: str, slots: int | None = None) -> None:
         ops.cancel_if_past_deadline(job_id)
         status = job_row(job_id).status
         if status == JobStatus.SUBMITTED:
@@ -133,7 +157,7 @@ class Controller:
             with failing_job_on_permanent_error(job_id, "planning"):
                 self._plan(job_id)
         elif status == JobStatus.RUNNING:
-            self._run(job_id)
+            self._run(job_id, self.max_in_flight if slots is None else slots)
             self._sweep(job_id)
         elif status == JobStatus.VERIFYING:
             try:
@@ -157,19 +181,26 @@ class Controller:
                     conn.execute(update(job_inputs).where(job_inputs.c.job_id == job_id, job_inputs.c.idx == r.idx)
                                  .values(dispatched_at=now()))
 
-    def _run(self, job_id: str) -> None:
+    def _run(self, job_id: str, slots: int) -> None:
         ops.expire_leases(job_id, settings().max_attempts)
         resolve_quarantined(job_id)
         if ops.verify_when_done(job_id):
             return
-        with tx() as conn:
-            counts = ops.shard_counts(conn, job_id)
-        in_flight = counts.get(ShardStatus.QUEUED, 0) + counts.get(ShardStatus.RUNNING, 0)
-        fresh = ops.dispatch_ready(job_id, limit=max(0, self.max_in_flight - in_flight))
+        fresh = ops.dispatch_ready(job_id, limit=slots) if slots > 0 else []
         resend = [s for s in ops.stale_queued(job_id, self.requeue_seconds) if s not in fresh]
         for shard_id in fresh + resend:
             self.send_shard(shard_id)
         ops.mark_dispatched(fresh + resend)
+        self._speculate(job_id)
+
+    def _speculate(self, job_id: str) -> None:
+        """One twin message per straggler; a worker that runs the original ignores it, and a lost
+        message is sent again after `requeue_seconds`."""
+        s = settings()
+        for shard_id in ops.stragglers(job_id, s.speculate_factor, s.speculate_min_seconds):
+            if now() - self._speculated.get(shard_id, 0.0) > self.requeue_seconds:
+                self.send_shard(shard_id, speculative=True)
+                self._speculated[shard_id] = now()
 
     def _sweep(self, job_id: str) -> None:
         """Delete the files of attempts that lost (their worker died or was fenced off) once their
@@ -179,10 +210,11 @@ class Controller:
             losers = conn.execute(select(attempts.c.shard_id, attempts.c.number)
                                   .join(shards, shards.c.id == attempts.c.shard_id)
                                   .where(shards.c.job_id == job_id, shards.c.status == "committed",
-                                         attempts.c.status.in_(["lost", "failed"]))).all()
+                                         attempts.c.status.in_([s.value for s in ATTEMPT_LOSERS]))).all()
         for shard_id, number in losers:
             base = join(work, "attempts", shard_id, f"a{number}")
             get_store(base).delete_prefix(base)
             with tx() as conn:
                 conn.execute(update(attempts).where(attempts.c.shard_id == shard_id,
-                                                    attempts.c.number == number).values(status="swept"))
+                                                    attempts.c.number == number)
+                             .values(status=AttemptStatus.SWEPT.value))

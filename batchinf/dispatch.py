@@ -54,10 +54,14 @@ def run_lease(lease: ops.Lease, device: str, parent_pid: int | None = None) -> N
         hb.stop()
 
 
-def run_shard(shard_id: str, device: str = "auto") -> None:
+def run_shard(shard_id: str, device: str = "auto", *, speculative: bool = False) -> None:
     """Distributed mode (a Celery task): lease the named shard and run it. A message for a shard
-    that is not queued (duplicate delivery, already leased or committed) does nothing."""
-    lease = retrying(ops.claim_shard, shard_id, worker_name(), settings().lease_seconds)
+    that is not queued (duplicate delivery, already leased or committed) does nothing. A
+    speculative message runs a straggler's twin attempt, unless this worker runs the original."""
+    if speculative:
+        lease = retrying(ops.claim_speculative, shard_id, worker_name())
+    else:
+        lease = retrying(ops.claim_shard, shard_id, worker_name(), settings().lease_seconds)
     if lease is not None:
         run_lease(lease, pick_device(device))
 
@@ -86,10 +90,17 @@ def worker_main(job_id: str, device: str, threads: int, parent_pid: int) -> None
         open_runtime(digest, device=device)
     except BundleError:
         pass      # reported by the first shard that needs it, which fails the job
+    next_speculation = 0.0
     while True:
         if os.getppid() != parent_pid:
             return
         lease = retrying(ops.claim_next, [job_id], me, settings().lease_seconds)
+        if lease is None and time.monotonic() >= next_speculation:   # idle in the tail: stragglers?
+            next_speculation = time.monotonic() + 1.0
+            s = settings()
+            for shard_id in retrying(ops.stragglers, job_id, s.speculate_factor, s.speculate_min_seconds):
+                if (lease := retrying(ops.claim_speculative, shard_id, me)) is not None:
+                    break
         if lease is None:
             with tx() as conn:
                 status = conn.execute(select(jobs.c.status).where(jobs.c.id == job_id)).scalar()

@@ -35,10 +35,10 @@ app.conf.update(
 
 
 @app.task(name="batchinf.execute_shard")
-def execute_shard(shard_id: str) -> None:
+def execute_shard(shard_id: str, speculative: bool = False) -> None:
     from batchinf.dispatch import run_shard
 
-    run_shard(shard_id, os.environ.get("BATCHINF_DEVICE", "auto"))
+    run_shard(shard_id, os.environ.get("BATCHINF_DEVICE", "auto"), speculative=speculative)
 
 
 @app.task(name="batchinf.plan_object")

@@ -32,6 +32,27 @@ class ShardStatus(StrEnum):
     FAILED = "failed"            # attempts exhausted without a commit; fails the job
 
 
+class AttemptStatus(StrEnum):
+    RUNNING = "running"          # holds the shard (the fencing token) or runs beside it speculatively
+    COMMITTED = "committed"      # the winner: its files are the shard's outputs
+    FAILED = "failed"            # raised; counts against the shard's and the job's retry budgets
+    LOST = "lost"                # its worker died, stalled past the lease, or the job stopped
+    SUPERSEDED = "superseded"    # another attempt of the same shard committed first
+    SWEPT = "swept"              # a losing attempt whose files were deleted
+
+
+ATTEMPT_TRANSITIONS: dict[AttemptStatus, set[AttemptStatus]] = {
+    AttemptStatus.RUNNING: {AttemptStatus.COMMITTED, AttemptStatus.FAILED, AttemptStatus.LOST,
+                            AttemptStatus.SUPERSEDED},
+    AttemptStatus.FAILED: {AttemptStatus.SWEPT},
+    AttemptStatus.LOST: {AttemptStatus.SWEPT},
+    AttemptStatus.SUPERSEDED: {AttemptStatus.SWEPT},
+    AttemptStatus.COMMITTED: set(),
+    AttemptStatus.SWEPT: set(),
+}
+ATTEMPT_LOSERS = frozenset({AttemptStatus.FAILED, AttemptStatus.LOST, AttemptStatus.SUPERSEDED})
+
+
 JOB_TRANSITIONS: dict[JobStatus, set[JobStatus]] = {
     JobStatus.SUBMITTED: {JobStatus.PLANNING},
     JobStatus.PLANNING: {JobStatus.RUNNING},

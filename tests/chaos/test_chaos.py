@@ -46,6 +46,7 @@ def test_chaos(scenario: str, seed: int, tmp_path: Path, tiny_bundle: str, monke
     monkeypatch.setenv("BATCHINF_FAILPOINTS_SEED", str(seed))
     # enough attempts that random crashes alone (not a poison record) never exhaust a shard
     monkeypatch.setenv("BATCHINF_MAX_ATTEMPTS", "3" if scenario == "poison" else "20")
+    monkeypatch.setenv("BATCHINF_JOB_RETRY_BUDGET", "1000")
     settings.cache_clear()
     out = tmp_path / "out"
     job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "a.jsonl"), str(out), shards={"max_records": 24})))

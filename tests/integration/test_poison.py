@@ -13,7 +13,7 @@ from batchinf.config import settings
 from batchinf.controller import drive
 from batchinf.jobs import submit
 from batchinf.ledger.db import tx
-from batchinf.ledger.tables import attempts
+from batchinf.ledger.tables import attempts, jobs
 from batchinf.manifest import parse_manifest
 from batchinf.verify import verify_output
 from tests.helpers.corpus import manifest, write_jsonl
@@ -59,6 +59,7 @@ def test_storage_faults_are_retried(tmp_path: Path, tiny_bundle: str, monkeypatc
     good = write_jsonl(tmp_path / "a.jsonl", 200, bad=False, seed=4)
     monkeypatch.setenv("BATCHINF_FAILPOINTS", "store.put=0.3*raise")
     monkeypatch.setenv("BATCHINF_MAX_ATTEMPTS", "20")
+    monkeypatch.setenv("BATCHINF_JOB_RETRY_BUDGET", "1000")
     settings.cache_clear()
     out = tmp_path / "out"
     job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "a.jsonl"), str(out), shards={"max_records": 20})))
@@ -68,3 +69,23 @@ def test_storage_faults_are_retried(tmp_path: Path, tiny_bundle: str, monkeypatc
     with tx() as conn:
         assert conn.execute(select(attempts.c.status).where(attempts.c.status == "failed")).first(), \
             "no storage fault was injected"
+
+
+def test_storage_outage_fails_the_job_within_its_retry_budget(tmp_path: Path, tiny_bundle: str,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every storage write fails: shards may retry, but the job fails once its retry budget is
+    spent, with a reason that names the budget and the last fault, and publishes nothing."""
+    write_jsonl(tmp_path / "a.jsonl", 200, bad=False, seed=4)
+    monkeypatch.setenv("BATCHINF_FAILPOINTS", "store.put=raise")
+    monkeypatch.setenv("BATCHINF_MAX_ATTEMPTS", "20")
+    monkeypatch.setenv("BATCHINF_JOB_RETRY_BUDGET", "4")
+    settings.cache_clear()
+    out = tmp_path / "out"
+    job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "a.jsonl"), str(out), shards={"max_records": 20})))
+    assert drive(job_id, workers=1, threads=1) == "failed"
+    with tx() as conn:
+        error = conn.execute(select(jobs.c.error).where(jobs.c.id == job_id)).scalar()
+        failed = conn.execute(select(attempts.c.status).where(attempts.c.status == "failed")).all()
+    assert "retry budget is spent (4 failed attempts" in error and "store.put" in error
+    assert len(failed) == 5
+    assert not (out / "_SUCCESS").exists() and not (out / "_MANIFEST.json").exists()

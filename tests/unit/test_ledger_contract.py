@@ -157,3 +157,103 @@ def test_nothing_commits_after_cancel(ledger: str) -> None:
     with tx() as conn:
         assert conn.execute(select(shards.c.status).where(shards.c.id == lease.shard_id)).scalar() == "retrying"
         assert conn.execute(select(jobs.c.status)).scalar() == "cancelling"
+
+
+def _committed(job_id: str, lease: ops.Lease, seconds: float) -> None:
+    ops.commit_attempt(lease, ops.ShardResult("file:///o", "a" * 64, 1, "file:///e", "b" * 64, 0,
+                                              5, 0, 5, 8, seconds, []))
+
+
+def _straggling_job() -> tuple[str, ops.Lease]:
+    """Four shards: three commit in ~1 s, the fourth's attempt has run for 100 s."""
+    job_id = _job(n_shards=4)
+    ops.dispatch_ready(job_id)
+    leases = [ops.claim_next([job_id], "w:1", 300) for _ in range(4)]
+    for lease in leases[:3]:
+        _committed(job_id, lease, 1.0)
+    slow = leases[3]
+    with tx() as conn:
+        conn.execute(update(attempts).where(attempts.c.shard_id == slow.shard_id).values(started_at=ops.now() - 100))
+    return job_id, slow
+
+
+def test_stragglers_get_one_speculative_attempt_on_another_worker(ledger: str) -> None:
+    job_id, slow = _straggling_job()
+    assert ops.stragglers(job_id, factor=3, min_seconds=1000) == []      # not slow enough yet
+    assert ops.stragglers(job_id, factor=3, min_seconds=5) == [slow.shard_id]
+    assert ops.claim_speculative(slow.shard_id, "w:1") is None            # not on the same worker
+    twin = ops.claim_speculative(slow.shard_id, "w:2")
+    assert twin is not None and twin.attempt == slow.attempt + 1
+    assert ops.claim_speculative(slow.shard_id, "w:3") is None            # one twin at most
+    assert ops.stragglers(job_id, factor=3, min_seconds=5) == []
+    assert ops.heartbeat(slow, 30) and ops.heartbeat(twin, 30)
+    _committed(job_id, twin, 2.0)                                         # the twin wins
+    assert not ops.heartbeat(slow, 30)                                    # the original stops...
+    with pytest.raises(StaleAttemptError):
+        _committed(job_id, slow, 100.0)                                   # ...and can never commit
+    with tx() as conn:
+        row = conn.execute(select(shards).where(shards.c.id == slow.shard_id)).one()
+        st = dict(conn.execute(select(attempts.c.number, attempts.c.status)
+                               .where(attempts.c.shard_id == slow.shard_id)).all())
+    assert row.status == "committed" and row.attempt == twin.attempt
+    assert st == {slow.attempt: "superseded", twin.attempt: "committed"}
+
+
+def test_the_original_may_still_win(ledger: str) -> None:
+    job_id, slow = _straggling_job()
+    twin = ops.claim_speculative(slow.shard_id, "w:2")
+    _committed(job_id, slow, 100.0)                                       # first commit wins
+    assert not ops.heartbeat(twin, 30)
+    with pytest.raises(StaleAttemptError):
+        _committed(job_id, twin, 1.0)
+
+
+def test_lost_original_hands_the_shard_to_its_live_twin(ledger: str) -> None:
+    job_id, slow = _straggling_job()
+    twin = ops.claim_speculative(slow.shard_id, "w:2")
+    with tx() as conn:
+        conn.execute(update(shards).where(shards.c.id == slow.shard_id).values(lease_expires_at=0))
+    assert ops.expire_leases(job_id, max_attempts=3) == 1
+    with tx() as conn:
+        row = conn.execute(select(shards).where(shards.c.id == slow.shard_id)).one()
+    assert row.status == "running" and row.attempt == twin.attempt and row.lease_owner == "w:2"
+    assert not ops.heartbeat(slow, 30) and ops.heartbeat(twin, 30)
+    _committed(job_id, twin, 2.0)
+
+
+def test_a_silent_twin_is_lost_and_the_original_carries_on(ledger: str) -> None:
+    job_id, slow = _straggling_job()
+    twin = ops.claim_speculative(slow.shard_id, "w:2")
+    with tx() as conn:
+        conn.execute(update(attempts).where(attempts.c.shard_id == twin.shard_id,
+                                            attempts.c.number == twin.attempt).values(heartbeat_at=0))
+    assert ops.expire_leases(job_id, max_attempts=3) == 0
+    assert not ops.heartbeat(twin, 30) and ops.heartbeat(slow, 30)
+    _committed(job_id, slow, 100.0)
+
+
+def test_job_retry_budget_bounds_retries_across_shards(ledger: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each shard may retry, but a job whose attempts keep raising (a storage outage) fails once
+    its budget is spent, naming it, instead of retrying every shard against the outage."""
+    from batchinf.config import settings
+
+    monkeypatch.setenv("BATCHINF_JOB_RETRY_BUDGET", "3")
+    settings.cache_clear()
+    job_id = _job(n_shards=5)
+    ops.dispatch_ready(job_id)
+    for n in range(4):
+        lease = ops.claim_next([job_id], "w:1", 30)
+        assert lease is not None
+        ops.fail_attempt(lease, "TransientError: S3 503 SlowDown", max_attempts=10)
+    with tx() as conn:
+        job = conn.execute(select(jobs.c.status, jobs.c.error)).one()
+    assert job.status == "failed" and "retry budget is spent (3 failed attempts" in job.error
+    settings.cache_clear()
+
+
+def test_dispatch_demand_counts_ready_and_in_flight(ledger: str) -> None:
+    job_id = _job(n_shards=5)
+    ops.dispatch_ready(job_id, limit=2)
+    assert ops.claim_next([job_id], "w:1", 30) is not None
+    (d,) = ops.dispatch_demand()
+    assert (d.job_id, d.in_flight, d.ready, d.priority) == (job_id, 2, 3, 0)

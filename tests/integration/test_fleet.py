@@ -1,0 +1,70 @@
+"""Fleet behaviour in distributed mode with real processes: speculative attempts for stragglers,
+and fair share between a large low-priority backfill and a small urgent job."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from batchinf.jobs import status, submit
+from batchinf.ledger.db import tx
+from batchinf.ledger.tables import attempts, job_events, shards
+from batchinf.manifest import parse_manifest
+from batchinf.store import get_store
+from tests.helpers.corpus import manifest, write_jsonl
+from tests.integration.test_distributed import SLOW, Cluster, _exactly_once, _job, _wait, cluster  # noqa: F401
+
+pytestmark = pytest.mark.integration
+
+
+def test_straggler_gets_a_speculative_attempt_that_wins(cluster: Cluster, tmp_path: Path, s3_bucket: str) -> None:
+    """w1 stalls (alive, heartbeating) in the one shard it takes; w2 runs the rest, then a twin
+    of the stalled shard. The twin commits first; w1's attempt is superseded, can never commit,
+    and removes its files when it wakes."""
+    job_id, good = _job(tmp_path, s3_bucket, n=240, max_records=40)
+    cluster.env.update({"BATCHINF_SPECULATE_MIN_SECONDS": "1", "BATCHINF_SPECULATE_FACTOR": "3"})
+    cluster.controller()
+    cluster.worker("w1", BATCHINF_FAILPOINTS="execute.before_write=sleep(20)")
+    _wait(job_id, cluster, until=lambda s: s["shards"]["running"] >= 1)
+    t0 = time.monotonic()
+    cluster.worker("w2")
+    _wait(job_id, cluster, timeout=60)
+    _exactly_once(job_id, s3_bucket, good)
+    with tx() as conn:
+        rows = conn.execute(select(attempts.c.shard_id, attempts.c.number, attempts.c.status, attempts.c.worker)
+                            .order_by(attempts.c.shard_id, attempts.c.number)).all()
+        spec = conn.execute(select(job_events.c.shard_id).where(job_events.c.kind == "attempt",
+                                                                job_events.c.detail.contains('"speculative": true'))
+                            ).scalars().all()
+    assert len(spec) == 1
+    (straggler,) = spec
+    mine = {r.number: r for r in rows if r.shard_id == straggler}
+    assert mine[1].status in ("superseded", "swept") and mine[2].status == "committed"
+    assert mine[1].worker != mine[2].worker
+    with tx() as conn:
+        assert conn.execute(select(shards.c.attempt).where(shards.c.id == straggler)).scalar() == 2
+    time.sleep(max(0.0, t0 + 22 - time.monotonic()))   # w1 wakes, writes, fails to commit, cleans up
+    store = get_store(s3_bucket)
+    assert not [k for k in store.list(f"{s3_bucket}/out/_work/")], "the losing attempt left files behind"
+
+
+def test_urgent_job_is_not_starved_by_a_backfill(cluster: Cluster, tmp_path: Path, s3_bucket: str) -> None:
+    """Dispatch order, not preemption: once the urgent job arrives, the backfill gets no new slot
+    until the urgent job has none left to fill, so the urgent job finishes first."""
+    backfill, _ = _job(tmp_path, s3_bucket, n=600, max_records=20)        # ~30 shards, priority 0
+    cluster.controller()
+    cluster.worker("w1", **SLOW)
+    _wait(backfill, cluster, until=lambda s: s["shards"]["committed"] >= 2)
+    write_jsonl(tmp_path / "urgent.jsonl", 60, seed=5)
+    urgent, _ = submit(parse_manifest(manifest(str(tmp_path / "urgent.jsonl"), f"{s3_bucket}/urgent/",
+                                               shards={"max_records": 20}, priority=10)))
+    before = status(backfill)["shards"]["committed"]
+    done = _wait(urgent, cluster)
+    assert done["status"] == "succeeded"
+    after = status(backfill)
+    assert after["status"] == "running", "the backfill finished first: the urgent job was starved"
+    # the backfill only finished what it already had in flight (--max-in-flight 4) meanwhile
+    assert after["shards"]["committed"] - before <= 4 + 1
