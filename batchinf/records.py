@@ -7,10 +7,13 @@ id is missing or duplicated.
 
 from __future__ import annotations
 
+import io
 import json
+import os
 from dataclasses import dataclass
 from typing import BinaryIO, Iterator
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 
@@ -60,7 +63,59 @@ def _check(ordinal: int, rid_raw: object, text: object, where: str, id_field: st
     return InputRecord(ordinal, rid, text)
 
 
-MAX_LINE_BYTES = 64 << 20   # a longer JSONL line becomes an error row, read in bounded chunks
+MAX_LINE_BYTES = 64 << 20   # a longer JSONL line or text value becomes an error row
+# A compressed object may expand to this many times its size (and at least MIN_EXPANSION_BYTES);
+# past that it is treated as a decompression bomb: an error row for the rest of the object.
+MAX_EXPANSION = int(os.environ.get("BATCHINF_MAX_EXPANSION", "200"))
+MIN_EXPANSION_BYTES = 256 << 20
+PARQUET_BATCH_ROWS = 1024
+CODECS = {".gz": "gzip", ".gzip": "gzip", ".bz2": "bz2", ".zst": "zstd", ".zstd": "zstd"}
+MAGIC = {b"\x1f\x8b": "gzip", b"BZh": "bz2", b"\x28\xb5\x2f\xfd": "zstd"}
+
+
+class ExpansionLimit(Exception):
+    pass
+
+
+def codec_of(fh: BinaryIO, uri: str) -> str | None:
+    """The object's compression, by suffix or by magic bytes (a .jsonl that is really gzip)."""
+    for suffix, codec in CODECS.items():
+        if uri.lower().endswith(suffix):
+            return codec
+    head = fh.read(4)
+    fh.seek(0)
+    return next((c for magic, c in MAGIC.items() if head.startswith(magic)), None)
+
+
+class _Decompressed(io.RawIOBase):
+    """A streaming decompressor that refuses to expand past `limit` bytes: memory and time stay
+    bounded whatever a hostile object claims."""
+
+    def __init__(self, fh: BinaryIO, codec: str, limit: int) -> None:
+        self._src = pa.CompressedInputStream(pa.PythonFile(fh, mode="r"), codec)
+        self.limit, self.total = limit, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: bytearray) -> int:  # type: ignore[override]
+        data = self._src.read(len(b))
+        self.total += len(data)
+        if self.total > self.limit:
+            raise ExpansionLimit(f"decompresses past {self.limit} bytes")
+        b[:len(data)] = data
+        return len(data)
+
+
+def decompressed(fh: BinaryIO, uri: str) -> BinaryIO:
+    """`fh` itself, or a bounded decompressing reader over it for .gz/.bz2/.zst objects."""
+    codec = codec_of(fh, uri)
+    if codec is None:
+        return fh
+    size = fh.seek(0, os.SEEK_END)
+    fh.seek(0)
+    limit = max(MIN_EXPANSION_BYTES, MAX_EXPANSION * size)
+    return io.BufferedReader(_Decompressed(fh, codec, limit), buffer_size=1 << 18)  # type: ignore[return-value]
 
 
 def _lines(fh: BinaryIO, limit: int) -> Iterator[bytes | None]:
@@ -80,42 +135,62 @@ def _lines(fh: BinaryIO, limit: int) -> Iterator[bytes | None]:
 
 def read_jsonl(fh: BinaryIO, uri: str, id_field: str, text_field: str,
                max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[InputRecord]:
-    ordinal = 0
-    for lineno, raw in enumerate(_lines(fh, max_line_bytes), start=1):
-        where = f"{uri} line {lineno}"
-        if raw is None:
-            yield InputRecord(ordinal, None, None, "line_too_long",
-                              f"{where}: longer than {max_line_bytes} bytes; split the record or "
-                              "shorten its text")
-            ordinal += 1
-            continue
-        if not raw.strip():
-            continue
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            yield InputRecord(ordinal, None, None, "invalid_utf8",
-                              f"{where}: invalid UTF-8 at byte {exc.start} of the line; "
-                              "re-encode the file as UTF-8")
-            ordinal += 1
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            yield InputRecord(ordinal, None, None, "malformed_json",
-                              f"{where}: malformed JSON ({exc.msg} at column {exc.colno})")
-            ordinal += 1
-            continue
-        if not isinstance(obj, dict):
-            yield InputRecord(ordinal, None, None, "malformed_json",
-                              f"{where}: expected a JSON object, got {type(obj).__name__}")
-        else:
-            yield _check(ordinal, obj.get(id_field), obj.get(text_field), where, id_field, text_field)
-        ordinal += 1
+    """Records of a JSONL object, plain or compressed. An object that cannot be read to its end
+    (a decompression bomb, corrupt compressed data) ends with one error record for its rest."""
+    ordinal, lineno = 0, 0
+    try:
+        for lineno, raw in enumerate(_lines(decompressed(fh, uri), max_line_bytes), start=1):
+            rec = _jsonl_record(raw, ordinal, f"{uri} line {lineno}", id_field, text_field, max_line_bytes)
+            if rec is not None:
+                yield rec
+                ordinal += 1
+    except ExpansionLimit as exc:
+        yield InputRecord(ordinal, None, None, "object_too_large",
+                          f"{uri}: {exc} ({MAX_EXPANSION}x its compressed size, see "
+                          f"BATCHINF_MAX_EXPANSION); stopped after line {lineno}, the rest of the "
+                          "object was not read. Split it into smaller objects")
+    except (OSError, EOFError, pa.ArrowInvalid) as exc:
+        yield InputRecord(ordinal, None, None, "corrupt_object",
+                          f"{uri}: cannot decompress past line {lineno} ({exc}); the rest of the "
+                          "object was not read. Re-upload it or fix its compression")
+
+
+def _jsonl_record(raw: bytes | None, ordinal: int, where: str, id_field: str, text_field: str,
+                  max_line_bytes: int) -> InputRecord | None:
+    """One JSONL line as a record; None for a blank line."""
+    if raw is None:
+        return InputRecord(ordinal, None, None, "line_too_long",
+                           f"{where}: longer than {max_line_bytes} bytes; split the record or "
+                           "shorten its text")
+    if not raw.strip():
+        return None
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return InputRecord(ordinal, None, None, "invalid_utf8",
+                           f"{where}: invalid UTF-8 at byte {exc.start} of the line; "
+                           "re-encode the file as UTF-8")
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as exc:
+        return InputRecord(ordinal, None, None, "malformed_json",
+                           f"{where}: malformed JSON ({exc.msg} at column {exc.colno})")
+    if not isinstance(obj, dict):
+        return InputRecord(ordinal, None, None, "malformed_json",
+                           f"{where}: expected a JSON object, got {type(obj).__name__}")
+    return _check(ordinal, obj.get(id_field), obj.get(text_field), where, id_field, text_field)
 
 
 def read_parquet(fh: BinaryIO, uri: str, id_field: str, text_field: str) -> Iterator[InputRecord]:
-    pf = pq.ParquetFile(fh)
+    """Records of a Parquet object, streamed page by page (a buffered stream, no pre-buffering),
+    so a file with one enormous row group is read within a fixed memory cap."""
+    if codec_of(fh, uri) is not None:
+        yield InputRecord(0, None, None, "unsupported_compression",
+                          f"{uri}: a compressed Parquet file cannot be read as a stream; Parquet "
+                          "compresses its pages itself, so upload it uncompressed (e.g. with "
+                          "compression='zstd' inside the file)")
+        return
+    pf = pq.ParquetFile(fh, buffer_size=1 << 20, pre_buffer=False)
     names = pf.schema_arrow.names
     missing = [f for f in (id_field, text_field) if f not in names]
     if missing:
@@ -125,11 +200,17 @@ def read_parquet(fh: BinaryIO, uri: str, id_field: str, text_field: str) -> Iter
             yield InputRecord(i, None, None, "missing_column", msg)
         return
     ordinal = 0
-    for batch in pf.iter_batches(batch_size=8192, columns=[id_field, text_field]):
+    for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[id_field, text_field]):
         ids = batch.column(0).to_pylist()
         texts = batch.column(1).to_pylist()
         for rid, text in zip(ids, texts):
-            yield _check(ordinal, rid, text, f"{uri} row {ordinal}", id_field, text_field)
+            where = f"{uri} row {ordinal}"
+            if isinstance(text, str) and len(text) > MAX_LINE_BYTES:
+                yield InputRecord(ordinal, _record_id(rid), None, "record_too_large",
+                                  f"{where}: text is longer than {MAX_LINE_BYTES} characters; split the "
+                                  "record or shorten its text")
+            else:
+                yield _check(ordinal, rid, text, where, id_field, text_field)
             ordinal += 1
 
 

@@ -15,7 +15,7 @@ from batchinf.ledger.tables import attempts, job_events, shards
 from batchinf.manifest import parse_manifest
 from batchinf.store import get_store
 from tests.helpers.corpus import manifest, write_jsonl
-from tests.integration.test_distributed import SLOW, Cluster, _exactly_once, _job, _wait, cluster  # noqa: F401
+from tests.integration.test_distributed import SLOW, Cluster, _exactly_once, _job, _wait
 
 pytestmark = pytest.mark.integration
 
