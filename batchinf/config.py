@@ -17,6 +17,7 @@ class Settings:
     lease_seconds: float            # a shard lease not heartbeated for this long is expired
     heartbeat_seconds: float
     max_attempts: int               # attempts per shard before it fails
+    price_per_worker_hour: float | None = None  # BATCHINF_PRICE_PER_WORKER_HOUR: cost in status
 
     @property
     def embedded(self) -> bool:
@@ -38,4 +39,6 @@ def settings() -> Settings:
         lease_seconds=_float("BATCHINF_LEASE_SECONDS", 60.0),
         heartbeat_seconds=_float("BATCHINF_HEARTBEAT_SECONDS", 5.0),
         max_attempts=int(os.environ.get("BATCHINF_MAX_ATTEMPTS", 3)),
+        price_per_worker_hour=float(os.environ["BATCHINF_PRICE_PER_WORKER_HOUR"])
+        if os.environ.get("BATCHINF_PRICE_PER_WORKER_HOUR") else None,
     )
