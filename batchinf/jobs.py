@@ -33,7 +33,7 @@ def submit(manifest: JobManifest, *, tenant: str = "default", schedule: str | No
     digest = resolve_ref(manifest.bundle)
     input_uri = normalize_uri(manifest.input.uri or manifest.input.manifest or "")
     output_uri = normalize_uri(manifest.output_uri).rstrip("/") + "/"
-    _check_output_free(output_uri)
+    _check_output_free(output_uri, tenant)
     t = now()
     job_id = "job-" + secrets.token_hex(8)
     try:
@@ -53,14 +53,15 @@ def submit(manifest: JobManifest, *, tenant: str = "default", schedule: str | No
     return job_id, True
 
 
-def _check_output_free(output_uri: str) -> None:
-    """Two jobs never share an output prefix: their parts would mix."""
+def _check_output_free(output_uri: str, tenant: str) -> None:
+    """Two jobs never share an output prefix: their parts would mix. (Another tenant's job is not
+    named.)"""
     with tx() as conn:
-        other = conn.execute(select(jobs.c.id).where(jobs.c.output_uri == output_uri,
-                                                     jobs.c.status.in_([s.value for s in JOB_ACTIVE]))
-                             ).scalar()
+        other = conn.execute(select(jobs.c.id, jobs.c.tenant).where(
+            jobs.c.output_uri == output_uri, jobs.c.status.in_([s.value for s in JOB_ACTIVE]))).first()
     if other:
-        raise ManifestError(f"output {output_uri} is in use by active job {other}; choose another "
+        which = f"active job {other.id}" if other.tenant == tenant else "another tenant's active job"
+        raise ManifestError(f"output {output_uri} is in use by {which}; choose another "
                             "output.uri or cancel that job")
     if get_store(output_uri).exists(join(output_uri, "_SUCCESS")):
         raise ManifestError(f"output {output_uri} already holds a published job (_SUCCESS exists); "

@@ -160,8 +160,9 @@ class LedgerCollector:
                                       .join(jobs, jobs.c.id == s.job_id)
                                       .where(s.status == ShardStatus.COMMITTED.value)
                                       .group_by(jobs.c.bundle_digest)).all()
-            attempt_rows = conn.execute(select(attempts.c.status, attempts.c.number > 1, func.count())
-                                        .group_by(attempts.c.status, attempts.c.number > 1)).all()
+            attempt_rows = conn.execute(select(attempts.c.status, func.count())
+                                        .group_by(attempts.c.status)).all()
+            retries = conn.execute(select(func.count()).where(attempts.c.number > 1)).scalar()
             quarantined = conn.execute(select(func.count()).where(
                 s.status == ShardStatus.QUARANTINED.value)).scalar()
             err_rows = conn.execute(select(record_errors.c.error, func.count())
@@ -179,14 +180,9 @@ class LedgerCollector:
         yield from self._per_bundle(per_bundle)
 
         att = CounterMetricFamily("batchinf_attempts", "Shard attempts by outcome", labels=["status"])
-        by_att: dict[str, int] = {}
-        retries = lost = 0
-        for st, is_retry, n in attempt_rows:
-            by_att[st] = by_att.get(st, 0) + n
-            retries += n if is_retry else 0
-            lost += n if st in ("lost", "swept") else 0
-        for st, n in sorted(by_att.items()):
+        for st, n in sorted(attempt_rows):
             att.add_metric([st], n)
+        lost = sum(n for st, n in attempt_rows if st in ("lost", "swept"))
         yield att
         yield CounterMetricFamily("batchinf_leases_expired", "Attempts whose lease expired or whose "
                                   "worker died", value=lost)
