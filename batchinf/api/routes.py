@@ -37,7 +37,7 @@ Text = Annotated[str | None, Query(max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$
 
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
-    what = {400: "malformed request body", 401: "missing, invalid or revoked bearer token",
+    what = {400: "malformed request body, or a cursor this server did not issue", 401: "missing, invalid or revoked bearer token",
             404: "no such job for this tenant (another tenant's job looks exactly the same)",
             409: "the job is in a state that does not allow this", 422: "invalid parameter or manifest",
             503: "the ledger is unavailable"}
@@ -45,6 +45,7 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 
 AUTHED = _errors(401, 422, 503)
+PAGED = _errors(400, 401, 422, 503)
 
 
 def _not_found(job_id: str) -> ApiError:
@@ -121,7 +122,7 @@ def _submit(raw: Any, tenant: str) -> tuple[dict[str, Any], bool]:
     return status(job_id, tenant=tenant), created
 
 
-@router.get("/v1/jobs", response_model=JobPage, tags=["jobs"], responses=AUTHED)
+@router.get("/v1/jobs", response_model=JobPage, tags=["jobs"], responses=PAGED)
 def list_jobs(request: Request, tenant: Tenant, status: JobState | None = None, name: Text = None,
               schedule: Text = None, limit: Limit = 50, cursor: Cursor = None) -> Any:
     """This tenant's jobs, newest first, filtered by status, name or schedule."""
@@ -140,7 +141,7 @@ def get_job(job_id: JobId, tenant: Tenant) -> Any:
 
 
 @router.get("/v1/jobs/{job_id}/shards", response_model=ShardPage, tags=["jobs"],
-            responses={**AUTHED, **_errors(404)})
+            responses={**PAGED, **_errors(404)})
 def job_shards(request: Request, job_id: JobId, tenant: Tenant, status: ShardStatus | None = None,
                limit: Limit = 100, cursor: Cursor = None) -> Any:
     from batchinf.jobs import page_shards
@@ -154,7 +155,7 @@ def job_shards(request: Request, job_id: JobId, tenant: Tenant, status: ShardSta
 
 
 @router.get("/v1/jobs/{job_id}/errors", response_model=ErrorPage, tags=["jobs"],
-            responses={**AUTHED, **_errors(404)})
+            responses={**PAGED, **_errors(404)})
 def job_errors(request: Request, job_id: JobId, tenant: Tenant,
                code: Annotated[str | None, Query(max_length=64, pattern=r"^[a-z_]+$")] = None,
                limit: Limit = 100, cursor: Cursor = None) -> Any:

@@ -188,9 +188,11 @@ def test_tenant_isolation_on_every_endpoint_with_an_id(svc: Service) -> None:
         assert r.status_code == 200 and r.json()["status"] == "submitted"   # globex's cancel did nothing
 
 
-def test_job_lifecycle_through_the_api(svc: Service, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Submit as one tenant, watch progress to succeeded, read shards and errors, compare with the
-    CLI, scrape metrics."""
+def test_job_lifecycle_through_the_api(svc: Service, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The issue's "done when": with tokens for two tenants (made by `batchinf token create`),
+    submit as one, watch progress to succeeded, be refused as the other, scrape /metrics, and
+    backfill a nightly schedule over three dates: three jobs, twice in a row. Also reads shards
+    and errors, and compares the status with the CLI's."""
     monkeypatch.setenv("BATCHINF_FAILPOINTS", "execute.after_write=sleep(0.3)")   # progress is visible
     m = _manifest(svc, "life", n=300, max_records=50)
     job = _submit(svc, "acme", m)
@@ -242,6 +244,11 @@ def test_job_lifecycle_through_the_api(svc: Service, monkeypatch: pytest.MonkeyP
         r = cl.post(f"/v1/jobs/{job['job_id']}/cancel")
         assert r.status_code == 409 and r.json()["error"] == "conflict" and "already succeeded" in r.json()["message"]
 
+    with svc.client("globex") as other:
+        r = other.get(f"/v1/jobs/{job['job_id']}")
+        assert r.status_code == 404 and r.json()["error"] == "not_found"
+        assert job["job_id"] not in {j["job_id"] for j in other.get("/v1/jobs").json()["items"]}
+
     samples = _metrics(svc)
     lab = {"job": job["job_id"], "tenant": "acme"}
     assert _sample(samples, "batchinf_job_records", outcome="succeeded", **lab) == 300
@@ -259,6 +266,19 @@ def test_job_lifecycle_through_the_api(svc: Service, monkeypatch: pytest.MonkeyP
                  "batchinf_queue_depth"):
         assert _sample(samples, name) >= 0
     assert _sample(samples, "batchinf_api_requests_total", method="GET", route="/v1/jobs/{job_id}", status="200") >= len(seen)
+
+    template = tmp_path / "nightly.yaml"
+    template.write_text(yaml.safe_dump(m | {"output": {"uri": str(svc.root / "out" / "nightly-{ds}")}}))
+    cli("schedule", "add", "acme-nightly", str(template), "--cron", "0 2 * * *", "--tenant", "acme")
+    for first_time in (True, False):
+        r = cli("schedule", "backfill", "acme-nightly", "--from", "2026-11-26", "--to", "2026-11-28", "--json")
+        assert [(x["ds"], x["created"]) for x in json.loads(r.stdout)] == [
+            ("2026-11-26", first_time), ("2026-11-27", first_time), ("2026-11-28", first_time)]
+        with svc.client("acme") as cl:
+            nightly = cl.get("/v1/jobs", params={"schedule": "acme-nightly"}).json()["items"]
+        assert sorted(j["idempotency_key"] for j in nightly) == [
+            f"schedule:acme-nightly:2026-11-{d}" for d in (26, 27, 28)]
+        assert all(j["output_uri"].endswith(f"nightly-{j['idempotency_key'][-10:]}/") for j in nightly)
 
 
 def test_cancel_through_the_api(svc: Service, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -293,8 +313,9 @@ def test_bundles_and_openapi_document(svc: Service) -> None:
 
 
 def test_schema_driven_fuzz_finds_no_server_errors(svc: Service) -> None:
-    """schemathesis generates requests from the OpenAPI document for every operation; none may
-    get a 5xx, and every response must match the document (status code, content type, schema)."""
+    """schemathesis generates valid and invalid requests from the OpenAPI document for every
+    operation; none may get a 5xx, and every response must match the document (status code,
+    content type, schema). BATCHINF_FUZZ_EXAMPLES sets examples per operation and mode (CI: 15)."""
     import schemathesis
     from hypothesis import HealthCheck, given, settings
     from schemathesis.checks import not_a_server_error
@@ -306,9 +327,11 @@ def test_schema_driven_fuzz_finds_no_server_errors(svc: Service) -> None:
     headers = {"Authorization": f"Bearer {svc.tokens['acme']}"}
     checks = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
     operations = [r.ok() for r in schema.get_all_operations()]
-    assert len(operations) == 8
-    for op in operations:
-        @given(case=op.as_strategy())
+    assert len(operations) == 9        # 8 paths, /v1/jobs with GET and POST
+    modes = (schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE)
+    no_inputs = {"/healthz", "/metrics", "/v1/bundles"}        # nothing to make invalid there
+    for op, mode in ((op, m) for op in operations for m in modes if op.path not in no_inputs or m is modes[0]):
+        @given(case=op.as_strategy(generation_mode=mode))
         @settings(max_examples=examples, deadline=None, database=None,
                   suppress_health_check=list(HealthCheck))
         def run(case: Any) -> None:
