@@ -160,9 +160,12 @@ def worker(concurrency: int, device: str, threads: int | None, metrics_port: int
     import os
 
     if metrics_port:
+        import tempfile
+
+        # before prometheus_client is first imported, so that forked children share the counters
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="batchinf-metrics-")
         from batchinf import metrics
 
-        metrics.prepare_multiprocess()    # before any metric exists, so forked children share them
         metrics.serve(metrics_port)
     os.environ["BATCHINF_DEVICE"] = device
     os.environ.setdefault("OMP_NUM_THREADS", str(threads or max(1, (os.cpu_count() or 1) // concurrency)))

@@ -11,7 +11,6 @@ Two kinds:
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -94,14 +93,6 @@ def observe_request(method: str, route: str, status: int, seconds: float) -> Non
 
 
 # --- serving process metrics ---------------------------------------------------------------------
-
-
-def prepare_multiprocess() -> str:
-    """Call before anything imports prometheus_client in a process that forks workers (Celery
-    prefork): children then write their samples where the parent's HTTP server reads them."""
-    path = tempfile.mkdtemp(prefix="batchinf-metrics-")
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
-    return path
 
 
 def serve(port: int, addr: str = "0.0.0.0") -> None:
