@@ -224,6 +224,13 @@ def decode_cursor(cursor: str, arity: int) -> list[Any]:
                         "unchanged, or omit it for the first page")
 
 
+def _fetch_page(q: Any, limit: int) -> tuple[list[Any], bool]:
+    """Up to `limit` rows of an ordered query, and whether more follow."""
+    with tx() as conn:
+        rows = conn.execute(q.limit(limit + 1)).all()
+    return rows[:limit], len(rows) > limit
+
+
 def page_jobs(limit: int = 50, *, tenant: str | None = None, status_is: str | None = None,
               name: str | None = None, schedule: str | None = None,
               cursor: str | None = None) -> tuple[list[dict[str, Any]], str | None]:
@@ -236,10 +243,7 @@ def page_jobs(limit: int = 50, *, tenant: str | None = None, status_is: str | No
     if cursor:
         created, last_id = decode_cursor(cursor, 2)
         q = q.where((jobs.c.created_at < created) | ((jobs.c.created_at == created) & (jobs.c.id < last_id)))
-    with tx() as conn:
-        rows = conn.execute(q.limit(limit + 1)).all()
-    more = len(rows) > limit
-    rows = rows[:limit]
+    rows, more = _fetch_page(q, limit)
     nxt = encode_cursor(rows[-1].created_at, rows[-1].id) if more else None
     return [status(r.id) for r in rows], nxt
 
@@ -260,10 +264,7 @@ def page_shards(job_id: str, *, tenant: str | None = None, limit: int = 100, cur
     if cursor:
         bucket, ordinal = decode_cursor(cursor, 2)
         q = q.where((shards.c.bucket > bucket) | ((shards.c.bucket == bucket) & (shards.c.ordinal > ordinal)))
-    with tx() as conn:
-        rows = conn.execute(q.limit(limit + 1)).all()
-    more = len(rows) > limit
-    rows = rows[:limit]
+    rows, more = _fetch_page(q, limit)
     return ([dict(r._mapping) for r in rows],
             encode_cursor(rows[-1].bucket, rows[-1].ordinal) if more else None)
 
@@ -279,9 +280,6 @@ def page_errors(job_id: str, *, tenant: str | None = None, limit: int = 100, cur
         q = q.where(e.error == code)
     if cursor:
         q = q.where(e.id > decode_cursor(cursor, 1)[0])
-    with tx() as conn:
-        rows = conn.execute(q.limit(limit + 1)).all()
-    more = len(rows) > limit
-    rows = rows[:limit]
+    rows, more = _fetch_page(q, limit)
     return ([{k: v for k, v in r._mapping.items() if k != "id"} for r in rows],
             encode_cursor(rows[-1].id) if more else None)

@@ -17,14 +17,19 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import _free_port, _fresh_postgres_db, _reset_process_state, _unavailable
+from tests.conftest import (
+    _free_port,
+    _fresh_postgres_db,
+    _reset_process_state,
+    _unavailable,
+)
 
 TENANTS = ("acme", "globex", "pager")
 PRICE_PER_WORKER_HOUR = "1.5"
 
 
 def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-m", "batchinf.cli", *args], env=dict(os.environ),
+    r = subprocess.run([sys.executable, "-m", "batchinf.cli", *args], env=dict(os.environ), check=False,
                        capture_output=True, text=True, timeout=120)
     if check and r.returncode != 0:
         raise AssertionError(f"batchinf {' '.join(args)} exited {r.returncode}: {r.stderr}")

@@ -319,10 +319,13 @@ def test_schema_driven_fuzz_finds_no_server_errors(svc: Service) -> None:
     import schemathesis
     from hypothesis import HealthCheck, given, settings
     from schemathesis.checks import not_a_server_error
-    from schemathesis.specs.openapi.checks import (content_type_conformance, response_schema_conformance,
-                                                   status_code_conformance)
+    from schemathesis.specs.openapi.checks import (
+        content_type_conformance,
+        response_schema_conformance,
+        status_code_conformance,
+    )
 
-    examples = int(os.environ.get("BATCHINF_FUZZ_EXAMPLES", 15))
+    examples = int(os.environ.get("BATCHINF_FUZZ_EXAMPLES", "15"))
     schema = schemathesis.openapi.from_url(svc.url + "/openapi.json")
     headers = {"Authorization": f"Bearer {svc.tokens['acme']}"}
     checks = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]

@@ -54,7 +54,7 @@ def ds_list(*days: int, month: int = 1, year: int = 2026) -> list[str]:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "batchinf.cli", *args], env=dict(os.environ),
+    return subprocess.run([sys.executable, "-m", "batchinf.cli", *args], env=dict(os.environ), check=False,
                           capture_output=True, text=True, timeout=120)
 
 

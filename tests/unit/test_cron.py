@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 
 import pytest
 
@@ -51,11 +51,11 @@ def test_first_fire_is_local_to_the_zone_across_dst() -> None:
     c = parse_cron("30 2 * * *")
     winter = c.first_fire(date(2026, 1, 10), berlin)
     summer = c.first_fire(date(2026, 7, 10), berlin)
-    assert winter.astimezone(timezone.utc) == datetime(2026, 1, 10, 1, 30, tzinfo=timezone.utc)
-    assert summer.astimezone(timezone.utc) == datetime(2026, 7, 10, 0, 30, tzinfo=timezone.utc)
+    assert winter.astimezone(UTC) == datetime(2026, 1, 10, 1, 30, tzinfo=UTC)
+    assert summer.astimezone(UTC) == datetime(2026, 7, 10, 0, 30, tzinfo=UTC)
     # 02:30 does not exist on 2026-03-29 in Berlin: it still fires once that day
     gap = c.first_fire(date(2026, 3, 29), berlin)
-    assert gap is not None and gap.astimezone(timezone.utc).date() == date(2026, 3, 29)
+    assert gap is not None and gap.astimezone(UTC).date() == date(2026, 3, 29)
     assert parse_cron("0 9,17 * * *").first_fire(date(2026, 1, 1), berlin).hour == 9
     with pytest.raises(CronError, match="unknown time zone 'Mars/Base'"):
         zone("Mars/Base")
