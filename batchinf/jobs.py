@@ -213,10 +213,12 @@ def encode_cursor(*key: Any) -> str:
     return base64.urlsafe_b64encode(json.dumps(key).encode()).decode().rstrip("=")
 
 
-def decode_cursor(cursor: str, arity: int) -> list[Any]:
+def decode_cursor(cursor: str, *types: type | tuple[type, ...]) -> list[Any]:
+    """The sort key encoded by `encode_cursor`, checked against the expected types."""
     try:
         key = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        if isinstance(key, list) and len(key) == arity:
+        if (isinstance(key, list) and len(key) == len(types)
+                and all(isinstance(v, t) and not isinstance(v, bool) for v, t in zip(key, types))):
             return key
     except (ValueError, TypeError):
         pass
@@ -241,7 +243,7 @@ def page_jobs(limit: int = 50, *, tenant: str | None = None, status_is: str | No
         if value is not None:
             q = q.where(col == value)
     if cursor:
-        created, last_id = decode_cursor(cursor, 2)
+        created, last_id = decode_cursor(cursor, (int, float), str)
         q = q.where((jobs.c.created_at < created) | ((jobs.c.created_at == created) & (jobs.c.id < last_id)))
     rows, more = _fetch_page(q, limit)
     nxt = encode_cursor(rows[-1].created_at, rows[-1].id) if more else None
@@ -262,7 +264,7 @@ def page_shards(job_id: str, *, tenant: str | None = None, limit: int = 100, cur
     if status_is is not None:
         q = q.where(shards.c.status == status_is)
     if cursor:
-        bucket, ordinal = decode_cursor(cursor, 2)
+        bucket, ordinal = decode_cursor(cursor, int, int)
         q = q.where((shards.c.bucket > bucket) | ((shards.c.bucket == bucket) & (shards.c.ordinal > ordinal)))
     rows, more = _fetch_page(q, limit)
     return ([dict(r._mapping) for r in rows],
@@ -279,7 +281,7 @@ def page_errors(job_id: str, *, tenant: str | None = None, limit: int = 100, cur
     if code is not None:
         q = q.where(e.error == code)
     if cursor:
-        q = q.where(e.id > decode_cursor(cursor, 1)[0])
+        q = q.where(e.id > decode_cursor(cursor, int)[0])
     rows, more = _fetch_page(q, limit)
     return ([{k: v for k, v in r._mapping.items() if k != "id"} for r in rows],
             encode_cursor(rows[-1].id) if more else None)

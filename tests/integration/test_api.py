@@ -142,6 +142,10 @@ def test_submit_is_idempotent_and_bad_manifests_name_the_fix(svc: Service) -> No
         assert r.status_code == 422 and r.json()["message"].startswith("query.limit")
         r = c.get("/v1/jobs", params={"cursor": "bm9wZQ"})
         assert r.status_code == 400 and "cursor 'bm9wZQ' is not valid" in r.json()["message"]
+        from batchinf.jobs import encode_cursor
+        for crafted in (encode_cursor([1], [2]), encode_cursor("a", "b"), encode_cursor(1.0, "x", 3)):
+            assert c.get("/v1/jobs", params={"cursor": crafted}).status_code == 400
+            assert c.get(f"/v1/jobs/{first['job_id']}/errors", params={"cursor": crafted}).status_code == 400
         assert "Traceback" not in r.text
 
 
