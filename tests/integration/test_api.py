@@ -191,6 +191,18 @@ def test_tenant_isolation_on_every_endpoint_with_an_id(svc: Service) -> None:
         r = c.get(f"/v1/jobs/{job}")
         assert r.status_code == 200 and r.json()["status"] == "submitted"   # globex's cancel did nothing
 
+    # jobs submitted from the CLI belong to a tenant too
+    path = svc.root / "cli-job.json"
+    path.write_text(json.dumps(_manifest(svc, "from-cli", n=5)))
+    made = json.loads(cli("submit", str(path), "--tenant", "globex", "--json").stdout)
+    assert made["tenant"] == "globex"
+    with svc.client("globex") as c:
+        assert c.get(f"/v1/jobs/{made['job_id']}").json() == made
+    with svc.client("acme") as c:
+        assert c.get(f"/v1/jobs/{made['job_id']}").status_code == 404
+    r = cli("status", made["job_id"], "--tenant", "acme", check=False)
+    assert r.returncode == 2 and f"no job {made['job_id']!r}" in r.stderr
+
 
 def test_job_lifecycle_through_the_api(svc: Service, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The issue's "done when": with tokens for two tenants (made by `batchinf token create`),
