@@ -37,6 +37,12 @@ def friendly(fn: Callable) -> Callable:
     return wrapper
 
 
+TENANT_OPTION = click.option("--tenant", envvar="BATCHINF_TENANT", default="default", show_default=True,
+                             help="Tenant the job belongs to (env BATCHINF_TENANT).")
+TENANT_FILTER = click.option("--tenant", envvar="BATCHINF_TENANT", default=None,
+                             help="Only this tenant's jobs (env BATCHINF_TENANT; default: all).")
+
+
 @click.group()
 @click.version_option(package_name="batchinf")
 def main() -> None:
@@ -63,15 +69,16 @@ def _print_status(s: dict[str, Any]) -> None:
 @click.option("--threads", type=int, default=None, help="Torch threads per worker (default: cores / workers).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the final status as JSON.")
+@TENANT_OPTION
 @friendly
-def run(manifest: str, workers: int, threads: int | None, device: str, as_json: bool) -> None:
+def run(manifest: str, workers: int, threads: int | None, device: str, as_json: bool, tenant: str) -> None:
     """Run a job to completion on this machine (embedded mode). Re-running the same manifest
     resumes the same job from the ledger. Exits 0 only when the job succeeded."""
     from batchinf.controller import drive
     from batchinf.jobs import status, submit
     from batchinf.manifest import load_manifest
 
-    job_id, created = submit(load_manifest(manifest))
+    job_id, created = submit(load_manifest(manifest), tenant=tenant)
     if not created and not as_json:
         console.print(f"resuming {job_id}", highlight=False)
     with _progress(as_json) as progress:
@@ -114,8 +121,9 @@ def _ticker(progress: Progress, job_id: str) -> Callable[[], dict[str, Any]]:
 @click.argument("manifest", type=click.Path(exists=True, dir_okay=False))
 @click.option("--wait", is_flag=True, help="Wait for the job to finish, with a progress bar.")
 @click.option("--json", "as_json", is_flag=True)
+@TENANT_OPTION
 @friendly
-def submit(manifest: str, wait: bool, as_json: bool) -> None:
+def submit(manifest: str, wait: bool, as_json: bool, tenant: str) -> None:
     """Submit a job to the ledger; a controller and workers run it (distributed mode).
     With --wait, exits 0 only if the job succeeded."""
     import time
@@ -125,7 +133,7 @@ def submit(manifest: str, wait: bool, as_json: bool) -> None:
     from batchinf.ledger.states import JOB_TERMINAL
     from batchinf.manifest import load_manifest
 
-    job_id, _ = do_submit(load_manifest(manifest))
+    job_id, _ = do_submit(load_manifest(manifest), tenant=tenant)
     s = status(job_id)
     if wait:
         with _progress(as_json) as progress:
@@ -137,15 +145,28 @@ def submit(manifest: str, wait: bool, as_json: bool) -> None:
         sys.exit(0 if s["status"] == "succeeded" else 1)
 
 
+METRICS_PORT = click.option("--metrics-port", type=int, default=None,
+                            help="Serve this process's Prometheus metrics on this port.")
+
+
 @main.command()
 @click.option("--concurrency", default=1, show_default=True, help="Worker processes.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--threads", type=int, default=None, help="Torch threads per process (default: cores / concurrency).")
+@METRICS_PORT
 @friendly
-def worker(concurrency: int, device: str, threads: int | None) -> None:
+def worker(concurrency: int, device: str, threads: int | None, metrics_port: int | None) -> None:
     """A Celery worker (distributed mode). Its processes keep loaded bundles cached by digest."""
     import os
 
+    if metrics_port:
+        import tempfile
+
+        # before prometheus_client is first imported, so that forked children share the counters
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="batchinf-metrics-")
+        from batchinf import metrics
+
+        metrics.serve(metrics_port)
     os.environ["BATCHINF_DEVICE"] = device
     os.environ.setdefault("OMP_NUM_THREADS", str(threads or max(1, (os.cpu_count() or 1) // concurrency)))
     from workers.celery_app import QUEUE, app
@@ -160,8 +181,9 @@ def worker(concurrency: int, device: str, threads: int | None) -> None:
 @click.option("--requeue-seconds", default=30.0, show_default=True,
               help="Send a queued shard's message again after this long (lost messages).")
 @click.option("--tick", default=1.0, show_default=True, help="Seconds between passes over the ledger.")
+@METRICS_PORT
 @friendly
-def controller(max_in_flight: int, requeue_seconds: float, tick: float) -> None:
+def controller(max_in_flight: int, requeue_seconds: float, tick: float, metrics_port: int | None) -> None:
     """Plan, dispatch, recover and publish every job in the ledger (distributed mode). Restartable;
     several may run at once."""
     import logging
@@ -170,6 +192,10 @@ def controller(max_in_flight: int, requeue_seconds: float, tick: float) -> None:
 
     from batchinf.controller import Controller
 
+    if metrics_port:
+        from batchinf import metrics
+
+        metrics.serve(metrics_port)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -180,34 +206,42 @@ def controller(max_in_flight: int, requeue_seconds: float, tick: float) -> None:
 @main.command()
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True)
+@TENANT_FILTER
 @friendly
-def status(job_id: str, as_json: bool) -> None:
-    """Show one job's status."""
+def status(job_id: str, as_json: bool, tenant: str | None) -> None:
+    """Show one job's status (the same object as GET /v1/jobs/ID)."""
     from batchinf.jobs import status as job_status
 
-    _emit(job_status(job_id), as_json, _print_status)
+    _emit(job_status(job_id, tenant=tenant), as_json, _print_status)
 
 
 @main.command()
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True)
+@TENANT_FILTER
 @friendly
-def cancel(job_id: str, as_json: bool) -> None:
+def cancel(job_id: str, as_json: bool, tenant: str | None) -> None:
     """Cancel a job: dispatch stops, running attempts stop within a heartbeat, committed results
     stay and `_PARTIAL.json` describes what is done. `_SUCCESS` is never written."""
     from batchinf.controller import cancel as do_cancel
     from batchinf.jobs import status as job_status
 
+    job_status(job_id, tenant=tenant)
     do_cancel(job_id)
     _emit(job_status(job_id), as_json, _print_status)
 
 
 @main.command()
 @click.option("--limit", default=50, show_default=True)
+@click.option("--status", "status_is", default=None, help="Only jobs in this state.")
+@click.option("--name", default=None, help="Only jobs with this manifest name.")
+@click.option("--schedule", default=None, help="Only jobs made by this schedule.")
 @click.option("--json", "as_json", is_flag=True)
+@TENANT_FILTER
 @friendly
-def jobs(limit: int, as_json: bool) -> None:
-    """List recent jobs."""
+def jobs(limit: int, status_is: str | None, name: str | None, schedule: str | None, as_json: bool,
+         tenant: str | None) -> None:
+    """List recent jobs, newest first (the same objects as GET /v1/jobs)."""
     from batchinf.jobs import list_jobs
 
     def human(rows: list[dict[str, Any]]) -> None:
@@ -217,7 +251,7 @@ def jobs(limit: int, as_json: bool) -> None:
                       str(s["counts"]["records_failed"]), f"{s['shards']['committed']}/{s['shards']['total']}")
         Console().print(t)
 
-    _emit(list_jobs(limit), as_json, human)
+    _emit(list_jobs(limit, tenant=tenant, status_is=status_is, name=name, schedule=schedule), as_json, human)
 
 
 @main.command()
@@ -325,6 +359,10 @@ def db_upgrade(as_json: bool) -> None:
     _emit({"database": url.split("@")[-1], "revision": rev}, as_json,
           lambda r: click.echo(f"{r['database']} at revision {r['revision']}"))
 
+
+from batchinf.service_cli import register  # serve, token, schedule, scheduler
+
+register(main, friendly=friendly, emit=_emit)
 
 if __name__ == "__main__":
     main()

@@ -16,6 +16,7 @@ from typing import Callable
 
 from sqlalchemy import select, update
 
+from batchinf import metrics
 from batchinf.config import settings
 from batchinf.dispatch import LocalPool
 from batchinf.errors import LedgerError, TransientError, VerificationError
@@ -182,7 +183,7 @@ class Controller:
                                  .values(dispatched_at=now()))
 
     def _run(self, job_id: str, slots: int) -> None:
-        ops.expire_leases(job_id, settings().max_attempts)
+        metrics.leases_expired(ops.expire_leases(job_id, settings().max_attempts))
         resolve_quarantined(job_id)
         if ops.verify_when_done(job_id):
             return
@@ -191,6 +192,7 @@ class Controller:
         for shard_id in fresh + resend:
             self.send_shard(shard_id)
         ops.mark_dispatched(fresh + resend)
+        metrics.shards_sent(len(fresh), len(resend))
         self._speculate(job_id)
 
     def _speculate(self, job_id: str) -> None:

@@ -15,6 +15,7 @@ from typing import Callable
 
 from sqlalchemy import select
 
+from batchinf import metrics
 from batchinf.config import settings
 from batchinf.ledger import ops
 from batchinf.ledger.db import retrying, tx
@@ -45,10 +46,12 @@ def run_lease(lease: ops.Lease, device: str, parent_pid: int | None = None) -> N
     try:
         execute_shard(lease, device=device, heartbeat=hb)
     except StaleAttemptError:
-        pass                                  # another attempt owns the shard now
+        metrics.attempt_ended("stale")        # another attempt owns the shard now
     except BundleError as exc:                # permanent: no retry can fix a bad bundle,
         ops.fail_attempt(lease, str(exc), max_attempts=0)   # so the shard and its job fail now
+        metrics.attempt_ended("bundle")
     except Exception as exc:  # noqa: BLE001
+        metrics.attempt_ended("error")
         retrying(ops.fail_attempt, lease, f"{type(exc).__name__}: {exc}", settings().max_attempts)
     finally:
         hb.stop()

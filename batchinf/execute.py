@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 from sqlalchemy import select
 
-from batchinf import failpoints
+from batchinf import failpoints, metrics
 from batchinf.bundles import open_runtime
 from batchinf.config import settings
 from batchinf.errors import BundleError, StaleAttemptError
@@ -183,5 +183,6 @@ def execute_shard(lease: ops.Lease, *, device: str = "cpu", heartbeat: Heartbeat
     except StaleAttemptError:
         get_store(base).delete_prefix(base)   # a losing attempt leaves nothing behind
         raise
+    metrics.shard_committed(job.bundle_digest, result)
     failpoints.hit("execute.after_commit")
     return result

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import secrets
 from typing import Any
@@ -10,11 +11,12 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from batchinf.bundles import resolve_ref
-from batchinf.errors import InputError, LedgerError, ManifestError
+from batchinf.config import settings
+from batchinf.errors import BatchinfError, InputError, LedgerError, ManifestError
 from batchinf.ledger.db import tx
 from batchinf.ledger.ops import now, shard_counts
-from batchinf.ledger.states import JOB_ACTIVE, ShardStatus
-from batchinf.ledger.tables import job_inputs, jobs, shards
+from batchinf.ledger.states import JOB_ACTIVE, JOB_TERMINAL, SHARD_DONE, ShardStatus
+from batchinf.ledger.tables import attempts, job_inputs, jobs, record_errors, shards
 from batchinf.manifest import JobManifest, manifest_from_dict
 from batchinf.store import ObjectPin, get_store, join, normalize_uri
 
@@ -31,7 +33,7 @@ def submit(manifest: JobManifest, *, tenant: str = "default", schedule: str | No
     digest = resolve_ref(manifest.bundle)
     input_uri = normalize_uri(manifest.input.uri or manifest.input.manifest or "")
     output_uri = normalize_uri(manifest.output_uri).rstrip("/") + "/"
-    _check_output_free(output_uri)
+    _check_output_free(output_uri, tenant)
     t = now()
     job_id = "job-" + secrets.token_hex(8)
     try:
@@ -51,14 +53,15 @@ def submit(manifest: JobManifest, *, tenant: str = "default", schedule: str | No
     return job_id, True
 
 
-def _check_output_free(output_uri: str) -> None:
-    """Two jobs never share an output prefix: their parts would mix."""
+def _check_output_free(output_uri: str, tenant: str) -> None:
+    """Two jobs never share an output prefix: their parts would mix. (Another tenant's job is not
+    named.)"""
     with tx() as conn:
-        other = conn.execute(select(jobs.c.id).where(jobs.c.output_uri == output_uri,
-                                                     jobs.c.status.in_([s.value for s in JOB_ACTIVE]))
-                             ).scalar()
+        other = conn.execute(select(jobs.c.id, jobs.c.tenant).where(
+            jobs.c.output_uri == output_uri, jobs.c.status.in_([s.value for s in JOB_ACTIVE]))).first()
     if other:
-        raise ManifestError(f"output {output_uri} is in use by active job {other}; choose another "
+        which = f"active job {other.id}" if other.tenant == tenant else "another tenant's active job"
+        raise ManifestError(f"output {output_uri} is in use by {which}; choose another "
                             "output.uri or cancel that job")
     if get_store(output_uri).exists(join(output_uri, "_SUCCESS")):
         raise ManifestError(f"output {output_uri} already holds a published job (_SUCCESS exists); "
@@ -71,9 +74,13 @@ def find_by_key(tenant: str, key: str) -> str | None:
                                                     jobs.c.idempotency_key == key)).scalar()
 
 
-def job_row(job_id: str) -> Any:
+def job_row(job_id: str, *, tenant: str | None = None) -> Any:
+    """The job's ledger row; with `tenant`, another tenant's job is as missing as a missing one."""
+    q = select(jobs).where(jobs.c.id == job_id)
+    if tenant is not None:
+        q = q.where(jobs.c.tenant == tenant)
     with tx() as conn:
-        row = conn.execute(select(jobs).where(jobs.c.id == job_id)).first()
+        row = conn.execute(q).first()
     if row is None:
         raise LedgerError(f"no job {job_id!r}; see `batchinf jobs`")
     return row
@@ -127,35 +134,154 @@ def input_pins(job_id: str) -> list[tuple[ObjectPin, int | None]]:
             for r in rows]
 
 
-def status(job_id: str) -> dict[str, Any]:
-    """The status object of `run/submit/status --json` and the REST API."""
-    row = job_row(job_id)
+def status(job_id: str, *, tenant: str | None = None) -> dict[str, Any]:
+    """The status object of `run/submit/status/jobs --json` and the REST API (one model for all).
+
+    With `tenant`, a job of another tenant is reported exactly like a missing one."""
+    row = job_row(job_id, tenant=tenant)
+    committed = shards.c.status == ShardStatus.COMMITTED.value
     with tx() as conn:
         counts = shard_counts(conn, job_id)
-        ok, failed, done = conn.execute(
-            select(*(func.coalesce(func.sum(c), 0) for c in (shards.c.output_rows, shards.c.error_rows,
-                                                              shards.c.num_records)))
-            .where(shards.c.job_id == job_id, shards.c.status == ShardStatus.COMMITTED.value)).one()
+        agg = conn.execute(
+            select(*(func.coalesce(func.sum(c), 0) for c in (
+                shards.c.output_rows, shards.c.error_rows, shards.c.num_records, shards.c.tokens_input,
+                shards.c.tokens_real, shards.c.tokens_padded)))
+            .where(shards.c.job_id == job_id, committed)).one()
+        # a running attempt counts up to its last heartbeat
+        span = func.coalesce(attempts.c.finished_at, attempts.c.heartbeat_at, attempts.c.started_at) \
+            - attempts.c.started_at
+        worker_seconds = conn.execute(
+            select(func.coalesce(func.sum(span), 0.0)).select_from(attempts)
+            .join(shards, shards.c.id == attempts.c.shard_id).where(shards.c.job_id == job_id)).scalar()
+        by_code = {code: n for code, n in conn.execute(
+            select(record_errors.c.error, func.count()).where(record_errors.c.job_id == job_id)
+            .group_by(record_errors.c.error)).all()}
+    ok, failed, done, tok_in, tok_real, tok_padded = (int(v) for v in agg)
     total = sum(counts.values())
+    t = now()
+    elapsed = ((row.finished_at or t) - row.started_at) if row.started_at else None
+    rps = done / elapsed if elapsed else None
+    active = row.status not in {s.value for s in JOB_TERMINAL}
+    eta = None
+    if active and rps and row.records_total is not None:
+        eta = max(0.0, (row.records_total - done) / rps)
+    price = settings().price_per_worker_hour
+    cost = float(worker_seconds) / 3600 * price if price is not None else None
     return {
         "job_id": row.id, "name": row.name, "status": row.status, "tenant": row.tenant,
         "task": row.task, "output_uri": row.output_uri, "input_uri": row.input_uri,
         "bundle": row.bundle_ref, "bundle_digest": row.bundle_digest,
+        "schedule": row.schedule, "idempotency_key": row.idempotency_key, "priority": row.priority,
         "shards": {"total": total,
+                   "done": sum(counts.get(s.value, 0) for s in SHARD_DONE),
                    "committed": counts.get("committed", 0),
                    "running": counts.get("running", 0),
                    "pending": sum(counts.get(s, 0) for s in ("pending", "queued", "retrying")),
                    "quarantined": counts.get("quarantined", 0),
                    "failed": counts.get("failed", 0)},
         "counts": {"records_total": row.records_total,
-                   "records_done": int(done),
-                   "records_succeeded": int(ok),
-                   "records_failed": int(failed)},
-        "error": row.error, "created_at": row.created_at, "finished_at": row.finished_at,
+                   "records_done": done,
+                   "records_succeeded": ok,
+                   "records_failed": failed},
+        "tokens": {"input": tok_in, "real": tok_real, "padded": tok_padded,
+                   "padding_efficiency": tok_real / tok_padded if tok_padded else None},
+        "progress": {"elapsed_seconds": elapsed, "records_per_second": rps,
+                     "tokens_per_second": tok_in / elapsed if elapsed else None, "eta_seconds": eta},
+        "worker_seconds": float(worker_seconds),
+        "cost": None if cost is None else {
+            "price_per_worker_hour": price, "total": cost,
+            "per_1000_records": cost / done * 1000 if done else None},
+        "errors": {"records": sum(by_code.values()), "by_code": by_code},
+        "error": row.error, "deadline_at": row.deadline_at, "created_at": row.created_at,
+        "updated_at": row.updated_at, "started_at": row.started_at, "finished_at": row.finished_at,
     }
 
 
-def list_jobs(limit: int = 50) -> list[dict[str, Any]]:
+def list_jobs(limit: int = 50, *, tenant: str | None = None, status_is: str | None = None,
+              name: str | None = None, schedule: str | None = None,
+              cursor: str | None = None) -> list[dict[str, Any]]:
+    """Newest first; see `page_jobs` for the cursor."""
+    return page_jobs(limit, tenant=tenant, status_is=status_is, name=name, schedule=schedule,
+                     cursor=cursor)[0]
+
+
+class CursorError(BatchinfError):
+    """A pagination cursor this server did not issue."""
+
+
+def encode_cursor(*key: Any) -> str:
+    return base64.urlsafe_b64encode(json.dumps(key).encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str, *types: type | tuple[type, ...]) -> list[Any]:
+    """The sort key encoded by `encode_cursor`, checked against the expected types."""
+    try:
+        key = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        if (isinstance(key, list) and len(key) == len(types)
+                and all(isinstance(v, t) and not isinstance(v, bool) for v, t in zip(key, types))):
+            return key
+    except (ValueError, TypeError):
+        pass
+    raise CursorError(f"cursor {cursor!r} is not valid; pass the next_cursor of the previous page "
+                        "unchanged, or omit it for the first page")
+
+
+def _fetch_page(q: Any, limit: int) -> tuple[list[Any], bool]:
+    """Up to `limit` rows of an ordered query, and whether more follow."""
     with tx() as conn:
-        ids = conn.execute(select(jobs.c.id).order_by(jobs.c.created_at.desc()).limit(limit)).scalars().all()
-    return [status(i) for i in ids]
+        rows = conn.execute(q.limit(limit + 1)).all()
+    return rows[:limit], len(rows) > limit
+
+
+def page_jobs(limit: int = 50, *, tenant: str | None = None, status_is: str | None = None,
+              name: str | None = None, schedule: str | None = None,
+              cursor: str | None = None) -> tuple[list[dict[str, Any]], str | None]:
+    """One page of status objects, newest first, and the cursor of the next page (None at the end)."""
+    q = select(jobs.c.id, jobs.c.created_at).order_by(jobs.c.created_at.desc(), jobs.c.id.desc())
+    for col, value in ((jobs.c.tenant, tenant), (jobs.c.status, status_is), (jobs.c.name, name),
+                       (jobs.c.schedule, schedule)):
+        if value is not None:
+            q = q.where(col == value)
+    if cursor:
+        created, last_id = decode_cursor(cursor, (int, float), str)
+        q = q.where((jobs.c.created_at < created) | ((jobs.c.created_at == created) & (jobs.c.id < last_id)))
+    rows, more = _fetch_page(q, limit)
+    nxt = encode_cursor(rows[-1].created_at, rows[-1].id) if more else None
+    return [status(r.id) for r in rows], nxt
+
+
+SHARD_FIELDS = ("id", "bucket", "ordinal", "parent_id", "status", "attempt", "num_records", "num_tokens",
+                "output_rows", "error_rows", "tokens_real", "tokens_padded", "execute_seconds",
+                "last_error", "lease_owner", "lease_expires_at", "updated_at")
+
+
+def page_shards(job_id: str, *, tenant: str | None = None, limit: int = 100, cursor: str | None = None,
+                status_is: str | None = None) -> tuple[list[dict[str, Any]], str | None]:
+    """A job's shards in (bucket, ordinal) order, one page at a time."""
+    job_row(job_id, tenant=tenant)
+    q = (select(*(shards.c[f] for f in SHARD_FIELDS)).where(shards.c.job_id == job_id)
+         .order_by(shards.c.bucket, shards.c.ordinal))
+    if status_is is not None:
+        q = q.where(shards.c.status == status_is)
+    if cursor:
+        bucket, ordinal = decode_cursor(cursor, int, int)
+        q = q.where((shards.c.bucket > bucket) | ((shards.c.bucket == bucket) & (shards.c.ordinal > ordinal)))
+    rows, more = _fetch_page(q, limit)
+    return ([dict(r._mapping) for r in rows],
+            encode_cursor(rows[-1].bucket, rows[-1].ordinal) if more else None)
+
+
+def page_errors(job_id: str, *, tenant: str | None = None, limit: int = 100, cursor: str | None = None,
+                code: str | None = None) -> tuple[list[dict[str, Any]], str | None]:
+    """A job's record errors (as committed by their shards), in commit order, one page at a time."""
+    job_row(job_id, tenant=tenant)
+    e = record_errors.c
+    q = (select(e.id, e.shard_id, e.record_id, e.source, e.ordinal, e.error, e.message, e.attempts)
+         .where(e.job_id == job_id).order_by(e.id))
+    if code is not None:
+        q = q.where(e.error == code)
+    if cursor:
+        q = q.where(e.id > decode_cursor(cursor, int)[0])
+    rows, more = _fetch_page(q, limit)
+    return ([{k: v for k, v in r._mapping.items() if k != "id"} for r in rows],
+            encode_cursor(rows[-1].id) if more else None)

@@ -59,6 +59,7 @@ jobs = Table(
     Column("lock_expires_at", Float, nullable=True),
     UniqueConstraint("tenant", "idempotency_key", name="uq_jobs_tenant_idempotency"),
     Index("ix_jobs_status", "status"),
+    Index("ix_jobs_tenant_created", "tenant", "created_at"),
 )
 
 job_inputs = Table(
@@ -155,4 +156,25 @@ schedules = Table(
     Column("catchup", Boolean, nullable=False, default=True),
     Column("paused", Boolean, nullable=False, default=False),
     Column("created_at", Float, nullable=False),
+    Column("start_at", Float, nullable=True),             # first fire time considered (default created_at)
+)
+
+schedule_runs = Table(
+    "schedule_runs", metadata,
+    Column("schedule", String(200), ForeignKey("schedules.name"), primary_key=True),
+    Column("ds", String(10), primary_key=True),           # logical date YYYY-MM-DD: one job per date
+    Column("job_id", String(40), ForeignKey("jobs.id"), nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
+api_tokens = Table(
+    "api_tokens", metadata,
+    Column("id", String(40), primary_key=True),           # public handle for list/revoke
+    Column("tenant", String(100), nullable=False, index=True),
+    Column("name", String(200), nullable=True),
+    Column("token_sha256", String(64), nullable=False),   # the token itself is never stored
+    Column("created_at", Float, nullable=False),
+    Column("last_used_at", Float, nullable=True),
+    Column("revoked_at", Float, nullable=True),
+    UniqueConstraint("token_sha256", name="uq_api_tokens_sha256"),
 )

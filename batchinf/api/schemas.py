@@ -1,0 +1,145 @@
+"""Response models: the OpenAPI document is generated from these, and every response is validated
+against them. `JobStatus` mirrors `jobs.status()` field for field (a test holds them equal)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class ShardCounts(BaseModel):
+    total: int
+    done: int = Field(description="committed + quarantined")
+    committed: int
+    running: int
+    pending: int = Field(description="pending, queued or retrying")
+    quarantined: int
+    failed: int
+
+
+class RecordCounts(BaseModel):
+    records_total: int | None = Field(description="known once planning finished")
+    records_done: int
+    records_succeeded: int
+    records_failed: int
+
+
+class Tokens(BaseModel):
+    input: int
+    real: int
+    padded: int = Field(description="token positions computed, padding included")
+    padding_efficiency: float | None = Field(description="real / padded")
+
+
+class Progress(BaseModel):
+    elapsed_seconds: float | None = Field(description="since planning started")
+    records_per_second: float | None
+    tokens_per_second: float | None
+    eta_seconds: float | None = Field(description="remaining records at the rate so far; null when "
+                                      "finished or unknown")
+
+
+class Cost(BaseModel):
+    price_per_worker_hour: float
+    total: float
+    per_1000_records: float | None
+
+
+class ErrorSummary(BaseModel):
+    records: int = Field(description="error rows committed so far")
+    by_code: dict[str, int]
+
+
+class JobStatus(BaseModel):
+    job_id: str
+    name: str
+    status: str
+    tenant: str
+    task: str
+    output_uri: str
+    input_uri: str
+    bundle: str = Field(description="the bundle reference as submitted")
+    bundle_digest: str = Field(description="what the job runs, resolved at submit")
+    schedule: str | None
+    idempotency_key: str | None
+    priority: int
+    shards: ShardCounts
+    counts: RecordCounts
+    tokens: Tokens
+    progress: Progress
+    worker_seconds: float = Field(description="sum of the durations of every attempt of every shard")
+    cost: Cost | None = Field(description="present when BATCHINF_PRICE_PER_WORKER_HOUR is set")
+    errors: ErrorSummary
+    error: str | None = Field(description="why the job failed or stopped")
+    deadline_at: float | None = Field(description="UNIX seconds, like every timestamp here")
+    created_at: float
+    updated_at: float
+    started_at: float | None
+    finished_at: float | None
+
+
+class JobPage(BaseModel):
+    items: list[JobStatus]
+    next_cursor: str | None = Field(description="pass as cursor= for the next page; null on the last")
+    next: str | None = Field(description="the next page's URL path and query")
+
+
+class Shard(BaseModel):
+    id: str
+    bucket: int = Field(description="length bucket; -1 holds records that failed validation")
+    ordinal: int
+    parent_id: str | None
+    status: str
+    attempt: int
+    num_records: int
+    num_tokens: int
+    output_rows: int | None
+    error_rows: int | None
+    tokens_real: int | None
+    tokens_padded: int | None
+    execute_seconds: float | None
+    last_error: str | None
+    lease_owner: str | None
+    lease_expires_at: float | None
+    updated_at: float
+
+
+class ShardPage(BaseModel):
+    items: list[Shard]
+    next_cursor: str | None
+    next: str | None
+
+
+class RecordError(BaseModel):
+    shard_id: str
+    record_id: str | None
+    source: str
+    ordinal: int
+    error: str = Field(description="a code such as malformed_json, missing_id, too_long, poison")
+    message: str
+    attempts: int
+
+
+class ErrorPage(BaseModel):
+    items: list[RecordError]
+    next_cursor: str | None
+    next: str | None
+
+
+class Bundle(BaseModel):
+    digest: str
+    name: str
+    uri: str
+    task: str
+    family: str
+    created_at: float
+    aliases: list[str]
+
+
+class Health(BaseModel):
+    status: str
+    ledger: str
+
+
+class ErrorBody(BaseModel):
+    error: str = Field(description="a stable code: unauthorized, not_found, invalid_manifest, ...")
+    message: str = Field(description="what went wrong and how to fix it")

@@ -1,0 +1,115 @@
+"""A real `batchinf serve` process over a fresh PostgreSQL ledger, with tokens for a few tenants,
+for the API tests. Jobs are run by the embedded driver (`controller.drive`) against the same
+ledger, in a thread of the test process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import (
+    _free_port,
+    _fresh_postgres_db,
+    _reset_process_state,
+    _unavailable,
+)
+
+TENANTS = ("acme", "globex", "pager")
+PRICE_PER_WORKER_HOUR = "1.5"
+
+
+def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    r = subprocess.run([sys.executable, "-m", "batchinf.cli", *args], env=dict(os.environ), check=False,
+                       capture_output=True, text=True, timeout=120)
+    if check and r.returncode != 0:
+        raise AssertionError(f"batchinf {' '.join(args)} exited {r.returncode}: {r.stderr}")
+    return r
+
+
+@dataclass
+class Service:
+    url: str
+    root: Path
+    tokens: dict[str, str]
+    metrics_token: str
+    bundle_digest: str
+    log: Path
+    drivers: list[threading.Thread] = field(default_factory=list)
+
+    def client(self, tenant: str | None = None, token: str | None = None) -> httpx.Client:
+        headers = {}
+        if tenant or token:
+            headers["Authorization"] = f"Bearer {token or self.tokens[tenant or '']}"
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+
+    def drive(self, job_id: str) -> threading.Thread:
+        """Run the job to a terminal state with one local worker process, in the background."""
+        from batchinf.controller import drive
+
+        t = threading.Thread(target=drive, args=(job_id,), kwargs={"workers": 1, "device": "cpu", "threads": 1},
+                             daemon=True)
+        t.start()
+        self.drivers.append(t)
+        return t
+
+
+def start_service(root: Path) -> Iterator[Service]:
+    from batchinf.bundles import import_bundle
+    from batchinf.ledger.db import upgrade
+    from tests.helpers.tiny_models import make_tiny_bert
+
+    mp = pytest.MonkeyPatch()
+    url = _fresh_postgres_db()
+    mp.setenv("BATCHINF_HOME", str(root / "home"))
+    mp.setenv("BATCHINF_DATABASE_URL", url)
+    mp.delenv("BATCHINF_BUNDLE_STORE", raising=False)
+    mp.delenv("BATCHINF_TENANT", raising=False)
+    mp.setenv("BATCHINF_HEARTBEAT_SECONDS", "0.5")
+    mp.setenv("BATCHINF_LEASE_SECONDS", "5")
+    mp.setenv("BATCHINF_PRICE_PER_WORKER_HOUR", PRICE_PER_WORKER_HOUR)
+    mp.setenv("BATCHINF_METRICS_TOKEN", "metrics-secret")
+    _reset_process_state()
+    upgrade(url)
+    digest = import_bundle(make_tiny_bert(root / "tiny"), "tiny", alias="prod").digest
+    tokens = {t: json.loads(cli("token", "create", "--tenant", t, "--json").stdout)["token"] for t in TENANTS}
+    port = _free_port()
+    log = root / "serve.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "batchinf.cli", "serve", "--port", str(port),
+                                 "--log-level", "warning"], env=dict(os.environ), stdout=out,
+                                stderr=subprocess.STDOUT)
+    svc = Service(f"http://127.0.0.1:{port}", root, tokens, "metrics-secret", digest, log)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(svc.url + "/healthz", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            _unavailable(f"batchinf serve did not start: {log.read_text()[-3000:]}")
+        time.sleep(0.2)
+    try:
+        yield svc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        for t in svc.drivers:
+            t.join(timeout=30)
+        mp.undo()
+        _reset_process_state()
