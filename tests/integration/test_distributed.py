@@ -237,21 +237,6 @@ def test_broker_flushed_mid_job(cluster: Cluster, tmp_path: Path, s3_bucket: str
     _exactly_once(job_id, s3_bucket, good)
 
 
-def test_postgres_restarted_mid_job(cluster: Cluster, tmp_path: Path, s3_bucket: str) -> None:
-    job_id, good = _job(tmp_path, s3_bucket)
-    cluster.controller()
-    cluster.worker("w1", **SLOW)
-    _wait(job_id, cluster, until=lambda s: s["shards"]["committed"] >= 2)
-    version = next(Path("/etc/postgresql").iterdir()).name
-    r = subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        _unavailable(f"cannot restart PostgreSQL here: {r.stderr}")
-    _reset_process_state()
-    _wait(job_id, cluster)
-    _exactly_once(job_id, s3_bucket, good)
-
-
 def test_paused_worker_cannot_commit_late(cluster: Cluster, tmp_path: Path, s3_bucket: str) -> None:
     """A worker SIGSTOPped past its lease, resumed after another attempt committed: its late
     commit changes nothing and its files never appear in the manifest."""
