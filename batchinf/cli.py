@@ -177,7 +177,8 @@ def worker(concurrency: int, device: str, threads: int | None, metrics_port: int
 
 
 @main.command()
-@click.option("--max-in-flight", default=16, show_default=True, help="Shards queued or running across all jobs; free slots go by priority, deadline, then round-robin.")
+@click.option("--max-in-flight", default=16, show_default=True,
+              help="Shards queued or running across all jobs; free slots go by priority, deadline, then round-robin.")
 @click.option("--requeue-seconds", default=30.0, show_default=True,
               help="Send a queued shard's message again after this long (lost messages).")
 @click.option("--tick", default=1.0, show_default=True, help="Seconds between passes over the ledger.")

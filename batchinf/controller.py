@@ -24,7 +24,7 @@ from batchinf.jobs import job_row
 from batchinf.ledger import ops
 from batchinf.ledger.db import retrying, tx
 from batchinf.ledger.ops import fail_job, now
-from batchinf.ledger.states import ATTEMPT_LOSERS, JOB_ACTIVE, JOB_TERMINAL, AttemptStatus, JobStatus, ShardStatus
+from batchinf.ledger.states import ATTEMPT_LOSERS, JOB_ACTIVE, JOB_TERMINAL, AttemptStatus, JobStatus
 from batchinf.ledger.tables import attempts, job_inputs, jobs, shards
 from batchinf.plan import (failing_job_on_permanent_error, finish_plan, pin_job, plan_or_fail,
                            resolve_quarantined)

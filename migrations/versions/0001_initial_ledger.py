@@ -1,7 +1,7 @@
 """initial ledger
 
 Revision ID: 0001
-Revises: 
+Revises:
 Create Date: 2026-11-29 11:44:31.880984
 """
 from alembic import op

@@ -59,7 +59,7 @@ def _build_tokenizer(vocab: list[str]) -> Tokenizer:
 
 def _random_weights(cfg: dict, seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    D, I, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    D, F, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
 
     def normal(*shape: int, std: float = 0.2) -> torch.Tensor:
         return torch.randn(*shape, generator=g) * std
@@ -82,8 +82,8 @@ def _random_weights(cfg: dict, seed: int) -> dict[str, torch.Tensor]:
             w.update(linear(f"{p}.attention.self.{name}", D, D))
         w.update(linear(f"{p}.attention.output.dense", D, D))
         w.update(norm(f"{p}.attention.output.LayerNorm"))
-        w.update(linear(f"{p}.intermediate.dense", I, D))
-        w.update(linear(f"{p}.output.dense", D, I))
+        w.update(linear(f"{p}.intermediate.dense", F, D))
+        w.update(linear(f"{p}.output.dense", D, F))
         w.update(norm(f"{p}.output.LayerNorm"))
     w.update(linear("pooler.dense", D, D))
     return {k: v.contiguous() for k, v in w.items()}
