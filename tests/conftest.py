@@ -77,13 +77,18 @@ def s3_server() -> Iterator[str]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         log.close()
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 10) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within `timeout` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def make_bucket(versioned: bool) -> str:

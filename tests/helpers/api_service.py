@@ -22,6 +22,7 @@ from tests.conftest import (
     _fresh_postgres_db,
     _reset_process_state,
     _unavailable,
+    stop_process,
 )
 
 TENANTS = ("acme", "globex", "pager")
@@ -103,12 +104,7 @@ def start_service(root: Path) -> Iterator[Service]:
     try:
         yield svc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         for t in svc.drivers:
             t.join(timeout=30)
         mp.undo()

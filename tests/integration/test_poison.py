@@ -52,20 +52,26 @@ def test_record_that_kills_its_worker_is_quarantined(tmp_path: Path, tiny_bundle
     assert sorted(r["record_id"] for r in results) == sorted(f"r{i}" for i in range(64) if i != 37)
 
 
-def test_storage_faults_are_retried(tmp_path: Path, tiny_bundle: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Three in ten of the workers' storage writes fail (as a 5xx would): attempts retry with backoff
-    and the job still completes with exactly-once coverage. The faults are in the worker
-    processes only (they read BATCHINF_FAILPOINTS at start); this process plans and publishes."""
-    good = write_jsonl(tmp_path / "a.jsonl", 200, bad=False, seed=4)
-    monkeypatch.setenv("BATCHINF_FAILPOINTS", "store.put=0.3*raise")
+def _storage_fault_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, faults: str, budget: int) -> tuple[str, Path]:
+    """200 good records in 10 shards, run with storage `faults` in the worker processes only
+    (they read BATCHINF_FAILPOINTS at start; this process plans and publishes cleanly)."""
+    write_jsonl(tmp_path / "a.jsonl", 200, bad=False, seed=4)
+    monkeypatch.setenv("BATCHINF_FAILPOINTS", faults)
     monkeypatch.setenv("BATCHINF_MAX_ATTEMPTS", "20")
-    monkeypatch.setenv("BATCHINF_JOB_RETRY_BUDGET", "1000")
+    monkeypatch.setenv("BATCHINF_JOB_RETRY_BUDGET", str(budget))
     settings.cache_clear()
     out = tmp_path / "out"
     job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "a.jsonl"), str(out), shards={"max_records": 20})))
-    assert drive(job_id, workers=1, threads=1) == "succeeded"
+    return drive(job_id, workers=1, threads=1), out
+
+
+def test_storage_faults_are_retried(tmp_path: Path, tiny_bundle: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three in ten of the workers' storage writes fail (as a 5xx would): attempts retry with backoff
+    and the job still completes with exactly-once coverage."""
+    final, out = _storage_fault_job(tmp_path, monkeypatch, "store.put=0.3*raise", budget=1000)
+    assert final == "succeeded"
     assert verify_output(str(out))["ok"]
-    assert pq.read_table(out, ignore_prefixes=["_", "errors"]).num_rows == len(good)
+    assert pq.read_table(out, ignore_prefixes=["_", "errors"]).num_rows == 200
     with tx() as conn:
         assert conn.execute(select(attempts.c.status).where(attempts.c.status == "failed")).first(), \
             "no storage fault was injected"
@@ -75,16 +81,10 @@ def test_storage_outage_fails_the_job_within_its_retry_budget(tmp_path: Path, ti
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """Every storage write fails: shards may retry, but the job fails once its retry budget is
     spent, with a reason that names the budget and the last fault, and publishes nothing."""
-    write_jsonl(tmp_path / "a.jsonl", 200, bad=False, seed=4)
-    monkeypatch.setenv("BATCHINF_FAILPOINTS", "store.put=raise")
-    monkeypatch.setenv("BATCHINF_MAX_ATTEMPTS", "20")
-    monkeypatch.setenv("BATCHINF_JOB_RETRY_BUDGET", "4")
-    settings.cache_clear()
-    out = tmp_path / "out"
-    job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "a.jsonl"), str(out), shards={"max_records": 20})))
-    assert drive(job_id, workers=1, threads=1) == "failed"
+    final, out = _storage_fault_job(tmp_path, monkeypatch, "store.put=raise", budget=4)
+    assert final == "failed"
     with tx() as conn:
-        error = conn.execute(select(jobs.c.error).where(jobs.c.id == job_id)).scalar()
+        error = conn.execute(select(jobs.c.error)).scalar()
         failed = conn.execute(select(attempts.c.status).where(attempts.c.status == "failed")).all()
     assert "retry budget is spent (4 failed attempts" in error and "store.put" in error
     assert len(failed) == 5
