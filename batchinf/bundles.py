@@ -62,6 +62,14 @@ def import_bundle(src: str | Path, name: str, *, alias: str | None = None,
     return get_info(digest)
 
 
+def import_gguf(path: str | Path, name: str, *, alias: str | None = None, dtype: str = "float32") -> BundleInfo:
+    """Convert a GGUF Llama-family model into an HF-format directory and import that as a bundle."""
+    from batchinf.runtime.gguf import convert_gguf
+
+    with tempfile.TemporaryDirectory(prefix="batchinf-gguf-") as tmp:
+        return import_bundle(convert_gguf(path, Path(tmp) / "model", dtype=dtype), name, alias=alias, dtype=dtype)
+
+
 def _set_alias(conn, name: str, alias: str, digest: str) -> None:
     exists = conn.execute(select(bundles.c.digest).where(bundles.c.digest == digest)).first()
     if exists is None:
