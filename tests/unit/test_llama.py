@@ -11,7 +11,13 @@ import torch
 
 from batchinf.errors import BundleError
 from batchinf.runtime import bundle as rb
-from batchinf.runtime.generate import GenerateRuntime, GenRequest, GenStats, SamplingParams, derive_seed
+from batchinf.runtime.generate import (
+    GenerateRuntime,
+    GenRequest,
+    GenStats,
+    SamplingParams,
+    derive_seed,
+)
 from batchinf.runtime.llama import KVCache, load_llama
 from tests.helpers.tiny_llama import FAMILIES, make_tiny_llama
 
@@ -33,7 +39,7 @@ def runtime(tiny_dirs: dict[str, Path]) -> GenerateRuntime:
     return rt
 
 
-def _hf(d: Path):  # noqa: ANN202
+def _hf(d: Path):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
@@ -75,7 +81,7 @@ def test_greedy_matches_transformers(tiny_dirs: dict[str, Path], family: str) ->
 
 
 def _requests(rt: GenerateRuntime, n: int, **params: object) -> list[GenRequest]:
-    words = "the people of the world make water and light every day".split()
+    words = ["the", "people", "of", "the", "world", "make", "water", "and", "light", "every", "day"]
     return [GenRequest(i, rt.encode_prompt(" ".join(words[: 2 + (i * 5) % 9]) + f" {i}"),
                        SamplingParams(max_tokens=3 + (i * 7) % 17, **params))  # type: ignore[arg-type]
             for i in range(n)]
@@ -119,7 +125,7 @@ def test_sampling_is_reproducible_and_seeded(runtime: GenerateRuntime) -> None:
         {r.key: r.token_ids for r in first}
     greedy = {r.key: r.token_ids for r in runtime.generate(
         [GenRequest(q.key, q.prompt_ids, SamplingParams(max_tokens=12)) for q in reqs])}
-    for params in (dict(temperature=1.5, top_k=1), dict(temperature=1.0, top_p=1e-6)):
+    for params in ({"temperature": 1.5, "top_k": 1}, {"temperature": 1.0, "top_p": 1e-6}):
         narrowed = [GenRequest(q.key, q.prompt_ids, SamplingParams(max_tokens=12, seed=3, **params))  # type: ignore[arg-type]
                     for q in reqs]
         assert {r.key: r.token_ids for r in runtime.generate(narrowed)} == greedy
