@@ -12,8 +12,8 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from typing import Iterator
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
