@@ -1,5 +1,9 @@
 """Reading input records from pinned objects. Bad records become error records, never exceptions.
 
+A record carries the text to embed, a plain prompt, or chat messages (task generate), by the
+`kind` its reader is given; openai-batch lines (openai_batch.py) also carry per-record sampling
+overrides and their endpoint.
+
 Every record is identified by (source object, ordinal): the ordinal counts the object's records
 (non-blank JSONL lines, Parquet rows) from 0, so coverage can be checked even for records whose
 id is missing or duplicated.
@@ -9,7 +13,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import BinaryIO, Iterator
+from typing import Any, BinaryIO, Iterator
 
 import pyarrow.parquet as pq
 
@@ -21,6 +25,54 @@ class InputRecord:
     text: str | None
     error: str | None = None      # error code when the record is unusable
     message: str | None = None
+    messages: list[dict[str, str]] | None = None   # chat messages [{role, content}] (generate)
+    params: dict[str, Any] | None = None           # per-record overrides of the job's options
+    endpoint: str | None = None                    # openai-batch: the line's url
+
+
+FIELD_KEY = {"text": "input.text_field", "prompt": "input.prompt_field", "messages": "input.messages_field"}
+ROLES = ("system", "developer", "user", "assistant")
+
+
+def check_messages(value: object) -> tuple[list[dict[str, str]] | None, str | None]:
+    """Chat messages -> ([{role, content}], None), or (None, what is wrong). Content may be a
+    string or a list of text parts ({"type": "text", "text": ...}), which are joined."""
+    if not isinstance(value, list) or not value:
+        return None, f"must be a non-empty list of {{role, content}} objects, got {_kind(value)}"
+    out = []
+    for i, m in enumerate(value):
+        if not isinstance(m, dict):
+            return None, f"message {i} must be an object with role and content, got {_kind(m)}"
+        role, content = m.get("role"), m.get("content")
+        if role not in ROLES:
+            return None, f"message {i} has role {role!r}; supported roles: {', '.join(ROLES)}"
+        if isinstance(content, list):
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                return None, (f"message {i} content has a part that is not text; only text parts "
+                              "({\"type\": \"text\", \"text\": ...}) are supported")
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            return None, f"message {i} content must be a string, got {_kind(content)}"
+        bad = _not_unicode(content)
+        if bad:
+            return None, f"message {i} content is not valid Unicode ({bad})"
+        out.append({"role": role, "content": content})
+    if out[-1]["role"] == "assistant":
+        return None, "the last message is the assistant's; end with a user message to get an answer"
+    return out, None
+
+
+def _kind(value: object) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _not_unicode(text: str) -> str | None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"{exc.reason} at character {exc.start}"
+    return None
 
 
 def _record_id(value: object) -> str | None:
@@ -32,32 +84,38 @@ def _record_id(value: object) -> str | None:
     return None
 
 
-def _check(ordinal: int, rid_raw: object, text: object, where: str, id_field: str,
-           text_field: str) -> InputRecord:
+def _check(ordinal: int, rid_raw: object, value: object, where: str, id_field: str,
+           field: str, kind: str = "text") -> InputRecord:
     rid = _record_id(rid_raw)
     if rid is None:
         what = "missing" if rid_raw is None else f"not a string or integer ({rid_raw!r:.40})"
         return InputRecord(ordinal, None, None, "missing_id",
                            f"{where}: id field {id_field!r} is {what}; every record needs a unique "
                            f"string or integer id (set input.id_field if it has another name)")
-    if text is None:
-        return InputRecord(ordinal, rid, None, "missing_text",
-                           f"{where}: record {rid!r} has no text field {text_field!r} "
-                           f"(set input.text_field if it has another name)")
-    if not isinstance(text, str):
-        return InputRecord(ordinal, rid, None, "invalid_text",
-                           f"{where}: record {rid!r} field {text_field!r} must be a string, "
-                           f"got {type(text).__name__}")
-    if not text.strip():
-        return InputRecord(ordinal, rid, None, "empty_text",
-                           f"{where}: record {rid!r} has empty text; nothing to embed")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
+    if value is None:
+        return InputRecord(ordinal, rid, None, f"missing_{kind}",
+                           f"{where}: record {rid!r} has no {kind} field {field!r} "
+                           f"(set {FIELD_KEY[kind]} if it has another name)")
+    if kind == "messages":
+        messages, problem = check_messages(value)
+        if problem:
+            return InputRecord(ordinal, rid, None, "invalid_messages",
+                               f"{where}: record {rid!r} field {field!r} {problem}")
+        return InputRecord(ordinal, rid, None, messages=messages)
+    if not isinstance(value, str):
+        return InputRecord(ordinal, rid, None, f"invalid_{kind}",
+                           f"{where}: record {rid!r} field {field!r} must be a string, "
+                           f"got {type(value).__name__}")
+    if not value.strip():
+        return InputRecord(ordinal, rid, None, f"empty_{kind}",
+                           f"{where}: record {rid!r} has empty {kind}; nothing to "
+                           f"{'embed' if kind == 'text' else 'generate from'}")
+    bad = _not_unicode(value)
+    if bad:
         return InputRecord(ordinal, rid, None, "invalid_utf8",
-                           f"{where}: record {rid!r} text is not valid Unicode ({exc.reason} at "
-                           f"character {exc.start}); fix the escape sequence in the source")
-    return InputRecord(ordinal, rid, text)
+                           f"{where}: record {rid!r} {kind} is not valid Unicode ({bad}); fix the "
+                           "escape sequence in the source")
+    return InputRecord(ordinal, rid, value)
 
 
 MAX_LINE_BYTES = 64 << 20   # a longer JSONL line becomes an error row, read in bounded chunks
@@ -78,15 +136,17 @@ def _lines(fh: BinaryIO, limit: int) -> Iterator[bytes | None]:
         yield line
 
 
-def read_jsonl(fh: BinaryIO, uri: str, id_field: str, text_field: str,
-               max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[InputRecord]:
+def json_objects(fh: BinaryIO, uri: str, max_line_bytes: int = MAX_LINE_BYTES
+                 ) -> Iterator[tuple[int, str, dict[str, Any] | InputRecord]]:
+    """(ordinal, where, object) per non-blank line; a line that is no JSON object comes as its
+    error record instead."""
     ordinal = 0
     for lineno, raw in enumerate(_lines(fh, max_line_bytes), start=1):
         where = f"{uri} line {lineno}"
         if raw is None:
-            yield InputRecord(ordinal, None, None, "line_too_long",
-                              f"{where}: longer than {max_line_bytes} bytes; split the record or "
-                              "shorten its text")
+            yield ordinal, where, InputRecord(ordinal, None, None, "line_too_long",
+                                              f"{where}: longer than {max_line_bytes} bytes; split the "
+                                              "record or shorten its text")
             ordinal += 1
             continue
         if not raw.strip():
@@ -94,33 +154,43 @@ def read_jsonl(fh: BinaryIO, uri: str, id_field: str, text_field: str,
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            yield InputRecord(ordinal, None, None, "invalid_utf8",
-                              f"{where}: invalid UTF-8 at byte {exc.start} of the line; "
-                              "re-encode the file as UTF-8")
+            yield ordinal, where, InputRecord(ordinal, None, None, "invalid_utf8",
+                                              f"{where}: invalid UTF-8 at byte {exc.start} of the line; "
+                                              "re-encode the file as UTF-8")
             ordinal += 1
             continue
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
-            yield InputRecord(ordinal, None, None, "malformed_json",
-                              f"{where}: malformed JSON ({exc.msg} at column {exc.colno})")
+            yield ordinal, where, InputRecord(ordinal, None, None, "malformed_json",
+                                              f"{where}: malformed JSON ({exc.msg} at column {exc.colno})")
             ordinal += 1
             continue
         if not isinstance(obj, dict):
-            yield InputRecord(ordinal, None, None, "malformed_json",
-                              f"{where}: expected a JSON object, got {type(obj).__name__}")
+            yield ordinal, where, InputRecord(ordinal, None, None, "malformed_json",
+                                              f"{where}: expected a JSON object, got {type(obj).__name__}")
         else:
-            yield _check(ordinal, obj.get(id_field), obj.get(text_field), where, id_field, text_field)
+            yield ordinal, where, obj
         ordinal += 1
 
 
-def read_parquet(fh: BinaryIO, uri: str, id_field: str, text_field: str) -> Iterator[InputRecord]:
+def read_jsonl(fh: BinaryIO, uri: str, id_field: str, text_field: str,
+               max_line_bytes: int = MAX_LINE_BYTES, *, kind: str = "text") -> Iterator[InputRecord]:
+    for ordinal, where, obj in json_objects(fh, uri, max_line_bytes):
+        if isinstance(obj, InputRecord):
+            yield obj
+        else:
+            yield _check(ordinal, obj.get(id_field), obj.get(text_field), where, id_field, text_field, kind)
+
+
+def read_parquet(fh: BinaryIO, uri: str, id_field: str, text_field: str, *,
+                 kind: str = "text") -> Iterator[InputRecord]:
     pf = pq.ParquetFile(fh)
     names = pf.schema_arrow.names
     missing = [f for f in (id_field, text_field) if f not in names]
     if missing:
         msg = (f"{uri}: has no column {missing[0]!r} (columns: {', '.join(names)}); "
-               f"set input.id_field / input.text_field")
+               f"set input.id_field / {FIELD_KEY[kind]}")
         for i in range(pf.metadata.num_rows):
             yield InputRecord(i, None, None, "missing_column", msg)
         return
@@ -129,13 +199,20 @@ def read_parquet(fh: BinaryIO, uri: str, id_field: str, text_field: str) -> Iter
         ids = batch.column(0).to_pylist()
         texts = batch.column(1).to_pylist()
         for rid, text in zip(ids, texts):
-            yield _check(ordinal, rid, text, f"{uri} row {ordinal}", id_field, text_field)
+            yield _check(ordinal, rid, text, f"{uri} row {ordinal}", id_field, text_field, kind)
             ordinal += 1
 
 
-def read_records(fh: BinaryIO, fmt: str, uri: str, id_field: str, text_field: str) -> Iterator[InputRecord]:
+def read_records(fh: BinaryIO, fmt: str, uri: str, id_field: str, text_field: str, *,
+                 kind: str = "text", task: str = "embed") -> Iterator[InputRecord]:
+    """Records of one object. `text_field` names the field read as `kind` (text, prompt or
+    messages); openai-batch lines say what they are themselves and must suit `task`."""
     if fmt == "jsonl":
-        return read_jsonl(fh, uri, id_field, text_field)
+        return read_jsonl(fh, uri, id_field, text_field, kind=kind)
     if fmt == "parquet":
-        return read_parquet(fh, uri, id_field, text_field)
-    raise NotImplementedError(f"input format {fmt!r} is not implemented yet")
+        return read_parquet(fh, uri, id_field, text_field, kind=kind)
+    if fmt == "openai-batch":
+        from batchinf.openai_batch import read_openai_batch
+
+        return read_openai_batch(fh, uri, task)
+    raise NotImplementedError(f"input format {fmt!r} is not implemented")
