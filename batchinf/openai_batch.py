@@ -9,8 +9,8 @@ saying why and what to do -- never a silently different answer.
 
 Output: `<output>/openai/part-NNNNN.jsonl`, rendered at publish from the committed Parquet parts
 (one JSONL file per part, its rows in the part's order), so the two can never disagree. The
-bytes are deterministic: ids derive from the job id and the custom_id, `created` is the job's
-creation time, so re-publishing gives identical files.
+bytes are deterministic: ids derive from the job id, the custom_id and the line's place,
+`created` is the job's creation time, so re-publishing gives identical files.
 """
 
 from __future__ import annotations
@@ -188,8 +188,8 @@ class RenderContext:
 
 
 def _hash(ctx: RenderContext, custom_id: str | None, source: str, ordinal: int) -> str:
-    key = custom_id if custom_id is not None else f"{source}#{ordinal}"
-    return hashlib.sha256(f"{ctx.job_id}\0{key}".encode()).hexdigest()
+    """Per line: the job, the custom_id and the line's place (two lines may share a custom_id)."""
+    return hashlib.sha256(f"{ctx.job_id}\0{custom_id}\0{source}\0{ordinal}".encode()).hexdigest()
 
 
 def result_line(row: dict[str, Any], ctx: RenderContext) -> dict[str, Any]:

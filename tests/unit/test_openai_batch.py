@@ -12,7 +12,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchinf.openai_batch import RenderContext, error_line, read_openai_batch, render_part, result_line
+from batchinf.openai_batch import (
+    RenderContext,
+    error_line,
+    read_openai_batch,
+    render_part,
+    result_line,
+)
 from batchinf.parts import ERROR_SCHEMA, GENERATION_SCHEMA, sha256_path
 
 URI = "file:///data/batch.jsonl"
