@@ -319,3 +319,44 @@ def test_retried_shards_reproduce_identical_bytes_with_sampling(tmp_path: Path, 
     assert _normalised(a) == _normalised(b)
     sampled = [g["response"]["body"]["choices"][0] for g in a if g["error"] is None]
     assert len({c.get("text") or c["message"]["content"] for c in sampled}) > len(sampled) // 2
+
+
+def test_smollm2_answers_the_example_chat_requests(tmp_path: Path, bi_home: Path, smollm2_gguf: Path) -> None:
+    """The issue's "done when": `batchinf bundle import-gguf` SmolLM2, then `batchinf run` the
+    shipped openai-batch example (a few of its requests, greedy, 32 tokens) to _SUCCESS with
+    answers that make sense."""
+    import yaml
+    from click.testing import CliRunner
+
+    from batchinf.cli import main
+
+    root = Path(__file__).resolve().parents[2] / "manifests" / "examples"
+    requests = [json.loads(x) for x in (root / "chat-requests.jsonl").read_text().splitlines()][:4]
+    for r in requests:
+        r["body"]["max_tokens"] = 32
+    write_lines(tmp_path / "requests.jsonl", requests)
+    manifest = yaml.safe_load((root / "generate-openai.yaml").read_text())
+    manifest["input"]["uri"] = str(tmp_path / "requests.jsonl")
+    manifest["output"]["uri"] = str(tmp_path / "out")
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(manifest))
+
+    cli = CliRunner()
+    r = cli.invoke(main, ["bundle", "import-gguf", str(smollm2_gguf), "--name", "smollm2", "--alias", "prod"])
+    assert r.exit_code == 0, r.output
+    r = cli.invoke(main, ["run", str(tmp_path / "job.yaml"), "--json"])
+    assert r.exit_code == 0, r.output
+    status = json.loads(r.stdout)
+    assert status["status"] == "succeeded" and status["counts"]["records_succeeded"] == 4
+
+    m, results, errors = read_output(str(tmp_path / "out"))
+    assert not errors
+    covered_once(results, errors, 4)
+    answers = {g["custom_id"]: g for g in parse_openai(tmp_path / "out", m)}
+    assert sorted(answers) == sorted(r["custom_id"] for r in requests)
+    for g in answers.values():
+        assert g["response"]["status_code"] == 200 and g["error"] is None
+        content = g["response"]["body"]["choices"][0]["message"]["content"]
+        assert len(content.split()) >= 3 and g["response"]["body"]["usage"]["completion_tokens"] <= 32
+    assert "Paris" in answers["capital-france"]["response"]["body"]["choices"][0]["message"]["content"]
+    colors = answers["primary-colors"]["response"]["body"]["choices"][0]["message"]["content"].lower()
+    assert sum(c in colors for c in ("red", "blue", "yellow")) >= 2
