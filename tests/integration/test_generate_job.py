@@ -5,6 +5,7 @@ and a retried shard that reproduces byte-identical outputs with sampling on."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from batchinf.execute import execute_shard
 from batchinf.jobs import job_row, submit
 from batchinf.ledger import ops
 from batchinf.ledger.db import tx
-from batchinf.ledger.tables import shards
+from batchinf.ledger.tables import attempts, shards
 from batchinf.manifest import parse_manifest
 from batchinf.parts import read_table
 from batchinf.plan import plan_job
@@ -265,14 +266,35 @@ def _normalised(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def test_retried_shards_reproduce_identical_bytes_with_sampling(tmp_path: Path, tiny_llama: str,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Sampling on (temperature, top-k, top-p; job seed and per-line seeds). A clean job runs in a
-    worker process; the same input again in this process, where every shard's first attempt
-    writes its files and then fails (execute.after_write=raise), and the second commits. The
-    retry writes the same bytes as the failed attempt and as the clean job."""
+    worker process. The same input again: (1) with the first worker process killed right after
+    writing its first shard's files (execute.after_write=crash; its replacement starts without
+    the failpoint), (2) in this process, where every shard's first attempt writes its files and
+    then raises, and the second commits. The retries write the same bytes as the failed attempts
+    and as the clean job."""
     lines = openai_lines(12, 12)
     write_lines(tmp_path / "batch.jsonl", lines)
     opts = {"temperature": 0.9, "top_k": 40, "top_p": 0.95, "seed": 7, "max_tokens": 16}
     clean_out, retried_out = tmp_path / "clean", tmp_path / "retried"
     _, m_clean, _, _ = run(job(str(tmp_path / "batch.jsonl"), str(clean_out), fmt="openai-batch", options=opts))
+
+    def results(m: dict[str, Any]) -> list[tuple[str, str, int]]:
+        return [(p["key"], p["sha256"], p["rows"]) for p in m["parts"] if p["kind"] == "results"]
+
+    # (1) a worker killed after writing: only the first worker process gets the failpoint
+    killed_out = tmp_path / "killed"
+    killed_id, _ = submit(parse_manifest(job(str(tmp_path / "batch.jsonl"), str(killed_out), fmt="openai-batch",
+                                             options=opts)))
+    monkeypatch.setenv("BATCHINF_FAILPOINTS", "execute.after_write=crash")
+    assert drive(killed_id, workers=1, threads=1,
+                 on_tick=lambda: os.environ.pop("BATCHINF_FAILPOINTS", None)) == "succeeded"
+    with tx() as conn:
+        lost = conn.execute(select(attempts.c.number).join(shards, shards.c.id == attempts.c.shard_id).where(
+            shards.c.job_id == killed_id, attempts.c.status == "lost")).scalars().all()
+    assert lost == [1], "the first attempt of one shard died with its worker and was retried"
+    m_killed, _, _ = read_output(str(killed_out))
+    assert results(m_killed) == results(m_clean)
+
+    # (2) every shard's first attempt fails after writing, in this process
 
     job_id, _ = submit(parse_manifest(job(str(tmp_path / "batch.jsonl"), str(retried_out), fmt="openai-batch",
                                           options=opts)))
@@ -310,10 +332,6 @@ def test_retried_shards_reproduce_identical_bytes_with_sampling(tmp_path: Path, 
     assert ops.verify_when_done(job_id)
     publish(job_id)
     m_retried, _, _ = read_output(str(retried_out))
-
-    def results(m: dict[str, Any]) -> list[tuple[str, str, int]]:
-        return [(p["key"], p["sha256"], p["rows"]) for p in m["parts"] if p["kind"] == "results"]
-
     assert results(m_retried) == results(m_clean) and len(results(m_clean)) >= 3
     a, b = parse_openai(clean_out, m_clean), parse_openai(retried_out, m_retried)
     assert _normalised(a) == _normalised(b)
