@@ -98,7 +98,8 @@ def main() -> int:
     ap.add_argument("--slots", type=int, default=32, help="batch size of every contender")
     ap.add_argument("--threads", type=int, default=1, help="torch threads, the same for every contender")
     ap.add_argument("--gguf", type=Path, default=GGUF)
-    ap.add_argument("--skip-transformers", action="store_true")
+    ap.add_argument("--only", default="continuous,static,transformers",
+                    help="comma-separated contenders to run (continuous always runs: it is the reference)")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     args = ap.parse_args()
     if args.short:
@@ -120,9 +121,11 @@ def main() -> int:
     pad_id = rt.meta["special_tokens"]["eos_ids"][0]
 
     run_batchinf(rt, prompts[:2], [4, 4], 2, False)       # warm-up
-    runs = {"batchinf continuous": run_batchinf(rt, prompts, lengths, args.slots, static=False),
-            "batchinf static": run_batchinf(rt, prompts, lengths, args.slots, static=True)}
-    if not args.skip_transformers:
+    only = set(args.only.split(","))
+    runs = {"batchinf continuous": run_batchinf(rt, prompts, lengths, args.slots, static=False)}
+    if "static" in only:
+        runs["batchinf static"] = run_batchinf(rt, prompts, lengths, args.slots, static=True)
+    if "transformers" in only:
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(local_dir(info.digest), dtype=torch.float32).eval()

@@ -5,6 +5,12 @@ Invariant of `GenerateRuntime.generate`: every loop iteration first admits queue
 their given order, into free slots while the KV-token budget allows (prefilling them, which yields
 their first token), then runs one decode step over the occupied slot range. A slot freed by a
 finished sequence is refilled at the next iteration. Results are yielded as sequences finish.
+
+The KV cache is preallocated per call: [slots, kv_heads, capacity, head_dim] per layer, capacity being
+the call's longest prompt + max_tokens and slots = min(max_slots, max_batch_tokens // capacity), so
+the budget bounds memory too. Writing one position per step is an index_put (about 1% of a decode
+step for SmolLM2 at 16 rows), where a cache grown by concatenation (transformers' DynamicCache)
+spent about 11% of its step in `cat` in the same profile.
 """
 
 from __future__ import annotations
@@ -230,8 +236,9 @@ class GenerateRuntime:
         stats = stats if stats is not None else GenStats()
         model = self.model
         dev = model.device
-        n_slots = min(max_slots, len(reqs))
+        # The cache is n_slots x capacity positions, so the budget bounds memory as well as admission.
         capacity = max(len(r.prompt_ids) + r.params.max_tokens for r in reqs)
+        n_slots = max(1, min(max_slots, len(reqs), max_batch_tokens // capacity))
         cache = KVCache(model.config, n_slots, capacity, model.lm_head.weight.dtype, dev)
         queue: deque[GenRequest] = deque(reqs)
         slots: list[_Seq | None] = [None] * n_slots
@@ -258,6 +265,8 @@ class GenerateRuntime:
                         slots[i] = None
                         reserved -= s.need
                         yield self._result(s)
+                if not static and not queue:
+                    _compact(slots, cache)
 
     def _start(self, req: GenRequest, slot: int) -> _Seq:
         p = req.params
@@ -319,6 +328,23 @@ class GenerateRuntime:
         text = s.text if s.text is not None else self.decode(ids)
         return GenResult(key=s.req.key, token_ids=list(ids), text=text, finish_reason=s.finish,
                          input_tokens=len(s.req.prompt_ids), output_tokens=len(s.out))
+
+
+def _compact(slots: list[_Seq | None], cache: Any) -> None:
+    """Move the highest occupied slots into the free slots below them, so a decode step computes
+    only occupied rows. Only called when the queue cannot refill those free slots at the next step."""
+    while True:
+        hi = max((i for i, s in enumerate(slots) if s is not None), default=-1)
+        lo = slots.index(None) if None in slots else len(slots)
+        if lo >= hi:
+            return
+        seq = slots[hi]
+        assert seq is not None
+        n = seq.pos + 1                          # positions written so far (and the next one)
+        for layer in cache.layers:
+            layer.k[lo, :, :n].copy_(layer.k[hi, :, :n])   # [KV, n, Dh]
+            layer.v[lo, :, :n].copy_(layer.v[hi, :, :n])
+        seq.slot, slots[lo], slots[hi] = lo, seq, None
 
 
 def _prefill_groups(seqs: list[_Seq]) -> list[list[_Seq]]:
