@@ -154,18 +154,23 @@ def _stage_generate(task: ObjectTask, runtime: Any, records: Iterator[InputRecor
             row.update(error="invalid_messages" if r.messages is not None else "invalid_prompt",
                        message=f"{where}: {exc}")
             continue
+        if not ids:
+            row.update(error="empty_prompt", message=f"{where}: the prompt encodes to no tokens; nothing to "
+                                                     "generate from")
+            continue
         params = record_params(opts, r.record_id, r.params)
         need = len(ids) + params["max_tokens"]
-        limit, what = min((task.max_length, "the bundle's context length"),
-                          (opts.max_batch_tokens, "options.max_batch_tokens (the KV-cache budget)"))
-        if not ids or need > limit:
-            fix = ("raise options.max_batch_tokens or lower max_tokens" if limit != task.max_length
-                   else "shorten the prompt or lower max_tokens (options.max_tokens, or the line's "
-                        "body.max_tokens)")
-            row.update(error="prompt_too_long" if ids else "empty_prompt",
-                       message=(f"{where}: prompt of {len(ids)} tokens + max_tokens {params['max_tokens']} = "
-                                f"{need} exceeds {what} {limit}; {fix}") if ids
-                       else f"{where}: the prompt encodes to no tokens; nothing to generate from")
+        for limit, what, fix in (
+                (task.max_length, "the bundle's context length", "shorten the prompt or lower max_tokens "
+                 "(options.max_tokens, or the line's body.max_tokens)"),
+                (opts.max_batch_tokens, "options.max_batch_tokens (the KV-cache budget)",
+                 "raise options.max_batch_tokens or lower max_tokens")):
+            if need > limit:
+                row.update(error="prompt_too_long", message=(
+                    f"{where}: prompt of {len(ids)} tokens + max_tokens {params['max_tokens']} = {need} "
+                    f"exceeds {what} {limit}; {fix}"))
+                break
+        if row["error"] is not None:
             continue
         kind = "chat" if r.messages is not None else "completion"
         row.update(n_tokens=len(ids), input_ids=ids, kind=kind, **params)

@@ -181,19 +181,24 @@ def parse_openai(out: Path, m: dict[str, Any]) -> list[dict[str, Any]]:
 
 def test_openai_batch_generate_round_trip(tmp_path: Path, tiny_llama: str) -> None:
     lines = openai_lines(10, 8)
+    # fits the context (256) but not the KV budget of 200 tokens
+    lines.append({"custom_id": "greedy-budget", "method": "POST", "url": "/v1/completions",
+                  "body": {"prompt": "the model", "max_tokens": 199}})
     write_lines(tmp_path / "batch.jsonl", lines)
     out = tmp_path / "out"
     job_id, m, results, errors = run(job(str(tmp_path / "batch.jsonl"), str(out), fmt="openai-batch",
-                                         options={"temperature": 0.0, "max_tokens": 16}))
+                                         options={"temperature": 0.0, "max_tokens": 16, "max_batch_tokens": 200}))
     covered_once(results, errors, len(lines))
     got = parse_openai(out, m)
     assert len(got) == len(lines)
     ids = [g["custom_id"] for g in got if g["custom_id"] is not None]
     # one line per input line: the duplicated q0 twice (once answered, once a duplicate_id error)
-    assert sorted(ids) == sorted([f"q{i}" for i in range(18)] + ["emb", "many", "q0", "listy"])
+    assert sorted(ids) == sorted([f"q{i}" for i in range(18)] + ["emb", "many", "q0", "listy", "greedy-budget"])
     by_code = {g["error"]["code"]: g for g in got if g["error"]}
     assert set(by_code) == {"malformed_json", "endpoint_mismatch", "unsupported_n", "duplicate_id",
-                            "unsupported_prompt"}
+                            "unsupported_prompt", "prompt_too_long"}
+    assert "exceeds options.max_batch_tokens (the KV-cache budget) 200; raise options.max_batch_tokens" in \
+        by_code["prompt_too_long"]["error"]["message"]
     assert all(g["response"]["status_code"] == 400 for g in by_code.values())
     assert by_code["malformed_json"]["custom_id"] is None and "line 19" in by_code["malformed_json"]["error"]["message"]
     assert "job with task: embed" in by_code["endpoint_mismatch"]["response"]["body"]["error"]["message"]
