@@ -161,8 +161,8 @@ def _stage_generate(task: ObjectTask, runtime: Any, records: Iterator[InputRecor
         params = record_params(opts, r.record_id, r.params)
         need = len(ids) + params["max_tokens"]
         for limit, what, fix in (
-                (task.max_length, "the bundle's context length", "shorten the prompt or lower max_tokens "
-                 "(options.max_tokens, or the line's body.max_tokens)"),
+                (task.max_length, "the bundle's context length",
+                 "shorten the prompt or lower max_tokens (options.max_tokens, or the line's body.max_tokens)"),
                 (opts.max_batch_tokens, "options.max_batch_tokens (the KV-cache budget)",
                  "raise options.max_batch_tokens or lower max_tokens")):
             if need > limit:
