@@ -19,16 +19,17 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO
 
 from batchinf.parts import open_parquet, sha256_path
 from batchinf.records import (
     InputRecord,
-    _not_unicode,
-    _record_id,
     check_messages,
     json_objects,
+    record_id_of,
+    unicode_problem,
 )
 from batchinf.store import get_store
 
@@ -77,7 +78,7 @@ def _error(ordinal: int, rid: str | None, code: str, message: str) -> InputRecor
 
 
 def parse_line(obj: dict[str, Any], ordinal: int, where: str, task: str) -> InputRecord:
-    rid = _record_id(obj.get("custom_id"))
+    rid = record_id_of(obj.get("custom_id"))
     if rid is None:
         raw = obj.get("custom_id")
         what = "missing" if raw is None else f"not a string ({raw!r:.40})"
@@ -125,7 +126,7 @@ def parse_line(obj: dict[str, Any], ordinal: int, where: str, task: str) -> Inpu
                 else f"of type {type(value).__name__}")
         return _error(ordinal, rid, f"invalid_{field}", f"{here}: body.{field} is {what}; it must be a "
                                                         "non-empty string")
-    bad = _not_unicode(value)
+    bad = unicode_problem(value)
     if bad:
         return _error(ordinal, rid, "invalid_utf8", f"{here}: body.{field} is not valid Unicode ({bad})")
     return InputRecord(ordinal, rid, value, params=params, endpoint=url)

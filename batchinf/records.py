@@ -54,7 +54,7 @@ def check_messages(value: object) -> tuple[list[dict[str, str]] | None, str | No
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             return None, f"message {i} content must be a string, got {_kind(content)}"
-        bad = _not_unicode(content)
+        bad = unicode_problem(content)
         if bad:
             return None, f"message {i} content is not valid Unicode ({bad})"
         out.append({"role": role, "content": content})
@@ -67,7 +67,7 @@ def _kind(value: object) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def _not_unicode(text: str) -> str | None:
+def unicode_problem(text: str) -> str | None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -75,7 +75,7 @@ def _not_unicode(text: str) -> str | None:
     return None
 
 
-def _record_id(value: object) -> str | None:
+def record_id_of(value: object) -> str | None:
     if isinstance(value, bool) or value is None:
         return None
     if isinstance(value, (str, int)):
@@ -86,7 +86,7 @@ def _record_id(value: object) -> str | None:
 
 def _check(ordinal: int, rid_raw: object, value: object, where: str, id_field: str,
            field: str, kind: str = "text") -> InputRecord:
-    rid = _record_id(rid_raw)
+    rid = record_id_of(rid_raw)
     if rid is None:
         what = "missing" if rid_raw is None else f"not a string or integer ({rid_raw!r:.40})"
         return InputRecord(ordinal, None, None, "missing_id",
@@ -110,7 +110,7 @@ def _check(ordinal: int, rid_raw: object, value: object, where: str, id_field: s
         return InputRecord(ordinal, rid, None, f"empty_{kind}",
                            f"{where}: record {rid!r} has empty {kind}; nothing to "
                            f"{'embed' if kind == 'text' else 'generate from'}")
-    bad = _not_unicode(value)
+    bad = unicode_problem(value)
     if bad:
         return InputRecord(ordinal, rid, None, "invalid_utf8",
                            f"{where}: record {rid!r} {kind} is not valid Unicode ({bad}); fix the "

@@ -254,7 +254,7 @@ def _verify_openai(output_uri: str, manifest: dict[str, Any]) -> None:
             local = f"{tmp}/{p['key'].replace('/', '_')}"
             try:
                 store.download_file(uri, local)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 raise VerificationError(f"{uri} cannot be read: {exc}") from exc
             if sha256_path(local) != p["sha256"]:
                 raise VerificationError(f"{p['key']}: sha256 differs from the manifest's")
