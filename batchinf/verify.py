@@ -108,6 +108,16 @@ def _render_openai(out: str, parts: list[dict[str, Any]], ctx: RenderContext) ->
     return rendered
 
 
+def _finish_reasons(out: str, parts: list[dict[str, Any]]) -> dict[str, int]:
+    """How many answers ended on a stop condition and how many ran into max_tokens."""
+    counts: dict[str, int] = {}
+    for p in parts:
+        if p["kind"] == "results":
+            for reason in read_table(join(out, p["key"]), columns=["finish_reason"]).column(0).to_pylist():
+                counts[reason] = counts.get(reason, 0) + 1
+    return dict(sorted(counts.items()))
+
+
 def _openai_context(job: Any) -> RenderContext | None:
     m = job_manifest(job)
     if m.input.format != "openai-batch":
@@ -193,6 +203,8 @@ def publish(job_id: str) -> dict[str, Any]:
                     "verify": time.perf_counter() - t0},
         "created_at": datetime.now(timezone.utc).isoformat(),
     }
+    if job.task == "generate":
+        manifest["counts"]["finish_reasons"] = _finish_reasons(out, parts)
     if ctx is not None:
         manifest["openai"] = ctx.to_dict()
     if manifest["counts"]["records_succeeded"] + manifest["counts"]["records_failed"] != job.records_total:

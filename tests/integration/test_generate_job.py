@@ -118,6 +118,8 @@ def test_prompts_on_file(tmp_path: Path, tiny_llama: str) -> None:
                                                                      want[rid].finish_reason), rid
         assert r["kind"] == "completion" and r["input_tokens"] == len(runtime.encode_prompt(prompts[rid]))
         assert r["seed"] == derive_seed(0, rid)
+    reasons = [r["finish_reason"] for r in results]
+    assert m["counts"]["finish_reasons"] == {k: reasons.count(k) for k in sorted(set(reasons))}
     assert m["tokens"]["input"] == sum(r["input_tokens"] for r in results)
     assert m["tokens"]["output"] == sum(r["output_tokens"] for r in results) > 0
     assert 0 < m["tokens"]["real"] <= m["tokens"]["padded"]
