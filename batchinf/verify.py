@@ -8,6 +8,7 @@ once across result and error parts, and no record id succeeds twice.
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from datetime import datetime, timezone
 from typing import Any, Iterable
@@ -249,8 +250,6 @@ def verify_output(output_uri: str) -> dict[str, Any]:
 def _verify_openai(output_uri: str, manifest: dict[str, Any]) -> None:
     """The openai/ files are exactly what the Parquet parts render to (so they hold one line per
     input record, like the parts), and their digests match the manifest."""
-    import tempfile
-
     ctx = RenderContext(**manifest["openai"])
     rendered = [p for p in manifest["parts"] if p["kind"] == "openai"]
     parquet = {p["key"]: p for p in manifest["parts"] if p["kind"] != "openai"}

@@ -17,6 +17,7 @@ from sqlalchemy import select, update
 from batchinf import failpoints
 from batchinf.bundles import import_bundle, open_runtime
 from batchinf.controller import drive
+from batchinf.errors import VerificationError
 from batchinf.execute import execute_shard
 from batchinf.jobs import job_row, submit
 from batchinf.ledger import ops
@@ -223,6 +224,14 @@ def test_openai_batch_generate_round_trip(tmp_path: Path, tiny_llama: str) -> No
         assert row["output_tokens"] <= (6 + i % 9 if i < 10 else 4 + i % 7)
         assert row["seed"] == (derive_seed(0, cid) if i < 10 else 1000 + i)
     assert len({g["id"] for g in got}) == len(got)
+
+    # `batchinf verify` re-renders the openai/ files: an edited answer is caught
+    f = out / next(p["key"] for p in m["parts"] if p["kind"] == "openai" and not p["from"].startswith("errors/"))
+    edited = f.read_bytes().replace(b'"finish_reason":"', b'"finish_reason": "', 1)
+    assert edited != f.read_bytes()
+    f.write_bytes(edited)
+    with pytest.raises(VerificationError, match="sha256 differs"):
+        verify_output(str(out))
 
 
 def test_openai_batch_embeddings_round_trip(tmp_path: Path, tiny_bundle: str) -> None:
