@@ -187,6 +187,11 @@ def test_openai_batch_generate_round_trip(tmp_path: Path, tiny_llama: str) -> No
     # fits the context (256) but not the KV budget of 200 tokens
     lines.append({"custom_id": "greedy-budget", "method": "POST", "url": "/v1/completions",
                   "body": {"prompt": "the model", "max_tokens": 199}})
+    # the same prompt without and with stop strings: the second answer is the first cut at a stop
+    stops = ["e", "a", "o", "t", "n"]
+    lines += [{"custom_id": cid, "method": "POST", "url": "/v1/completions",
+               "body": {"prompt": "the batch model", "max_tokens": 16, **extra}}
+              for cid, extra in (("nostop", {}), ("stopped", {"stop": stops}))]
     write_lines(tmp_path / "batch.jsonl", lines)
     out = tmp_path / "out"
     job_id, m, results, errors = run(job(str(tmp_path / "batch.jsonl"), str(out), fmt="openai-batch",
@@ -196,7 +201,9 @@ def test_openai_batch_generate_round_trip(tmp_path: Path, tiny_llama: str) -> No
     assert len(got) == len(lines)
     ids = [g["custom_id"] for g in got if g["custom_id"] is not None]
     # one line per input line: the duplicated q0 twice (once answered, once a duplicate_id error)
-    assert sorted(ids) == sorted([f"q{i}" for i in range(18)] + ["emb", "many", "q0", "listy", "greedy-budget"])
+    extra = ["nostop", "stopped"]
+    assert sorted(ids) == sorted([f"q{i}" for i in range(18)] + ["emb", "many", "q0", "listy", "greedy-budget"]
+                                 + extra)
     by_code = {g["error"]["code"]: g for g in got if g["error"]}
     assert set(by_code) == {"malformed_json", "endpoint_mismatch", "unsupported_n", "duplicate_id",
                             "unsupported_prompt", "prompt_too_long"}
@@ -207,7 +214,14 @@ def test_openai_batch_generate_round_trip(tmp_path: Path, tiny_llama: str) -> No
     assert "job with task: embed" in by_code["endpoint_mismatch"]["response"]["body"]["error"]["message"]
     ok = {g["custom_id"]: g for g in got if g["error"] is None}
     rows = {r["record_id"]: r for r in results}
-    assert sorted(ok) == sorted(rows) == sorted(f"q{i}" for i in range(18))
+    assert sorted(ok) == sorted(rows) == sorted([f"q{i}" for i in range(18)] + extra)
+    full, cut = rows["nostop"], rows["stopped"]
+    del ok["nostop"], ok["stopped"]
+    hits = [full["text"].find(x) for x in stops if x in full["text"]]
+    if hits:
+        assert (cut["text"], cut["finish_reason"]) == (full["text"][:min(hits)], "stop")
+    else:
+        assert cut["text"] == full["text"]
     created = int(job_row(job_id).created_at)
     for cid, g in ok.items():
         body, row = g["response"]["body"], rows[cid]
