@@ -62,7 +62,15 @@ def import_bundle(src: str | Path, name: str, *, alias: str | None = None,
     return get_info(digest)
 
 
-def _set_alias(conn, name: str, alias: str, digest: str) -> None:  # noqa: ANN001
+def import_gguf(path: str | Path, name: str, *, alias: str | None = None, dtype: str = "float32") -> BundleInfo:
+    """Convert a GGUF Llama-family model into an HF-format directory and import that as a bundle."""
+    from batchinf.runtime.gguf import convert_gguf
+
+    with tempfile.TemporaryDirectory(prefix="batchinf-gguf-") as tmp:
+        return import_bundle(convert_gguf(path, Path(tmp) / "model", dtype=dtype), name, alias=alias, dtype=dtype)
+
+
+def _set_alias(conn, name: str, alias: str, digest: str) -> None:
     exists = conn.execute(select(bundles.c.digest).where(bundles.c.digest == digest)).first()
     if exists is None:
         raise BundleError(f"no bundle with digest {digest}; see `batchinf bundle list`")
@@ -141,17 +149,23 @@ def local_dir(digest: str) -> Path:
     return cache
 
 
-_loaded: dict[tuple[str, str, bool], rb.EmbedRuntime] = {}
+_loaded: dict[tuple[str, str, bool], Any] = {}
 
 
-def open_runtime(digest: str, *, device: str = "cpu", with_model: bool = True) -> rb.EmbedRuntime:
-    """Load a bundle once per process: every digest and fixture is verified before it is returned."""
+def open_runtime(digest: str, *, device: str = "cpu", with_model: bool = True) -> Any:
+    """Load a bundle once per process: every digest and fixture is verified before it is returned.
+    An EmbedRuntime for task "embed", a GenerateRuntime for task "generate"."""
     key = (digest, device, with_model)
     if key not in _loaded:
         root = local_dir(digest)
         meta = rb.read_meta(root)
         rb.verify_files(root, meta, digest)
-        runtime = rb.EmbedRuntime(root, meta, device=device)
+        if meta.get("task") == "generate":
+            from batchinf.runtime.generate import GenerateRuntime
+
+            runtime = GenerateRuntime(root, meta, device=device)
+        else:
+            runtime = rb.EmbedRuntime(root, meta, device=device)
         rb.verify_tokenizer_fixtures(runtime)
         if with_model:
             runtime.load_model()

@@ -302,6 +302,22 @@ def bundle_import(directory: str, name: str, alias: str | None, max_length: int 
     _emit(info.to_dict(), as_json, lambda i: click.echo(i["digest"]))
 
 
+@bundle.command("import-gguf")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--name", required=True)
+@click.option("--alias", default=None)
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True,
+              help="Stored weights and CUDA compute dtype (CPU always runs float32).")
+@click.option("--json", "as_json", is_flag=True)
+@friendly
+def bundle_import_gguf(file: str, name: str, alias: str | None, dtype: str, as_json: bool) -> None:
+    """Convert a GGUF Llama-family model (dequantised) into a bundle; prints its digest."""
+    from batchinf.bundles import import_gguf
+
+    info = import_gguf(file, name, alias=alias, dtype=dtype)
+    _emit(info.to_dict(), as_json, lambda i: click.echo(i["digest"]))
+
+
 @bundle.command("list")
 @click.option("--json", "as_json", is_flag=True)
 @friendly

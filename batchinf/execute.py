@@ -24,7 +24,15 @@ from batchinf.jobs import job_manifest
 from batchinf.ledger import ops
 from batchinf.ledger.db import tx
 from batchinf.ledger.tables import jobs, shards
-from batchinf.parts import ERROR_SCHEMA, STAGE_ROW_GROUP, PartWriter, embedding_schema, open_parquet
+from batchinf.parts import (
+    ERROR_SCHEMA,
+    GENERATION_SCHEMA,
+    STAGE_ROW_GROUP,
+    PartWriter,
+    embedding_schema,
+    open_parquet,
+    read_table,
+)
 from batchinf.store import get_store, join
 
 
@@ -78,6 +86,37 @@ def embed_isolating(embed: Callable[[list[list[int]]], tuple[np.ndarray, int]], 
         out.vectors[p] = v
 
 
+@dataclass
+class GenOutcome:
+    results: dict[int, Any] = field(default_factory=dict)      # position -> GenResult
+    failures: dict[int, str] = field(default_factory=dict)     # position -> exception text
+
+
+def generate_isolating(generate: Callable[[list[Any]], Any], requests: list[Any], record_ids: list[str],
+                       out: GenOutcome, check: Callable[[], None] = lambda: None) -> None:
+    """Generate for `requests` (continuous batching over all of them); if it raises, the results
+    already finished are kept and the unfinished requests are split in halves until only the
+    failing records fail. `check` runs after every finished sequence (lease still held?)."""
+    try:
+        if failpoints.active():
+            for r in requests:
+                failpoints.hit(f"execute.record[{record_ids[r.key]}]")
+        for res in generate(requests):
+            out.results[res.key] = res
+            check()
+    except (BundleError, StaleAttemptError):
+        raise
+    except Exception as exc:  # noqa: BLE001 -- any model/runtime fault on a record is isolated
+        rest = [r for r in requests if r.key not in out.results]
+        if len(rest) == 1:
+            out.failures[rest[0].key] = f"{type(exc).__name__}: {exc}"
+            return
+        mid = len(rest) // 2
+        for half in (rest[:mid], rest[mid:]):
+            if half:
+                generate_isolating(generate, half, record_ids, out, check)
+
+
 class Heartbeat(threading.Thread):
     """Extends the lease while the attempt runs; flags `lost` when the fencing token is gone."""
 
@@ -109,9 +148,7 @@ def _embed_rows(rb: pa.RecordBatch, runtime: Any, max_batch_tokens: int, attempt
     c = {name: rb.column(name).to_pylist() for name in
          ("record_id", "ordinal", "error", "message", "n_tokens", "truncated", "input_ids")}
     c["source"] = rb.column("source").cast(pa.string()).to_pylist()
-    errors = [{"record_id": c["record_id"][i], "source": c["source"][i], "ordinal": c["ordinal"][i],
-               "error": e, "message": c["message"][i], "attempts": attempt}
-              for i, e in enumerate(c["error"]) if e is not None]
+    errors = _staged_errors(c, attempt)
     valid = [i for i, e in enumerate(c["error"]) if e is None]
     out = EmbedOutcome()
     for batch in token_budget_batches([c["n_tokens"][i] for i in valid], max_batch_tokens):
@@ -132,11 +169,58 @@ def _embed_rows(rb: pa.RecordBatch, runtime: Any, max_batch_tokens: int, attempt
     return table, errors, out.padded
 
 
+def _staged_errors(c: dict[str, list[Any]], attempt: int) -> list[dict[str, Any]]:
+    return [{"record_id": c["record_id"][i], "source": c["source"][i], "ordinal": c["ordinal"][i],
+             "error": e, "message": c["message"][i], "attempts": attempt}
+            for i, e in enumerate(c["error"]) if e is not None]
+
+
+def _generate_rows(staged: pa.Table, runtime: Any, opts: Any, attempt: int,
+                   check: Callable[[], None]) -> tuple[pa.Table, list[dict[str, Any]], Any]:
+    """A whole staged shard -> (result rows, error rows, GenStats). One continuous batch runs over
+    all of the shard's records in staged order (by prompt length), so slots freed by short
+    answers are refilled from the whole shard; rows are written in staged order, whatever order
+    sequences finish in. Each record samples with its own staged seed: a retry is identical."""
+    from batchinf.runtime.generate import GenRequest, GenStats, SamplingParams
+
+    c = staged.drop_columns(["source"]).to_pydict()
+    c["source"] = staged.column("source").cast(pa.string()).to_pylist()
+    errors = _staged_errors(c, attempt)
+    valid = [i for i, e in enumerate(c["error"]) if e is None]
+    requests = [GenRequest(i, c["input_ids"][i], SamplingParams(
+        max_tokens=c["max_tokens"][i], temperature=c["temperature"][i], top_k=c["top_k"][i],
+        top_p=c["top_p"][i], seed=c["seed"][i], stop=tuple(c["stop"][i] or ()),
+        stop_token_ids=tuple(c["stop_token_ids"][i] or ()))) for i in valid]
+    stats, out = GenStats(), GenOutcome()
+
+    def generate(reqs: list[Any]) -> Any:
+        return runtime.generate(reqs, max_batch_tokens=opts.max_batch_tokens, max_slots=opts.max_slots,
+                                stats=stats)
+
+    if requests:
+        generate_isolating(generate, requests, c["record_id"], out, check)
+    for i, msg in sorted(out.failures.items()):
+        errors.append({"record_id": c["record_id"][i], "source": c["source"][i], "ordinal": c["ordinal"][i],
+                       "error": "inference_error", "message": f"record {c['record_id'][i]!r}: {msg}",
+                       "attempts": attempt})
+    ok = [i for i in valid if i in out.results]
+    res = [out.results[i] for i in ok]
+    table = pa.table({
+        "record_id": [c["record_id"][i] for i in ok], "source": [c["source"][i] for i in ok],
+        "ordinal": [c["ordinal"][i] for i in ok], "kind": [c["kind"][i] for i in ok],
+        "text": [r.text for r in res], "finish_reason": [r.finish_reason for r in res],
+        "input_tokens": [r.input_tokens for r in res], "output_tokens": [r.output_tokens for r in res],
+        "seed": [c["seed"][i] for i in ok], "output_ids": [r.token_ids for r in res],
+    }, schema=GENERATION_SCHEMA)
+    return table, errors, stats
+
+
 def execute_shard(lease: ops.Lease, *, device: str = "cpu", heartbeat: Heartbeat | None = None) -> ops.ShardResult:
     """Compute one shard under `lease`, write attempt-scoped files, and commit them.
 
-    Memory stays bounded by one staged row group and one token-budget batch, whatever the
-    shard's size: rows stream from the staged file to the part file."""
+    Embed: memory stays bounded by one staged row group and one token-budget batch, whatever the
+    shard's size: rows stream from the staged file to the part file. Generate: the shard is one
+    continuous batch (its size is bounded by shards.max_records)."""
     t0 = time.perf_counter()
     with tx() as conn:
         job = conn.execute(select(jobs).where(jobs.c.id == lease.job_id)).one()
@@ -145,22 +229,42 @@ def execute_shard(lease: ops.Lease, *, device: str = "cpu", heartbeat: Heartbeat
     if m.options.device != "auto":
         device = m.options.device
     runtime = open_runtime(job.bundle_digest, device=device, with_model=shard.bucket >= 0)
-    dim = len(runtime.meta["fixtures"][0]["embedding"])
-    results, failures = PartWriter(embedding_schema(dim)), PartWriter(ERROR_SCHEMA)
+
+    def check() -> None:
+        if heartbeat is not None and heartbeat.lost.is_set():
+            raise StaleAttemptError(f"attempt {lease.attempt} of shard {lease.shard_id} lost its lease")
+
     error_rows: list[dict[str, Any]] = []
-    real = padded = 0
+    tokens = {"input": 0, "output": 0, "real": 0, "padded": 0}
+    if m.task == "generate":
+        results = PartWriter(GENERATION_SCHEMA)
+    else:
+        dim = len(runtime.meta["fixtures"][0]["embedding"])
+        results = PartWriter(embedding_schema(dim))
+    failures = PartWriter(ERROR_SCHEMA)
     try:
-        with open_parquet(shard.input_uri) as pf:
-            for rb in pf.iter_batches(batch_size=STAGE_ROW_GROUP):
-                if heartbeat is not None and heartbeat.lost.is_set():
-                    raise StaleAttemptError(f"attempt {lease.attempt} of shard {lease.shard_id} lost its lease")
-                table, errors, n_padded = _embed_rows(rb, runtime, m.options.max_batch_tokens,
-                                                      lease.attempt, dim)
-                results.write(table)
-                failures.write(pa.Table.from_pylist(errors, schema=ERROR_SCHEMA))
-                error_rows += errors
-                real += sum(table.column("input_tokens").to_pylist())
-                padded += n_padded
+        if m.task == "generate":
+            table, error_rows, stats = _generate_rows(read_table(shard.input_uri), runtime, m.options,
+                                                      lease.attempt, check)
+            results.write(table)
+            failures.write(pa.Table.from_pylist(error_rows, schema=ERROR_SCHEMA))
+            tokens = {"input": sum(table.column("input_tokens").to_pylist()),
+                      "output": sum(table.column("output_tokens").to_pylist()),
+                      "real": stats.prompt_tokens + stats.decode_tokens,
+                      "padded": stats.prefill_positions + stats.decode_slot_steps}
+        else:
+            with open_parquet(shard.input_uri) as pf:
+                for rb in pf.iter_batches(batch_size=STAGE_ROW_GROUP):
+                    check()
+                    table, errors, n_padded = _embed_rows(rb, runtime, m.options.max_batch_tokens,
+                                                          lease.attempt, dim)
+                    results.write(table)
+                    failures.write(pa.Table.from_pylist(errors, schema=ERROR_SCHEMA))
+                    error_rows += errors
+                    n = sum(table.column("input_tokens").to_pylist())
+                    tokens["input"] += n
+                    tokens["real"] += n
+                    tokens["padded"] += n_padded
     except BaseException:
         results.discard()
         failures.discard()
@@ -175,7 +279,8 @@ def execute_shard(lease: ops.Lease, *, device: str = "cpu", heartbeat: Heartbeat
     result = ops.ShardResult(
         output_uri=out_uri, output_sha256=out_sha, output_rows=out_rows,
         errors_uri=err_uri, errors_sha256=err_sha, error_rows=err_rows,
-        tokens_input=real, tokens_output=0, tokens_real=real, tokens_padded=padded,
+        tokens_input=tokens["input"], tokens_output=tokens["output"], tokens_real=tokens["real"],
+        tokens_padded=tokens["padded"],
         execute_seconds=time.perf_counter() - t0, errors=error_rows)
     failpoints.hit("execute.before_commit")
     try:

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import func, insert, select
 from sqlalchemy.exc import IntegrityError
 
-from batchinf.bundles import resolve_ref
+from batchinf.bundles import get_info, resolve_ref
 from batchinf.config import settings
 from batchinf.errors import BatchinfError, InputError, LedgerError, ManifestError
 from batchinf.ledger.db import tx
@@ -31,6 +31,10 @@ def submit(manifest: JobManifest, *, tenant: str = "default", schedule: str | No
     if existing:
         return existing, False
     digest = resolve_ref(manifest.bundle)
+    bundle_task = get_info(digest).task
+    if bundle_task != manifest.task:
+        raise ManifestError(f"bundle {manifest.bundle} is a {bundle_task} model and this job's task is "
+                            f"{manifest.task}; choose a {manifest.task} bundle or set task: {bundle_task}")
     input_uri = normalize_uri(manifest.input.uri or manifest.input.manifest or "")
     output_uri = normalize_uri(manifest.output_uri).rstrip("/") + "/"
     _check_output_free(output_uri, tenant)

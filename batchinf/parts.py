@@ -28,6 +28,16 @@ def embedding_schema(dim: int) -> pa.Schema:
     ])
 
 
+# task generate: one row per record that got an answer. kind: chat | completion; seed: the seed it
+# sampled with; output_ids: the generated token ids (without the prompt and the stop token)
+GENERATION_SCHEMA = pa.schema([
+    ("record_id", pa.string()), ("source", pa.string()), ("ordinal", pa.int64()), ("kind", pa.string()),
+    ("text", pa.string()), ("finish_reason", pa.string()),
+    ("input_tokens", pa.int32()), ("output_tokens", pa.int32()),
+    ("seed", pa.int64()), ("output_ids", pa.list_(pa.int32())),
+])
+
+
 def sha256_path(path: str | Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -27,13 +27,15 @@ from sqlalchemy import func, insert, select, update
 
 from batchinf import failpoints
 from batchinf.bundles import open_runtime
+from batchinf.errors import ManifestError
 from batchinf.jobs import input_pins, job_manifest, job_row, pin_inputs
 from batchinf.ledger.db import tx
 from batchinf.ledger.ops import now, record_event, transition_job
 from batchinf.ledger.states import JobStatus, ShardStatus
 from batchinf.ledger.tables import job_inputs, jobs, record_errors, shards
+from batchinf.manifest import GenerateOptions
 from batchinf.parts import ERROR_SCHEMA, STAGE_ROW_GROUP, read_table, write_table
-from batchinf.records import read_records
+from batchinf.records import InputRecord, read_records
 from batchinf.store import ObjectPin, get_store, join
 
 ERROR_BUCKET = -1          # shard bucket for records that failed validation: nothing to compute
@@ -44,6 +46,14 @@ STAGE_SCHEMA = pa.schema([
     ("message", pa.string()), ("n_tokens", pa.int32()), ("truncated", pa.bool_()),
     ("input_ids", pa.list_(pa.int32())),
 ])
+# task generate: input_ids are the prompt's; each record carries its own resolved sampling params,
+# so a worker needs nothing but the staged shard (and a retry reads the very same params)
+GENERATE_STAGE_SCHEMA = pa.schema(list(STAGE_SCHEMA) + [
+    ("kind", pa.string()),                      # chat | completion
+    ("max_tokens", pa.int32()), ("temperature", pa.float64()), ("top_k", pa.int32()),
+    ("top_p", pa.float64()), ("seed", pa.int64()), ("stop", pa.list_(pa.string())),
+    ("stop_token_ids", pa.list_(pa.int32())),
+])
 
 
 @dataclass(frozen=True)
@@ -53,16 +63,29 @@ class ObjectTask:
     pin: ObjectPin
     fmt: str
     id_field: str
-    text_field: str
+    text_field: str         # the field read as `kind`
     digest: str
-    max_length: int
+    max_length: int         # embed: tokens kept per record; generate: the context length
     truncate: bool
     stage_uri: str
+    task: str = "embed"
+    kind: str = "text"      # text | prompt | messages (jsonl/parquet; openai-batch lines say it)
+    options: GenerateOptions | None = None
 
 
 def plan_object(task: ObjectTask) -> int:
     """Read, validate and tokenize one object; stage the result. Returns its record count."""
     runtime = open_runtime(task.digest, with_model=False)
+    with get_store(task.pin.uri).open_read(task.pin) as fh:
+        records = read_records(fh, task.fmt, task.pin.uri, task.id_field, task.text_field,
+                               kind=task.kind, task=task.task)
+        table = (_stage_generate(task, runtime, records) if task.task == "generate"
+                 else _stage_embed(task, runtime, records))
+    write_table(task.stage_uri, table)
+    return table.num_rows
+
+
+def _stage_embed(task: ObjectTask, runtime: Any, records: Iterator[InputRecord]) -> pa.Table:
     tok = runtime.tokenizer
     if task.max_length != tok.max_length:
         from batchinf.runtime.tokenizer import TextTokenizer
@@ -89,16 +112,69 @@ def plan_object(task: ObjectTask) -> int:
             cols["truncated"].append(bool(e.truncated) if ok else False)
             cols["input_ids"].append(e.ids if ok else None)
 
-    with get_store(task.pin.uri).open_read(task.pin) as fh:
-        batch: list = []
-        for rec in read_records(fh, task.fmt, task.pin.uri, task.id_field, task.text_field):
-            batch.append(rec)
-            if len(batch) >= TOKENIZE_CHUNK:
-                flush(batch)
-                batch = []
-        flush(batch)
-    write_table(task.stage_uri, pa.table(cols, schema=STAGE_SCHEMA))
-    return len(cols["ordinal"])
+    batch: list = []
+    for rec in records:
+        batch.append(rec)
+        if len(batch) >= TOKENIZE_CHUNK:
+            flush(batch)
+            batch = []
+    flush(batch)
+    return pa.table(cols, schema=STAGE_SCHEMA)
+
+
+def record_params(opts: GenerateOptions, record_id: str, over: dict[str, Any] | None) -> dict[str, Any]:
+    """A record's sampling params: the job's options, overridden by the record's own (an
+    openai-batch body). The seed is the body's if it gives one (same seed, same answer, as
+    OpenAI promises), else derived from the job seed and the record id."""
+    from batchinf.runtime.generate import derive_seed
+
+    over = over or {}
+    return {"max_tokens": over.get("max_tokens", opts.max_tokens),
+            "temperature": over.get("temperature", opts.temperature),
+            "top_k": over.get("top_k", opts.top_k), "top_p": over.get("top_p", opts.top_p),
+            "seed": over["seed"] if "seed" in over else derive_seed(opts.seed, record_id),
+            "stop": list(over.get("stop", opts.stop)), "stop_token_ids": list(opts.stop_token_ids)}
+
+
+def _stage_generate(task: ObjectTask, runtime: Any, records: Iterator[InputRecord]) -> pa.Table:
+    """Tokenize prompts (chat messages through the bundle's chat template) and resolve each
+    record's sampling params; a prompt that cannot fit becomes a `prompt_too_long` error row."""
+    opts = task.options or GenerateOptions()
+    rows: list[dict[str, Any]] = []
+    for r in records:
+        row: dict[str, Any] = {"ordinal": r.ordinal, "record_id": r.record_id, "error": r.error,
+                               "message": r.message, "n_tokens": 0, "truncated": False}
+        rows.append(row)
+        if r.error is not None:
+            continue
+        where = f"{task.pin.uri} record {r.record_id!r}"
+        try:
+            ids = runtime.encode_chat(r.messages) if r.messages is not None else runtime.encode_prompt(r.text)
+        except Exception as exc:  # noqa: BLE001 -- a template that rejects a record fails that record
+            row.update(error="invalid_messages" if r.messages is not None else "invalid_prompt",
+                       message=f"{where}: {exc}")
+            continue
+        if not ids:
+            row.update(error="empty_prompt", message=f"{where}: the prompt encodes to no tokens; nothing to "
+                                                     "generate from")
+            continue
+        params = record_params(opts, r.record_id, r.params)
+        need = len(ids) + params["max_tokens"]
+        for limit, what, fix in (
+                (task.max_length, "the bundle's context length",
+                 "shorten the prompt or lower max_tokens (options.max_tokens, or the line's body.max_tokens)"),
+                (opts.max_batch_tokens, "options.max_batch_tokens (the KV-cache budget)",
+                 "raise options.max_batch_tokens or lower max_tokens")):
+            if need > limit:
+                row.update(error="prompt_too_long", message=(
+                    f"{where}: prompt of {len(ids)} tokens + max_tokens {params['max_tokens']} = {need} "
+                    f"exceeds {what} {limit}; {fix}"))
+                break
+        if row["error"] is not None:
+            continue
+        kind = "chat" if r.messages is not None else "completion"
+        row.update(n_tokens=len(ids), input_ids=ids, kind=kind, **params)
+    return pa.Table.from_pylist(rows, schema=GENERATE_STAGE_SCHEMA)
 
 
 def bucket_bounds(lengths: np.ndarray, max_records: int, max_buckets: int = 32) -> list[int]:
@@ -149,10 +225,18 @@ def object_tasks(job_id: str) -> list[ObjectTask]:
     row = job_row(job_id)
     m = job_manifest(row)
     runtime = open_runtime(row.bundle_digest, with_model=False)   # verifies files + tokenizer
-    max_length = min(m.options.max_length or runtime.meta["max_length"], runtime.meta["max_length"])
-    return [ObjectTask(i, p, m.input.format, m.input.id_field, m.input.text_field,
-                       row.bundle_digest, max_length, m.options.truncate,
-                       join(row.work_uri, "plan", f"obj-{i:05d}.parquet"))
+    if runtime.meta["task"] != m.task:
+        raise ManifestError(f"bundle {m.bundle} ({row.bundle_digest[:19]}…) is a {runtime.meta['task']} "
+                            f"model; this job's task is {m.task}: choose a {m.task} bundle")
+    field, kind = m.input.value_field(m.task)
+    if isinstance(m.options, GenerateOptions):
+        max_length, truncate, options = runtime.context_length, False, m.options
+    else:
+        limit = runtime.meta["max_length"]
+        max_length, truncate, options = min(m.options.max_length or limit, limit), m.options.truncate, None
+    return [ObjectTask(i, p, m.input.format, m.input.id_field, field, row.bundle_digest, max_length,
+                       truncate, join(row.work_uri, "plan", f"obj-{i:05d}.parquet"),
+                       task=m.task, kind=kind, options=options)
             for i, (p, _) in enumerate(input_pins(job_id))]
 
 
@@ -256,7 +340,7 @@ def finish_plan(job_id: str, counts: list[int], *, started: float | None = None)
 def failing_job_on_permanent_error(job_id: str, stage: str) -> Iterator[None]:
     """Errors no retry can fix (missing input, bad bundle or manifest) fail the job with their
     message; anything else propagates so the caller retries."""
-    from batchinf.errors import BundleError, InputError, ManifestError, StoreError
+    from batchinf.errors import BundleError, InputError, StoreError
     from batchinf.ledger.ops import fail_job
 
     try:

@@ -8,6 +8,7 @@ once across result and error parts, and no record id succeeds twice.
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from datetime import datetime, timezone
 from typing import Any, Iterable
@@ -17,12 +18,13 @@ from sqlalchemy import select
 
 from batchinf import failpoints
 from batchinf.errors import BatchinfError, VerificationError
-from batchinf.jobs import input_pins, job_row
+from batchinf.jobs import input_pins, job_manifest, job_row
 from batchinf.ledger.db import tx
 from batchinf.ledger.ops import now, transition_job
 from batchinf.ledger.states import SHARD_DONE, JobStatus
 from batchinf.ledger.tables import shards
-from batchinf.parts import digest_of_uri, read_table
+from batchinf.openai_batch import RenderContext, render_part, render_to_path
+from batchinf.parts import digest_of_uri, read_table, sha256_path
 from batchinf.store import get_store, join
 
 MANIFEST = "_MANIFEST.json"
@@ -96,6 +98,34 @@ def _promote(out: str, parts: list[dict[str, Any]], sources: list[tuple[str, str
         store.copy(src, join(out, part["key"]))
 
 
+def _render_openai(out: str, parts: list[dict[str, Any]], ctx: RenderContext) -> list[dict[str, Any]]:
+    """OpenAI batch output lines: one JSONL file per promoted Parquet part, in the parts' order;
+    each lists its source part under "from"."""
+    rendered = []
+    for n, p in enumerate(q for q in parts if q["kind"] in ("results", "errors")):
+        key = f"openai/part-{n:05d}.jsonl"
+        sha, lines = render_part(join(out, p["key"]), p["kind"], ctx, join(out, key))
+        rendered.append({"key": key, "kind": "openai", "sha256": sha, "rows": lines, "from": p["key"]})
+    return rendered
+
+
+def _finish_reasons(out: str, parts: list[dict[str, Any]]) -> dict[str, int]:
+    """How many answers ended on a stop condition and how many ran into max_tokens."""
+    counts: dict[str, int] = {}
+    for p in parts:
+        if p["kind"] == "results":
+            for reason in read_table(join(out, p["key"]), columns=["finish_reason"]).column(0).to_pylist():
+                counts[reason] = counts.get(reason, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def _openai_context(job: Any) -> RenderContext | None:
+    m = job_manifest(job)
+    if m.input.format != "openai-batch":
+        return None
+    return RenderContext(job_id=job.id, created=int(job.created_at), model=job.bundle_ref, task=job.task)
+
+
 def publish_partial(job_id: str) -> dict[str, Any]:
     """cancelling -> cancelled (or expired, past its deadline): promote what was committed and
     describe in `_PARTIAL.json` which shards and records are done and which are not.
@@ -152,6 +182,9 @@ def publish(job_id: str) -> dict[str, Any]:
     parts, sources = _committed_parts(rows)
     check_coverage(inputs, sources)
     _promote(out, parts, sources)
+    ctx = _openai_context(job)
+    if ctx is not None:
+        parts += _render_openai(out, parts, ctx)
     plan = json.loads(job.plan or "{}")
     sums = {k: sum(getattr(r, k) or 0 for r in rows)
             for k in ("tokens_input", "tokens_output", "tokens_real", "tokens_padded",
@@ -171,6 +204,10 @@ def publish(job_id: str) -> dict[str, Any]:
                     "verify": time.perf_counter() - t0},
         "created_at": datetime.now(timezone.utc).isoformat(),
     }
+    if job.task == "generate":
+        manifest["counts"]["finish_reasons"] = _finish_reasons(out, parts)
+    if ctx is not None:
+        manifest["openai"] = ctx.to_dict()
     if manifest["counts"]["records_succeeded"] + manifest["counts"]["records_failed"] != job.records_total:
         raise VerificationError(f"job {job_id}: {manifest['counts']} do not add up")
     failpoints.hit("verify.before_publish")
@@ -195,13 +232,44 @@ def verify_output(output_uri: str) -> dict[str, Any]:
         raise VerificationError(f"{join(output_uri, MANIFEST)} cannot be read: {exc}") from exc
     if not store.exists(join(output_uri, SUCCESS)):
         raise VerificationError(f"{join(output_uri, SUCCESS)} is missing")
-    for p in manifest["parts"]:
+    parquet = [p for p in manifest["parts"] if p["kind"] != "openai"]
+    for p in parquet:
         sha, rows = _digest(join(output_uri, p["key"]))
         if (sha, rows) != (p["sha256"], p["rows"]):
             raise VerificationError(f"{p['key']}: sha256 {sha[:12]}… / {rows} rows, manifest says "
                                     f"{p['sha256'][:12]}… / {p['rows']}")
-    check_coverage(manifest["inputs"], [(join(output_uri, p["key"]), p["kind"]) for p in manifest["parts"]])
+    check_coverage(manifest["inputs"], [(join(output_uri, p["key"]), p["kind"]) for p in parquet])
     c = manifest["counts"]
     if c["records_succeeded"] + c["records_failed"] != c["records_total"]:
         raise VerificationError(f"counts do not add up: {c}")
+    if "openai" in manifest:
+        _verify_openai(output_uri, manifest)
     return {"ok": True, "output_uri": output_uri, "parts": len(manifest["parts"]), "counts": c}
+
+
+def _verify_openai(output_uri: str, manifest: dict[str, Any]) -> None:
+    """The openai/ files are exactly what the Parquet parts render to (so they hold one line per
+    input record, like the parts), and their digests match the manifest."""
+    ctx = RenderContext(**manifest["openai"])
+    rendered = [p for p in manifest["parts"] if p["kind"] == "openai"]
+    parquet = {p["key"]: p for p in manifest["parts"] if p["kind"] != "openai"}
+    if sorted(p["from"] for p in rendered) != sorted(parquet):
+        raise VerificationError("openai/ files do not correspond one to one to the Parquet parts")
+    if sum(p["rows"] for p in rendered) != manifest["counts"]["records_total"]:
+        raise VerificationError(f"openai/ files hold {sum(p['rows'] for p in rendered)} lines for "
+                                f"{manifest['counts']['records_total']} records")
+    store = get_store(output_uri)
+    with tempfile.TemporaryDirectory() as tmp:
+        for p in rendered:
+            uri = join(output_uri, p["key"])
+            local = f"{tmp}/{p['key'].replace('/', '_')}"
+            try:
+                store.download_file(uri, local)
+            except Exception as exc:
+                raise VerificationError(f"{uri} cannot be read: {exc}") from exc
+            if sha256_path(local) != p["sha256"]:
+                raise VerificationError(f"{p['key']}: sha256 differs from the manifest's")
+            want, _ = render_to_path(join(output_uri, p["from"]), parquet[p["from"]]["kind"], ctx,
+                                     local + ".want")
+            if want != p["sha256"]:
+                raise VerificationError(f"{p['key']} is not what {p['from']} renders to")

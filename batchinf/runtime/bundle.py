@@ -63,17 +63,29 @@ def _bundle_files(src: Path) -> list[str]:
     return files
 
 
+DECODER_TYPES = ("llama", "mistral", "qwen2")
+DECODER_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+GREEDY_FIXTURES = 2         # fixtures that also pin a greedy continuation
+GREEDY_FIXTURE_TOKENS = 8
+
+
 def _family(config: dict[str, Any]) -> tuple[str, str]:
     model_type = config.get("model_type", "")
     if model_type == "bert":
         return "bert", "embed"
-    raise BundleError(f"model_type {model_type!r} is not supported yet; supported families: bert (embed)")
+    if model_type in DECODER_TYPES or any(a in DECODER_ARCHITECTURES for a in config.get("architectures") or ()):
+        return "llama", "generate"
+    raise BundleError(f"model_type {model_type!r} is not supported yet; supported families: bert (embed), "
+                      f"llama ({', '.join(DECODER_TYPES)}: generate)")
 
 
 def build_meta(src: Path, *, max_length: int | None = None, dtype: str = "float32") -> dict[str, Any]:
     """bundle.json for a model directory: file digests, task settings, and fixtures computed with
     our own runtime on CPU in float32."""
-    from batchinf.runtime.encoder import read_pooling_config, sentence_transformers_max_length
+    from batchinf.runtime.encoder import (
+        read_pooling_config,
+        sentence_transformers_max_length,
+    )
     from batchinf.runtime.tokenizer import TextTokenizer
 
     files = _bundle_files(src)
@@ -81,6 +93,8 @@ def build_meta(src: Path, *, max_length: int | None = None, dtype: str = "float3
         raise BundleError(f"{src}: a bundle needs config.json and tokenizer.json")
     config = json.loads((src / "config.json").read_text())
     family, task = _family(config)
+    if task == "generate":
+        return _build_generate_meta(src, files, max_length=max_length, dtype=dtype)
     limit = int(config.get("max_position_embeddings", 512))
     max_length = max_length or sentence_transformers_max_length(src) or limit
     if max_length > limit:
@@ -128,6 +142,9 @@ class EmbedRuntime:
             dtype = "float32"   # CPUs here lack fast bf16/fp16 kernels
         self.model = load_encoder(self.root, device=self.device, dtype=getattr(torch, dtype))
 
+    def encode_fixture(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text).ids
+
     def embed(self, batch: list[list[int]]) -> tuple[np.ndarray, int]:
         """batch of token-id lists -> (float32 [B, D], padded token positions computed)."""
         from batchinf.runtime.encoder import embed_batch
@@ -136,6 +153,65 @@ class EmbedRuntime:
             self.load_model()
         return embed_batch(self.model, batch, self.tokenizer.pad_id, self.meta["pooling"],
                            self.meta["normalize"])
+
+
+def _json_or_empty(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _build_generate_meta(src: Path, files: list[str], *, max_length: int | None, dtype: str) -> dict[str, Any]:
+    """bundle.json for a Llama-family decoder: context length, special tokens, decoding defaults,
+    and fixtures (token ids of fixed texts; greedy continuations of the first few) computed with
+    our own runtime on CPU in float32."""
+    from batchinf.runtime.generate import GenerateRuntime, GenRequest, SamplingParams
+    from batchinf.runtime.llama import LlamaConfig
+
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise BundleError(f"dtype {dtype!r} is not supported; use float32 or bfloat16")
+    cfg = LlamaConfig.from_hf(json.loads((src / "config.json").read_text()))
+    context = max_length or cfg.context_length
+    if context > cfg.context_length:
+        raise BundleError(f"max length {context} exceeds the model's {cfg.context_length} positions")
+    config = json.loads((src / "config.json").read_text())
+    gen_cfg = _json_or_empty(src / "generation_config.json")
+    tok_cfg = _json_or_empty(src / "tokenizer_config.json")
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(src / "tokenizer.json"))
+
+    def ids_of(value: Any) -> list[int]:
+        return [int(v) for v in (value if isinstance(value, list) else [value]) if v is not None]
+
+    def token_of(name: str) -> str | None:
+        value = tok_cfg.get(name)
+        return value.get("content") if isinstance(value, dict) else value
+
+    eos_ids = ids_of(gen_cfg.get("eos_token_id")) or ids_of(config.get("eos_token_id"))
+    if token_of("eos_token") and tok.token_to_id(token_of("eos_token")) is not None:
+        eos_ids.append(tok.token_to_id(token_of("eos_token")))
+    if not eos_ids:
+        raise BundleError(f"{src}: no eos token id in generation_config.json, config.json or tokenizer_config.json")
+    bos = ids_of(gen_cfg.get("bos_token_id")) or ids_of(config.get("bos_token_id"))
+    specials = {"eos_ids": sorted(set(eos_ids)), "bos_id": bos[0] if bos else None,
+                **{name: token_of(name) for name in ("bos_token", "eos_token", "pad_token", "unk_token")}}
+    do_sample = bool(gen_cfg.get("do_sample", False))
+    decoding = {"temperature": float(gen_cfg.get("temperature", 1.0)) if do_sample else 0.0,
+                "top_k": int(gen_cfg.get("top_k", 0) or 0) if do_sample else 0,
+                "top_p": float(gen_cfg.get("top_p", 1.0) or 1.0) if do_sample else 1.0}
+    meta: dict[str, Any] = {
+        "format": BUNDLE_FORMAT, "task": "generate", "family": "llama", "model_type": cfg.model_type,
+        "dtype": dtype, "context_length": context, "special_tokens": specials,
+        "chat_template": bool(tok_cfg.get("chat_template")), "decoding": decoding,
+        "files": {f: sha256_file(src / f) for f in files},
+    }
+    runtime = GenerateRuntime(src, meta, device="cpu", dtype_override="float32")
+    fixtures: list[dict[str, Any]] = [{"text": t, "token_ids": runtime.encode_prompt(t)} for t in FIXTURE_TEXTS]
+    requests = [GenRequest(i, fx["token_ids"], SamplingParams(max_tokens=GREEDY_FIXTURE_TOKENS))
+                for i, fx in enumerate(fixtures[:GREEDY_FIXTURES])]
+    for r in runtime.generate(requests):
+        fixtures[r.key].update(continuation=r.token_ids, finish_reason=r.finish_reason)
+    meta["fixtures"] = fixtures
+    return meta
 
 
 def verify_files(root: Path, meta: dict[str, Any], digest: str | None = None) -> None:
@@ -155,9 +231,10 @@ def verify_files(root: Path, meta: dict[str, Any], digest: str | None = None) ->
                               f"{want[:12]}…); restore it or re-import the bundle")
 
 
-def verify_tokenizer_fixtures(runtime: EmbedRuntime) -> None:
+def verify_tokenizer_fixtures(runtime: Any) -> None:
+    """Embed or generate runtime: each fixture text must give its recorded token ids."""
     for i, fx in enumerate(runtime.meta["fixtures"]):
-        got = runtime.tokenizer.encode(fx["text"]).ids
+        got = runtime.encode_fixture(fx["text"])
         if got != fx["token_ids"]:
             first = next((j for j, (a, b) in enumerate(zip(got, fx["token_ids"])) if a != b),
                          min(len(got), len(fx["token_ids"])))
@@ -167,7 +244,9 @@ def verify_tokenizer_fixtures(runtime: EmbedRuntime) -> None:
                 "pin the tokenizers version the bundle was imported with, or re-import the bundle")
 
 
-def verify_model_fixtures(runtime: EmbedRuntime) -> None:
+def verify_model_fixtures(runtime: Any) -> None:
+    if runtime.meta["task"] == "generate":
+        return verify_generate_fixtures(runtime)
     ids = [fx["token_ids"] for fx in runtime.meta["fixtures"]]
     got, _ = runtime.embed(ids)
     want = np.asarray([fx["embedding"] for fx in runtime.meta["fixtures"]], dtype=np.float32)
@@ -180,6 +259,30 @@ def verify_model_fixtures(runtime: EmbedRuntime) -> None:
         i = int(bad[0])
         raise BundleError(f"model fixture {i} of bundle {runtime.root} gives cosine {cos[i]:.6f} < "
                           f"{floor} against its recorded embedding: weights or runtime changed")
+
+
+def verify_generate_fixtures(runtime: Any) -> None:
+    """Greedy continuations must match exactly in float32; in lower precision each recorded token
+    must stay among the model's top 5 when the recorded continuation is fed back (teacher forcing)."""
+    import torch
+
+    from batchinf.runtime.generate import GenRequest, SamplingParams
+
+    pinned = [(i, fx) for i, fx in enumerate(runtime.meta["fixtures"]) if "continuation" in fx]
+    exact = runtime.model.lm_head.weight.dtype == torch.float32
+    if exact:
+        reqs = [GenRequest(i, fx["token_ids"], SamplingParams(max_tokens=GREEDY_FIXTURE_TOKENS)) for i, fx in pinned]
+        got = {r.key: (r.token_ids, r.finish_reason) for r in runtime.generate(reqs)}
+    for i, fx in pinned:
+        want = (fx["continuation"], fx["finish_reason"])
+        if exact:
+            ok = got[i] == want
+        else:
+            ok = runtime.teacher_forced_rank(fx["token_ids"], fx["continuation"]) < 5
+        if not ok:
+            raise BundleError(f"model fixture {i} of bundle {runtime.root} no longer gives its recorded greedy "
+                              f"continuation {want[0]}{' (got ' + str(got[i][0]) + ')' if exact else ''}: "
+                              "weights or runtime changed; restore the bundle or re-import it")
 
 
 def write_bundle_dir(src: Path, dst: Path, meta: dict[str, Any]) -> None:

@@ -47,3 +47,27 @@ def test_cut_bounds_records_and_tokens() -> None:
     runs = cut(np.arange(30), tokens, max_records=10, max_tokens=700)
     assert np.concatenate(runs).tolist() == list(range(30))
     assert all(len(r) <= 10 and (tokens[r].sum() <= 700 or len(r) == 1) for r in runs)
+
+
+def test_generate_isolating_keeps_finished_answers_and_isolates_the_failing_record() -> None:
+    """A generation call that raises midway: answers already finished are kept, the unfinished
+    requests are retried in halves until only the failing record fails."""
+    from types import SimpleNamespace
+
+    from batchinf.execute import GenOutcome, generate_isolating
+
+    calls: list[list[int]] = []
+
+    def generate(reqs: list) -> object:
+        calls.append([r.key for r in reqs])
+        for r in reqs:
+            if r.key == 5:
+                raise RuntimeError("NaN logits")
+            yield SimpleNamespace(key=r.key)
+
+    out = GenOutcome()
+    generate_isolating(generate, [SimpleNamespace(key=k) for k in range(10)], [f"r{k}" for k in range(10)], out)
+    assert sorted(out.results) == [0, 1, 2, 3, 4, 6, 7, 8, 9]
+    assert out.failures == {5: "RuntimeError: NaN logits"}
+    assert calls[0] == list(range(10)) and all(5 not in c or len(c) <= 5 for c in calls[1:])
+    assert sum(len(c) for c in calls) < 25      # halving, not one call per record

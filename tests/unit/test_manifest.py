@@ -13,6 +13,7 @@ import yaml
 from batchinf.errors import ManifestError
 from batchinf.manifest import (
     EmbedOptions,
+    GenerateOptions,
     InputSpec,
     JobManifest,
     ShardSpec,
@@ -221,14 +222,74 @@ def test_optional_fields_are_type_checked(mutate: Any, match: str) -> None:
     assert parse_manifest(ok).options.max_length is None
 
 
-@pytest.mark.parametrize("mutate, match", [
-    (lambda d: d.update(task="generate"), "task 'generate' is not implemented yet"),
-    (lambda d: d["input"].update(format="openai-batch"), "input.format 'openai-batch' is not implemented yet"),
-])
-def test_contract_values_not_implemented_yet_are_refused_clearly(mutate, match) -> None:  # noqa: ANN001
-    from batchinf.manifest import parse_manifest
+def gen(**options: Any) -> dict[str, Any]:
+    return {"name": "n", "task": "generate", "bundle": "smol@prod", "input": {"uri": "s3://x/"},
+            "output": {"uri": "s3://y/"}, **({"options": options} if options else {})}
 
-    d = {"name": "n", "bundle": "b", "input": {"uri": "s3://x/"}, "output": {"uri": "s3://y/"}}
-    mutate(d)
+
+def test_generate_defaults_and_fields() -> None:
+    m = parse_manifest(gen())
+    assert m.task == "generate" and m.options == GenerateOptions()
+    assert m.input.value_field("generate") == ("prompt", "prompt")
+    m = parse_manifest({**gen(), "input": {"uri": "s3://x/", "messages_field": "conv"}})
+    assert m.input.value_field("generate") == ("conv", "messages")
+    m = parse_manifest({**gen(), "input": {"uri": "s3://x/", "prompt_field": "q"}})
+    assert m.input.value_field("generate") == ("q", "prompt")
+    assert parse_manifest(design()).input.value_field("embed") == ("text", "text")
+
+
+def test_generate_options_parse_and_round_trip() -> None:
+    raw = gen(max_tokens=32, temperature=0.7, top_k=40, top_p=0.9, seed=0, stop=["\n\n", "END"],
+              stop_token_ids=[2, 0], max_batch_tokens=4096, max_slots=8, device="cpu")
+    m = parse_manifest(raw)
+    assert m.options == GenerateOptions(max_tokens=32, temperature=0.7, top_k=40, top_p=0.9, seed=0,
+                                        stop=("\n\n", "END"), stop_token_ids=(2, 0), max_batch_tokens=4096,
+                                        max_slots=8, device="cpu")
+    assert manifest_from_dict(json.loads(json.dumps(m.to_dict()))) == m
+    assert parse_manifest(gen(stop="###")).options.stop == ("###",)
+    assert parse_manifest(gen(temperature=1)).options.temperature == 1.0
+    assert parse_manifest(gen(seed=7)).content_key() != parse_manifest(gen(seed=8)).content_key()
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"max_tokens": 0}, "options.max_tokens must be a positive integer"),
+    ({"max_tokens": "32"}, "options.max_tokens must be a positive integer"),
+    ({"temperature": -0.1}, r"options.temperature must be a number in \[0, 2\]"),
+    ({"temperature": "hot"}, "options.temperature must be a number"),
+    ({"temperature": True}, "options.temperature must be a number"),
+    ({"top_p": 0}, r"options.top_p must be a number in \(0, 1\]"),
+    ({"top_p": 1.5}, "options.top_p must be a number"),
+    ({"top_k": -1}, "options.top_k must be a non-negative integer"),
+    ({"seed": 1.5}, "options.seed must be a non-negative integer"),
+    ({"stop": ["ok", ""]}, "options.stop must be a non-empty string or a list of them"),
+    ({"stop": 5}, "options.stop must be"),
+    ({"stop_token_ids": [1, "2"]}, "options.stop_token_ids must be a list of token ids"),
+    ({"stop_token_ids": 3}, "options.stop_token_ids must be a list"),
+    ({"max_slots": 0}, "options.max_slots must be a positive integer"),
+    ({"max_length": 64}, "unknown key options.max_length"),       # an embed option
+    ({"truncate": False}, "unknown key options.truncate"),
+    ({"device": "tpu"}, "options.device"),
+])
+def test_generate_option_rejections(options: dict[str, Any], match: str) -> None:
     with pytest.raises(ManifestError, match=match):
-        parse_manifest(d)
+        parse_manifest(gen(**options))
+
+
+@pytest.mark.parametrize("task, inp, match", [
+    ("embed", {"prompt_field": "p"}, "prompt_field and input.messages_field are for task: generate"),
+    ("embed", {"messages_field": "m"}, "are for task: generate"),
+    ("generate", {"prompt_field": "p", "messages_field": "m"}, "not both"),
+    ("generate", {"text_field": "body"}, "input.text_field is for task: embed"),
+    ("generate", {"format": "openai-batch", "id_field": "key"}, "openai-batch reads custom_id"),
+    ("embed", {"format": "openai-batch", "text_field": "t"}, "remove input.id_field"),
+])
+def test_input_fields_must_suit_task_and_format(task: str, inp: dict[str, Any], match: str) -> None:
+    raw = {**gen(), "task": task, "input": {"uri": "s3://x/", **inp}}
+    with pytest.raises(ManifestError, match=match):
+        parse_manifest(raw)
+
+
+def test_openai_batch_format_for_both_tasks() -> None:
+    for task in ("generate", "embed"):
+        m = parse_manifest({**gen(), "task": task, "input": {"uri": "s3://x/b.jsonl", "format": "openai-batch"}})
+        assert m.input.format == "openai-batch" and m.task == task

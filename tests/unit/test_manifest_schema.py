@@ -26,3 +26,20 @@ def test_schema_rejects_unknown_keys() -> None:
     doc["input"]["txt_field"] = "x"
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(doc, SCHEMA)
+
+
+def test_schema_checks_options_by_task() -> None:
+    doc = yaml.safe_load((ROOT / "manifests" / "examples" / "embed-local.yaml").read_text())
+    doc["options"] = {"max_tokens": 32}          # a generate option in an embed job
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(doc, SCHEMA)
+    doc["task"] = "generate"
+    jsonschema.validate(doc, SCHEMA)
+    doc["options"] = {"max_length": 32}          # an embed option in a generate job
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(doc, SCHEMA)
+    doc["options"] = {"temperature": 0.7, "stop": ["\n"], "top_p": 0.9, "seed": 3}
+    jsonschema.validate(doc, SCHEMA)
+    doc["options"]["top_p"] = 0
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(doc, SCHEMA)

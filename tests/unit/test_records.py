@@ -147,8 +147,60 @@ def test_ordinals_cover_every_non_blank_line() -> None:
 def test_read_records_dispatch() -> None:
     recs = list(read_records(jsonl('{"id": 1, "text": "a"}'), "jsonl", URI, "id", "text"))
     assert recs == [InputRecord(0, "1", "a")]
-    with pytest.raises(NotImplementedError, match="openai-batch"):
-        read_records(io.BytesIO(b""), "openai-batch", URI, "id", "text")
+    line = '{"custom_id": "c1", "method": "POST", "url": "/v1/completions", "body": {"prompt": "hi"}}'
+    (rec,) = read_records(jsonl(line), "openai-batch", URI, "id", "text", task="generate")
+    assert (rec.record_id, rec.text, rec.endpoint, rec.error) == ("c1", "hi", "/v1/completions", None)
+    with pytest.raises(NotImplementedError, match="csv"):
+        read_records(io.BytesIO(b""), "csv", URI, "id", "text")
+
+
+# --- generate: prompts and chat messages ----------------------------------------------------------
+
+
+def test_prompt_records_use_their_own_codes_and_hint() -> None:
+    recs = list(read_jsonl(jsonl('{"id": 1, "q": "Why?"}', '{"id": 2}', '{"id": 3, "q": 4}', '{"id": 4, "q": " "}'),
+                           URI, "id", "q", kind="prompt"))
+    assert [(r.record_id, r.text, r.error) for r in recs] == [
+        ("1", "Why?", None), ("2", None, "missing_prompt"), ("3", None, "invalid_prompt"), ("4", None, "empty_prompt")]
+    assert "input.prompt_field" in recs[1].message and "line 2" in recs[1].message
+    assert "nothing to generate from" in recs[3].message
+
+
+def test_chat_messages_are_read_and_normalised() -> None:
+    msgs = [{"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "Hello, "}, {"type": "text", "text": "there"}],
+             "name": "ann"}]
+    (rec,) = read_jsonl(jsonl(json.dumps({"id": "c", "messages": msgs})), URI, "id", "messages", kind="messages")
+    assert rec.error is None and rec.text is None
+    assert rec.messages == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello, there"}]
+
+
+@pytest.mark.parametrize("messages, fragment", [
+    ([], "non-empty list"),
+    ("hi", "non-empty list of {role, content} objects, got str"),
+    (["hi"], "message 0 must be an object"),
+    ([{"role": "robot", "content": "x"}], "message 0 has role 'robot'"),
+    ([{"role": "user"}], "message 0 content must be a string, got null"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "only text parts"),
+    ([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], "end with a user message"),
+    ([{"role": "user", "content": "bad \ud800"}], "not valid Unicode"),
+])
+def test_bad_chat_messages_are_error_rows_naming_the_problem(messages: object, fragment: str) -> None:
+    (rec,) = read_jsonl(jsonl(json.dumps({"id": "m1", "msgs": messages})), URI, "id", "msgs", kind="messages")
+    assert (rec.record_id, rec.error, rec.messages) == ("m1", "invalid_messages", None)
+    assert rec.message.startswith(f"{URI} line 1: record 'm1' field 'msgs' ") and fragment in rec.message
+    (rec,) = read_jsonl(jsonl('{"id": "m2"}'), URI, "id", "msgs", kind="messages")
+    assert rec.error == "missing_messages" and "input.messages_field" in rec.message
+
+
+def test_parquet_chat_messages_column() -> None:
+    msgs = pa.array([[{"role": "user", "content": "hi"}], None],
+                    pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())])))
+    recs = list(read_parquet(parquet(pa.table({"id": ["a", "b"], "chat": msgs})), PQ, "id", "chat", kind="messages"))
+    assert recs[0].messages == [{"role": "user", "content": "hi"}] and recs[0].error is None
+    assert recs[1].error == "missing_messages"
+    recs = list(read_parquet(parquet(pa.table({"id": ["a"]})), PQ, "id", "chat", kind="messages"))
+    assert recs[0].error == "missing_column" and "input.messages_field" in recs[0].message
 
 
 # --- Parquet ---------------------------------------------------------------------------------------

@@ -1,0 +1,256 @@
+"""The OpenAI batch file format (DESIGN.md §4-5): request lines in, response lines out.
+
+Input: one request per line, `{"custom_id", "method": "POST", "url", "body"}` for
+`/v1/chat/completions` (body.messages), `/v1/completions` (body.prompt, one string) and
+`/v1/embeddings` (body.input, one string). The custom_id is the record id. Sampling fields of the
+body (max_tokens / max_completion_tokens, temperature, top_p, top_k, seed, stop) override the
+job's options for that line. Anything batchinf cannot honour becomes the line's error row,
+saying why and what to do -- never a silently different answer.
+
+Output: `<output>/openai/part-NNNNN.jsonl`, rendered at publish from the committed Parquet parts
+(one JSONL file per part, its rows in the part's order), so the two can never disagree. The
+bytes are deterministic: ids derive from the job id, the custom_id and the line's place,
+`created` is the job's creation time, so re-publishing gives identical files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+from batchinf.parts import open_parquet, sha256_path
+from batchinf.records import (
+    InputRecord,
+    check_messages,
+    json_objects,
+    record_id_of,
+    unicode_problem,
+)
+from batchinf.store import get_store
+
+CHAT, COMPLETIONS, EMBEDDINGS = "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
+ENDPOINT_TASK = {CHAT: "generate", COMPLETIONS: "generate", EMBEDDINGS: "embed"}
+
+# Body keys that do not change the answer: accepted and ignored.
+IGNORED = {"model", "user", "metadata", "store", "service_tier", "stream_options", "parallel_tool_calls"}
+# Body keys with a value batchinf honours only at its default: (is-default test, why and what to do).
+_NOT_SUPPORTED: dict[str, tuple[Any, str]] = {
+    "n": (lambda v: v in (None, 1), ("n > 1 is not supported (one answer per line); repeat the line with "
+                                     "another custom_id and seed for more answers")),
+    "stream": (lambda v: v in (None, False), "stream is not available in a batch; remove it"),
+    "tools": (lambda v: not v, "tools (function calling) are not supported; remove tools and tool_choice"),
+    "tool_choice": (lambda v: v in (None, "none"), "tool_choice is not supported; remove it"),
+    "functions": (lambda v: not v, "functions (function calling) are not supported; remove them"),
+    "function_call": (lambda v: v in (None, "none"), "function_call is not supported; remove it"),
+    "logprobs": (lambda v: v in (None, False), "logprobs are not returned by batchinf; remove logprobs"),
+    "top_logprobs": (lambda v: v in (None, 0), "top_logprobs are not returned by batchinf; remove it"),
+    "echo": (lambda v: v in (None, False), "echo is not supported; remove it"),
+    "best_of": (lambda v: v in (None, 1), "best_of > 1 is not supported; remove it"),
+    "suffix": (lambda v: v in (None, ""), "suffix (fill-in-the-middle) is not supported; remove it"),
+    "logit_bias": (lambda v: not v, "logit_bias is not supported; remove it"),
+    "frequency_penalty": (lambda v: v in (None, 0), "frequency_penalty is not supported; remove it or set 0"),
+    "presence_penalty": (lambda v: v in (None, 0), "presence_penalty is not supported; remove it or set 0"),
+    "response_format": (lambda v: v in (None, {"type": "text"}),
+                        "response_format other than text (JSON mode, schemas) is not supported; remove it"),
+    "modalities": (lambda v: v in (None, ["text"]), "only text output is supported; remove modalities"),
+    "audio": (lambda v: v is None, "audio output is not supported; remove audio"),
+    "prediction": (lambda v: v is None, "predicted outputs are not supported; remove prediction"),
+    "encoding_format": (lambda v: v in (None, "float"), "only encoding_format float is supported"),
+    "dimensions": (lambda v: v is None, "dimensions is not supported: the bundle's embedding size is fixed"),
+}
+_CONTENT = {CHAT: "messages", COMPLETIONS: "prompt", EMBEDDINGS: "input"}
+_SAMPLING = {"max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop"}
+
+
+def read_openai_batch(fh: BinaryIO, uri: str, task: str) -> Iterator[InputRecord]:
+    """Records of one OpenAI batch input file; a line batchinf cannot run is its error row."""
+    for ordinal, where, obj in json_objects(fh, uri):
+        yield obj if isinstance(obj, InputRecord) else parse_line(obj, ordinal, where, task)
+
+
+def _error(ordinal: int, rid: str | None, code: str, message: str) -> InputRecord:
+    return InputRecord(ordinal, rid, None, code, message)
+
+
+def parse_line(obj: dict[str, Any], ordinal: int, where: str, task: str) -> InputRecord:
+    rid = record_id_of(obj.get("custom_id"))
+    if rid is None:
+        raw = obj.get("custom_id")
+        what = "missing" if raw is None else f"not a string ({raw!r:.40})"
+        return _error(ordinal, None, "missing_id", f"{where}: custom_id is {what}; every line needs a "
+                                                   "unique custom_id string")
+    here = f"{where} (custom_id {rid!r})"
+    url, method, body = obj.get("url"), obj.get("method"), obj.get("body")
+    if method != "POST":
+        return _error(ordinal, rid, "unsupported_method", f"{here}: method {method!r} is not supported; "
+                                                          "batch lines are POST requests")
+    if url not in ENDPOINT_TASK:
+        return _error(ordinal, rid, "unsupported_endpoint",
+                      f"{here}: url {url!r} is not supported; use {CHAT}, {COMPLETIONS} or {EMBEDDINGS}")
+    if ENDPOINT_TASK[url] != task:
+        return _error(ordinal, rid, "endpoint_mismatch",
+                      f"{here}: url {url} needs a job with task: {ENDPOINT_TASK[url]}, this job's task is "
+                      f"{task}; put {url} lines in their own file and job")
+    if not isinstance(body, dict):
+        return _error(ordinal, rid, "invalid_body", f"{here}: body must be a JSON object, got "
+                                                    f"{type(body).__name__ if body is not None else 'null'}")
+    known = IGNORED | set(_NOT_SUPPORTED) | {_CONTENT[url]} | (_SAMPLING if url != EMBEDDINGS else set())
+    for key, value in body.items():
+        if key not in known:
+            return _error(ordinal, rid, "unsupported_parameter",
+                          f"{here}: body.{key} is not supported for {url}; remove it")
+        if key in _NOT_SUPPORTED and not _NOT_SUPPORTED[key][0](value):
+            return _error(ordinal, rid, f"unsupported_{key}", f"{here}: body.{key}={value!r:.60}: "
+                                                              f"{_NOT_SUPPORTED[key][1]}")
+    params, problem = _sampling(body) if url != EMBEDDINGS else ({}, None)
+    if problem:
+        return _error(ordinal, rid, "invalid_parameter", f"{here}: {problem}")
+    field = _CONTENT[url]
+    value = body.get(field)
+    if url == CHAT:
+        messages, problem = check_messages(value)
+        if problem:
+            return _error(ordinal, rid, "invalid_messages", f"{here}: body.messages {problem}")
+        return InputRecord(ordinal, rid, None, messages=messages, params=params, endpoint=url)
+    if isinstance(value, list):
+        return _error(ordinal, rid, f"unsupported_{field}",
+                      f"{here}: body.{field} is a list; batchinf takes one string per line -- put each "
+                      "on its own line with its own custom_id")
+    if not isinstance(value, str) or not value.strip():
+        what = ("missing" if value is None else "empty" if isinstance(value, str)
+                else f"of type {type(value).__name__}")
+        return _error(ordinal, rid, f"invalid_{field}", f"{here}: body.{field} is {what}; it must be a "
+                                                        "non-empty string")
+    bad = unicode_problem(value)
+    if bad:
+        return _error(ordinal, rid, "invalid_utf8", f"{here}: body.{field} is not valid Unicode ({bad})")
+    return InputRecord(ordinal, rid, value, params=params, endpoint=url)
+
+
+def _sampling(body: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """Per-line overrides of the job's generate options, checked like the manifest's."""
+    p: dict[str, Any] = {}
+
+    def number(key: str, lo: float, hi: float, lo_open: bool = False) -> str | None:
+        v = body[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v > lo if lo_open else v >= lo) or v > hi:
+            return f"body.{key} must be a number in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {v!r}"
+        p[key] = float(v)
+        return None
+
+    def integer(key: str, lo: int, hi: int) -> str | None:
+        v = body[key]
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            return f"body.{key} must be an integer in [{lo}, {hi}], got {v!r}"
+        return None
+
+    for key in ("max_tokens", "max_completion_tokens"):
+        if body.get(key) is not None:
+            if (err := integer(key, 1, 1 << 31)):
+                return p, err
+            p["max_tokens"] = body[key]
+    for key, lo, hi, lo_open in (("temperature", 0, 2, False), ("top_p", 0, 1, True)):
+        if body.get(key) is not None and (err := number(key, lo, hi, lo_open)):
+            return p, err
+    for key, hi in (("top_k", 1 << 31), ("seed", (1 << 63) - 1)):
+        if body.get(key) is not None:
+            if (err := integer(key, 0, hi)):
+                return p, err
+            p[key] = body[key]
+    stop = body.get("stop")
+    if stop is not None:
+        stop = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+            return p, f"body.stop must be a non-empty string or a list of them, got {body['stop']!r:.60}"
+        p["stop"] = stop
+    return p, None
+
+
+# --- output --------------------------------------------------------------------------------------
+
+INPUT_ERROR_STATUS = 400     # the line itself cannot be run
+SERVER_ERROR_CODES = {"inference_error": 500, "poison": 500}
+
+
+@dataclass(frozen=True)
+class RenderContext:
+    job_id: str
+    created: int        # the job's creation time (UNIX seconds)
+    model: str          # the bundle reference the job was submitted with
+    task: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "created": self.created, "model": self.model, "task": self.task}
+
+
+def _hash(ctx: RenderContext, custom_id: str | None, source: str, ordinal: int) -> str:
+    """Per line: the job, the custom_id and the line's place (two lines may share a custom_id)."""
+    return hashlib.sha256(f"{ctx.job_id}\0{custom_id}\0{source}\0{ordinal}".encode()).hexdigest()
+
+
+def result_line(row: dict[str, Any], ctx: RenderContext) -> dict[str, Any]:
+    h = _hash(ctx, row["record_id"], row["source"], row["ordinal"])
+    usage = {"prompt_tokens": row["input_tokens"]}
+    if ctx.task == "embed":
+        body: dict[str, Any] = {"object": "list", "model": ctx.model,
+                                "data": [{"object": "embedding", "index": 0, "embedding": row["embedding"]}],
+                                "usage": {**usage, "total_tokens": row["input_tokens"]}}
+    else:
+        usage.update(completion_tokens=row["output_tokens"],
+                     total_tokens=row["input_tokens"] + row["output_tokens"])
+        if row["kind"] == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": row["text"]},
+                      "logprobs": None, "finish_reason": row["finish_reason"]}
+            body = {"id": f"chatcmpl-{h[:32]}", "object": "chat.completion"}
+        else:
+            choice = {"index": 0, "text": row["text"], "logprobs": None, "finish_reason": row["finish_reason"]}
+            body = {"id": f"cmpl-{h[:32]}", "object": "text_completion"}
+        body.update(created=ctx.created, model=ctx.model, choices=[choice], usage=usage)
+    return {"id": f"batch_req_{h[:32]}", "custom_id": row["record_id"],
+            "response": {"status_code": 200, "request_id": f"req_{h[32:64]}", "body": body}, "error": None}
+
+
+def error_line(row: dict[str, Any], ctx: RenderContext) -> dict[str, Any]:
+    """A failed line: status 400 for a line that cannot be run as written, 500 for a failure while
+    running it; the error is in the response body (as OpenAI writes it) and in `error`."""
+    h = _hash(ctx, row["record_id"], row["source"], row["ordinal"])
+    status = SERVER_ERROR_CODES.get(row["error"], INPUT_ERROR_STATUS)
+    err = {"message": row["message"], "type": "invalid_request_error" if status == 400 else "server_error",
+           "param": None, "code": row["error"]}
+    return {"id": f"batch_req_{h[:32]}", "custom_id": row["record_id"],
+            "response": {"status_code": status, "request_id": f"req_{h[32:64]}", "body": {"error": err}},
+            "error": {"code": row["error"], "message": row["message"]}}
+
+
+def _dumps(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+
+
+def render_to_path(part_uri: str, kind: str, ctx: RenderContext, path: str) -> tuple[str, int]:
+    """Render one committed Parquet part (results or errors) as response lines into a local file;
+    returns (sha256, lines). Streams row group by row group."""
+    line = result_line if kind == "results" else error_line
+    lines = 0
+    with open(path, "wb") as f, open_parquet(part_uri) as pf:
+        for rb in pf.iter_batches(batch_size=1024):
+            for row in rb.to_pylist():
+                f.write(_dumps(line(row, ctx)))
+                lines += 1
+    return sha256_path(path), lines
+
+
+def render_part(part_uri: str, kind: str, ctx: RenderContext, dest_uri: str) -> tuple[str, int]:
+    """render_to_path, then upload to dest_uri."""
+    fd, tmp = tempfile.mkstemp(suffix=".jsonl")
+    os.close(fd)
+    try:
+        digest, lines = render_to_path(part_uri, kind, ctx, tmp)
+        get_store(dest_uri).put_file(dest_uri, tmp)
+        return digest, lines
+    finally:
+        os.unlink(tmp)

@@ -1,0 +1,311 @@
+"""Read a GGUF file (llama.cpp's format) and convert a Llama-family model into an HF-format directory
+(config.json, model.safetensors, tokenizer.json, tokenizer_config.json, generation_config.json).
+
+Our own reader: header, metadata, tensor infos, and dequantisation of F32, F16, BF16, Q8_0, Q4_0
+and Q4_1 blocks. llama.cpp's converter permutes the rows of Q and K of `llama` models for its
+interleaved rotary; `unpermute` undoes that so the weights fit HF's rotate-half rotary again.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Self
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from batchinf.errors import BundleError
+
+GGUF_MAGIC = b"GGUF"
+DEFAULT_ALIGNMENT = 32
+
+# Metadata value types: id -> (struct format, size); 8 = string, 9 = array.
+_SCALARS = {0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4),
+            6: ("<f", 4), 7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8)}
+_STRING, _ARRAY = 8, 9
+
+
+def _f16(raw: np.ndarray) -> np.ndarray:
+    return raw.view(np.float16).astype(np.float32)
+
+
+def _q8_0(b: np.ndarray) -> np.ndarray:     # block: f16 scale d, 32 × int8 q; x = d * q
+    return _f16(b[:, :2]) * b[:, 2:].view(np.int8).astype(np.float32)
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:  # [n, 16] bytes -> [n, 32]: low nibbles first, then high
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.float32)
+
+
+def _q4_0(b: np.ndarray) -> np.ndarray:     # block: f16 d, 16 bytes of nibbles; x = d * (q - 8)
+    return _f16(b[:, :2]) * (_nibbles(b[:, 2:]) - 8.0)
+
+
+def _q4_1(b: np.ndarray) -> np.ndarray:     # block: f16 d, f16 m, 16 bytes of nibbles; x = d * q + m
+    return _f16(b[:, :2]) * _nibbles(b[:, 4:]) + _f16(b[:, 2:4])
+
+
+# ggml type id -> (name, elements per block, bytes per block, dequantiser of [n_blocks, bytes] uint8)
+GGML_TYPES: dict[int, tuple[str, int, int, Any]] = {
+    0: ("F32", 1, 4, lambda b: b.view(np.float32).reshape(-1).copy()),  # copy: no view into the mmap
+    1: ("F16", 1, 2, lambda b: b.view(np.float16).astype(np.float32).reshape(-1)),
+    2: ("Q4_0", 32, 18, _q4_0),
+    3: ("Q4_1", 32, 20, _q4_1),
+    8: ("Q8_0", 32, 34, _q8_0),
+    30: ("BF16", 1, 2, lambda b: (b.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(-1)),
+}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]     # torch order (GGUF lists the fastest-varying dimension first)
+    ggml_type: int
+    offset: int                # from the start of the data section
+
+
+class GGUFFile:
+    """Metadata and lazily dequantised tensors of one GGUF file (memory-mapped)."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        try:
+            with open(self.path, "rb") as f:     # the map keeps its own handle
+                self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as e:
+            raise BundleError(f"cannot read GGUF file {self.path}: {e}") from e
+        self._pos = 0
+        try:
+            self._parse()
+        except (struct.error, UnicodeDecodeError, IndexError) as e:
+            raise BundleError(f"{self.path} is not a valid GGUF file (truncated or corrupt header: {e})") from e
+
+    def close(self) -> None:
+        self._mm.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- header --
+
+    def _read(self, fmt: str, size: int) -> Any:
+        value = struct.unpack_from(fmt, self._mm, self._pos)[0]
+        self._pos += size
+        return value
+
+    def _string(self) -> str:
+        n = self._read("<Q", 8)
+        s = self._mm[self._pos:self._pos + n].decode("utf-8")
+        self._pos += n
+        return s
+
+    def _value(self, vtype: int) -> Any:
+        if vtype in _SCALARS:
+            return self._read(*_SCALARS[vtype])
+        if vtype == _STRING:
+            return self._string()
+        if vtype == _ARRAY:
+            itype, n = self._read("<I", 4), self._read("<Q", 8)
+            if itype in _SCALARS:   # numeric arrays in one read
+                fmt, size = _SCALARS[itype]
+                arr = np.frombuffer(self._mm, dtype=np.dtype(fmt), count=n, offset=self._pos)
+                self._pos += n * size
+                return arr.tolist()
+            return [self._value(itype) for _ in range(n)]
+        raise BundleError(f"{self.path}: unknown GGUF metadata value type {vtype}")
+
+    def _parse(self) -> None:
+        if self._mm[:4] != GGUF_MAGIC:
+            raise BundleError(f"{self.path} is not a GGUF file (magic {self._mm[:4]!r}, expected b'GGUF')")
+        self._pos = 4
+        self.version = self._read("<I", 4)
+        if self.version not in (2, 3):
+            raise BundleError(f"{self.path}: GGUF version {self.version} is not supported (2 and 3 are)")
+        n_tensors, n_kv = self._read("<Q", 8), self._read("<Q", 8)
+        self.metadata: dict[str, Any] = {}
+        for _ in range(n_kv):
+            key = self._string()
+            self.metadata[key] = self._value(self._read("<I", 4))
+        self.tensors: dict[str, TensorInfo] = {}
+        for _ in range(n_tensors):
+            name = self._string()
+            dims = [self._read("<Q", 8) for _ in range(self._read("<I", 4))]
+            ggml_type, offset = self._read("<I", 4), self._read("<Q", 8)
+            self.tensors[name] = TensorInfo(name, tuple(reversed(dims)), ggml_type, offset)
+        align = int(self.metadata.get("general.alignment", DEFAULT_ALIGNMENT))
+        self.data_start = (self._pos + align - 1) // align * align
+
+    # -- tensors --
+
+    def tensor(self, name: str) -> np.ndarray:
+        """Dequantised float32 array in torch order."""
+        info = self.tensors[name]
+        if info.ggml_type not in GGML_TYPES:
+            raise BundleError(f"{self.path}: tensor {name} has ggml type {info.ggml_type}, which batchinf "
+                              f"cannot dequantise (supported: {', '.join(t[0] for t in GGML_TYPES.values())}); "
+                              "convert the file with llama.cpp to one of those")
+        _, block, nbytes, dequant = GGML_TYPES[info.ggml_type]
+        count = int(np.prod(info.shape))
+        if count % block:
+            raise BundleError(f"{self.path}: tensor {name} has {count} elements, not a multiple of {block}")
+        n_blocks = count // block
+        start = self.data_start + info.offset
+        if start + n_blocks * nbytes > len(self._mm):
+            raise BundleError(f"{self.path}: tensor {name} runs past the end of the file (truncated download?)")
+        raw = np.frombuffer(self._mm, dtype=np.uint8, count=n_blocks * nbytes, offset=start)
+        return dequant(raw.reshape(n_blocks, nbytes)).reshape(info.shape)
+
+
+def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation (interleaved rotary -> HF rotate-half)."""
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+# --- conversion ----------------------------------------------------------------------------------
+
+_ARCH = {"llama": ("llama", "LlamaForCausalLM", True), "qwen2": ("qwen2", "Qwen2ForCausalLM", False)}
+_LAYER_NAMES = {"attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
+                "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
+                "attn_v.weight": "self_attn.v_proj.weight", "attn_q.bias": "self_attn.q_proj.bias",
+                "attn_k.bias": "self_attn.k_proj.bias", "attn_v.bias": "self_attn.v_proj.bias",
+                "attn_output.weight": "self_attn.o_proj.weight", "ffn_gate.weight": "mlp.gate_proj.weight",
+                "ffn_up.weight": "mlp.up_proj.weight", "ffn_down.weight": "mlp.down_proj.weight"}
+_TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+              "output.weight": "lm_head.weight"}
+
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def _pre_tokenizer(pre: str) -> Any:
+    """The pre-tokenizer that `tokenizer.ggml.pre` names (as llama.cpp's llama-vocab.cpp splits)."""
+    from tokenizers import Regex, pre_tokenizers
+
+    def split(regex: str) -> Any:
+        return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(regex), behavior="isolated"),
+                                        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+
+    if pre in ("gpt-2", "gpt2", "default"):
+        return pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if pre in ("smollm", "starcoder", "refact", "codeshell"):    # each digit alone, then GPT-2's regex
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                        pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    if pre in ("llama3", "llama-v3", "llama-bpe", "smaug-bpe", "dbrx"):
+        return split(_LLAMA3_SPLIT)
+    if pre in ("qwen2", "deepseek-r1-qwen"):
+        return split(_QWEN2_SPLIT)
+    raise BundleError(f"tokenizer.ggml.pre {pre!r} is not supported yet (supported: gpt2, smollm, starcoder, "
+                      "llama-bpe/llama3, qwen2)")
+
+
+def build_tokenizer(meta: dict[str, Any]) -> Any:
+    """tokenizer.json from the GGUF vocabulary and merges (byte-level BPE, `tokenizer.ggml.model` gpt2)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, processors
+
+    kind = meta.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise BundleError(f"tokenizer.ggml.model {kind!r} is not supported yet; batchinf builds byte-level BPE "
+                          "(gpt2) tokenizers from GGUF files")
+    tokens: list[str] = meta["tokenizer.ggml.tokens"]
+    types: list[int] = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, ignore_merges=False))
+    tok.pre_tokenizer = _pre_tokenizer(str(meta.get("tokenizer.ggml.pre", "default")))
+    tok.decoder = decoders.ByteLevel()
+    # 3 = control (<|im_start|>), 4 = user-defined: both match whole in text, as in llama.cpp.
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t, ty in zip(tokens, types) if ty == 3])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types) if ty == 4])
+    bos = meta.get("tokenizer.ggml.bos_token_id")
+    if meta.get("tokenizer.ggml.add_bos_token", False) and bos is not None:
+        tok.post_processor = processors.TemplateProcessing(single=f"{tokens[bos]} $A", pair=f"{tokens[bos]} $A $B",
+                                                           special_tokens=[(tokens[bos], bos)])
+    else:
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    return tok
+
+
+def convert_gguf(path: Path | str, out: Path, *, dtype: str = "float32") -> Path:
+    """Write an HF-format Llama-family model directory for a GGUF file into `out`."""
+    if dtype not in ("float32", "bfloat16"):
+        raise BundleError(f"dtype {dtype!r} is not supported; use float32 or bfloat16")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    with GGUFFile(path) as g:
+        m = g.metadata
+        arch = m.get("general.architecture")
+        if arch not in _ARCH:
+            raise BundleError(f"{path}: GGUF architecture {arch!r} is not supported; supported: {', '.join(_ARCH)}")
+        model_type, hf_arch, permuted = _ARCH[arch]
+
+        def key(name: str, default: Any = None) -> Any:
+            value = m.get(f"{arch}.{name}", default)
+            if value is None:
+                raise BundleError(f"{path}: metadata {arch}.{name} is missing")
+            return value
+
+        if "rope_freqs.weight" in g.tensors or key("rope.scaling.type", "none") not in ("none", "linear"):
+            raise BundleError(f"{path}: this file's rope scaling (rope_freqs / {key('rope.scaling.type', '')}) "
+                              "is not supported by the GGUF importer; import the HF checkpoint instead")
+        heads, layers = int(key("attention.head_count")), int(key("block_count"))
+        kv_heads = int(key("attention.head_count_kv", heads))
+        tokens = m["tokenizer.ggml.tokens"]
+        config: dict[str, Any] = {
+            "architectures": [hf_arch], "model_type": model_type, "vocab_size": len(tokens),
+            "hidden_size": int(key("embedding_length")), "intermediate_size": int(key("feed_forward_length")),
+            "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+            "head_dim": int(key("rope.dimension_count", int(key("embedding_length")) // heads)),
+            "max_position_embeddings": int(key("context_length")),
+            "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon")),
+            "rope_theta": float(key("rope.freq_base", 10000.0)), "hidden_act": "silu",
+            "tie_word_embeddings": "output.weight" not in g.tensors, "torch_dtype": dtype,
+            "bos_token_id": m.get("tokenizer.ggml.bos_token_id"), "eos_token_id": m.get("tokenizer.ggml.eos_token_id"),
+        }
+        if key("rope.scaling.type", "none") == "linear":
+            config["rope_scaling"] = {"rope_type": "linear", "factor": float(key("rope.scaling.factor"))}
+        state: dict[str, torch.Tensor] = {}
+        for name in g.tensors:
+            if name in _TOP_NAMES:
+                hf = _TOP_NAMES[name]
+            elif name.startswith("blk.") and name.split(".", 2)[2] in _LAYER_NAMES:
+                i, rest = name.split(".", 2)[1:]
+                hf = f"model.layers.{i}.{_LAYER_NAMES[rest]}"
+            else:
+                raise BundleError(f"{path}: unexpected tensor {name!r} for a {arch} model")
+            w = g.tensor(name)
+            if permuted and name.endswith(("attn_q.weight", "attn_q.bias")):
+                w = unpermute(w, heads)
+            elif permuted and name.endswith(("attn_k.weight", "attn_k.bias")):
+                w = unpermute(w, kv_heads)
+            state[hf] = torch.from_numpy(np.ascontiguousarray(w)).to(getattr(torch, dtype))
+        save_file(state, str(out / "model.safetensors"), metadata={"format": "pt", "source": Path(path).name})
+        (out / "config.json").write_text(json.dumps(config, indent=2))
+        build_tokenizer(m).save(str(out / "tokenizer.json"))
+
+        def tok_at(key_: str) -> str | None:
+            i = m.get(f"tokenizer.ggml.{key_}")
+            return tokens[i] if i is not None else None
+
+        tok_cfg = {"bos_token": tok_at("bos_token_id"), "eos_token": tok_at("eos_token_id"),
+                   "pad_token": tok_at("padding_token_id"), "unk_token": tok_at("unknown_token_id"),
+                   "add_bos_token": bool(m.get("tokenizer.ggml.add_bos_token", False)),
+                   "model_max_length": config["max_position_embeddings"]}
+        if m.get("tokenizer.chat_template"):
+            tok_cfg["chat_template"] = m["tokenizer.chat_template"]
+        (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
+        (out / "generation_config.json").write_text(json.dumps(
+            {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"], "do_sample": False},
+            indent=2))
+    return out

@@ -1,0 +1,304 @@
+"""A Llama-family decoder (Llama, Mistral, Qwen2, SmolLM) with a preallocated slot KV cache.
+
+Parameter names equal HF `*ForCausalLM` state-dict keys. Two entry points drive it:
+`prefill` (new prompts, right-padded, written into their cache slots) and `decode_step` (one token
+for each of the first `n` slots, each at its own position).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch import Tensor, nn
+
+from batchinf.errors import BundleError
+
+MODEL_TYPES = ("llama", "mistral", "qwen2")
+
+
+@dataclass
+class LlamaConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    sliding_window: int | None = None
+
+    @classmethod
+    def from_hf(cls, c: dict[str, Any]) -> LlamaConfig:
+        mt = c.get("model_type")
+        if mt not in MODEL_TYPES:
+            raise BundleError(f"model_type {mt!r} is not a Llama-family decoder; supported: {', '.join(MODEL_TYPES)}")
+        if c.get("hidden_act", "silu") != "silu":
+            raise BundleError(f"hidden_act {c['hidden_act']!r} is not supported; Llama-family models use silu")
+        try:
+            heads = int(c["num_attention_heads"])
+            rope = c.get("rope_parameters") or {}  # transformers >= 5 folds theta+scaling into this
+            scaling = c.get("rope_scaling") or ({**rope} if rope.get("rope_type", "default") != "default" else None)
+            window = c.get("sliding_window") if (mt == "mistral" or c.get("use_sliding_window")) else None
+            return cls(
+                model_type=mt, vocab_size=int(c["vocab_size"]), hidden_size=int(c["hidden_size"]),
+                intermediate_size=int(c["intermediate_size"]), num_hidden_layers=int(c["num_hidden_layers"]),
+                num_attention_heads=heads, num_key_value_heads=int(c.get("num_key_value_heads") or heads),
+                head_dim=int(c.get("head_dim") or c["hidden_size"] // heads),
+                max_position_embeddings=int(c.get("max_position_embeddings", 2048)),
+                rms_norm_eps=float(c.get("rms_norm_eps", 1e-6)),
+                rope_theta=float(c.get("rope_theta", rope.get("rope_theta", 10000.0))),
+                rope_scaling=scaling, tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
+                qkv_bias=mt == "qwen2" or bool(c.get("attention_bias", False)),
+                o_bias=mt != "qwen2" and bool(c.get("attention_bias", False)),
+                mlp_bias=bool(c.get("mlp_bias", False)), sliding_window=int(window) if window else None,
+            )
+        except KeyError as e:
+            raise BundleError(f"config.json lacks a required field: {e}") from e
+
+    @property
+    def context_length(self) -> int:
+        # Sliding-window attention equals full attention while sequences fit in the window.
+        return min(self.max_position_embeddings, self.sliding_window or self.max_position_embeddings)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def rope_inv_freq(cfg: LlamaConfig) -> Tensor:
+    """[Dh/2] inverse frequencies, with HF's "linear" and "llama3" scalings."""
+    d = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    sc = cfg.rope_scaling or {}
+    kind = sc.get("rope_type", sc.get("type", "default"))
+    if kind == "default":
+        return inv
+    if kind == "linear":
+        return inv / float(sc["factor"])
+    if kind == "llama3":
+        factor, lo, hi = float(sc["factor"]), float(sc["low_freq_factor"]), float(sc["high_freq_factor"])
+        old = float(sc["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > old / lo, inv / factor, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old / hi) & ~(wavelen > old / lo)
+        return torch.where(medium, smoothed, scaled)
+    raise BundleError(f"rope scaling type {kind!r} is not supported; supported: default, linear, llama3")
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """HF's rotate-half rotary: x [B, H, S, Dh], cos/sin [B, 1, S, Dh]."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        H, KV, Dh, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
+        if H % KV:
+            raise BundleError(f"num_attention_heads {H} is not a multiple of num_key_value_heads {KV}")
+        self.H, self.KV, self.Dh = H, KV, Dh
+        self.q_proj = nn.Linear(D, H * Dh, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(D, KV * Dh, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(D, KV * Dh, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(H * Dh, D, bias=cfg.o_bias)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, kv: LayerCache, where: Where) -> Tensor:
+        B, S, _ = x.shape
+        q = self.q_proj(x).view(B, S, self.H, self.Dh).transpose(1, 2)    # [B, H, S, Dh]
+        k = self.k_proj(x).view(B, S, self.KV, self.Dh).transpose(1, 2)   # [B, KV, S, Dh]
+        v = self.v_proj(x).view(B, S, self.KV, self.Dh).transpose(1, 2)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        keys, values = kv.update(k, v, where)                              # [B, KV, T, Dh]
+        # Grouped-query attention without copying K/V: the H/KV query heads that share a KV head
+        # become extra query rows of that head: [B, H, S, Dh] -> [B, KV, (H/KV)*S, Dh].
+        rep = self.H // self.KV
+        q = q.reshape(B, self.KV, rep * S, self.Dh)
+        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=where.mask)  # [B, KV, rep*S, Dh]
+        y = y.view(B, self.H, S, self.Dh).transpose(1, 2).reshape(B, S, self.H * self.Dh)
+        return self.o_proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        D, I, b = cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias
+        self.gate_proj, self.up_proj, self.down_proj = nn.Linear(D, I, bias=b), nn.Linear(D, I, bias=b), nn.Linear(I, D, bias=b)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, kv: LayerCache, where: Where) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, where)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+@dataclass
+class Where:
+    """Where a forward pass reads and writes the cache."""
+    slots: Tensor | None     # [B] cache slot of each row (prefill), None: rows are slots 0..B-1 (decode)
+    pos: Tensor              # [B] write position of each row (decode) or [S] positions 0..S-1 (prefill)
+    mask: Tensor             # bool, True = attend: [1, 1, rep*S, S] (prefill) or [B, 1, 1, T] (decode)
+    span: int                # decode: keys read are positions [0, span)
+
+
+class LayerCache:
+    """One layer's K/V for every slot: [slots, KV, T, Dh], preallocated."""
+
+    def __init__(self, slots: int, kv_heads: int, capacity: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        self.k = torch.zeros(slots, kv_heads, capacity, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+
+    def update(self, k: Tensor, v: Tensor, where: Where) -> tuple[Tensor, Tensor]:
+        if where.slots is not None:  # prefill: fresh sequences attend only to themselves
+            S = k.shape[2]
+            self.k[where.slots, :, :S] = k
+            self.v[where.slots, :, :S] = v
+            return k, v
+        B = k.shape[0]
+        rows = torch.arange(B, device=k.device)
+        self.k[rows, :, where.pos] = k[:, :, 0]  # k: [B, KV, 1, Dh]
+        self.v[rows, :, where.pos] = v[:, :, 0]
+        return self.k[:B, :, :where.span], self.v[:B, :, :where.span]
+
+
+class KVCache:
+    def __init__(self, cfg: LlamaConfig, slots: int, capacity: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        self.slots, self.capacity = slots, capacity
+        self.layers = [LayerCache(slots, cfg.num_key_value_heads, capacity, cfg.head_dim, dtype, device)
+                       for _ in range(cfg.num_hidden_layers)]
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = Backbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.inv_freq = rope_inv_freq(cfg)  # [Dh/2] fp32, a plain attribute so .to(dtype) keeps it fp32
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    def _rope(self, pos: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        freqs = pos.float()[..., None] * self.inv_freq             # [..., Dh/2], fp32 like HF
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def _run(self, tokens: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, where: Where) -> Tensor:
+        x = self.model.embed_tokens(tokens)                        # [B, S, D]
+        for layer, kv in zip(self.model.layers, cache.layers):
+            x = layer(x, cos, sin, kv, where)
+        return self.model.norm(x)
+
+    def prefill(self, tokens: Tensor, lengths: Tensor, slots: Tensor, cache: KVCache,
+                all_logits: bool = False) -> Tensor:
+        """tokens [B, S] right-padded, lengths [B], slots [B] -> logits at each row's last real token
+        [B, V] (or at every position [B, S, V]). Causal attention alone keeps padding invisible to
+        real tokens, because padding only follows them."""
+        B, S = tokens.shape
+        rep = self.config.num_attention_heads // self.config.num_key_value_heads
+        pos = torch.arange(S, device=tokens.device)
+        causal = torch.ones(S, S, dtype=torch.bool, device=tokens.device).tril()
+        mask = causal.repeat(rep, 1)[None, None]                   # [1, 1, rep*S, S]
+        cos, sin = self._rope(pos, self.lm_head.weight.dtype)      # [S, Dh]
+        h = self._run(tokens, cos[None, None], sin[None, None], cache, Where(slots, pos, mask, S))
+        if all_logits:
+            return self.lm_head(h).float()
+        last = h[torch.arange(B, device=h.device), lengths - 1]    # [B, D]
+        return self.lm_head(last).float()
+
+    def decode_step(self, tokens: Tensor, pos: Tensor, cache: KVCache) -> Tensor:
+        """tokens [B], pos [B] for cache slots 0..B-1 -> next-token logits [B, V]."""
+        span = int(pos.max()) + 1
+        keys = torch.arange(span, device=tokens.device)
+        mask = (keys[None, :] <= pos[:, None])[:, None, None, :]   # [B, 1, 1, span]
+        cos, sin = self._rope(pos[:, None], self.lm_head.weight.dtype)  # [B, 1, Dh]
+        h = self._run(tokens[:, None], cos[:, None], sin[:, None], cache, Where(None, pos, mask, span))
+        return self.lm_head(h[:, 0]).float()
+
+
+def read_config(model_dir: Path) -> LlamaConfig:
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise BundleError(f"{path} not found; a model directory needs an HF config.json")
+    return LlamaConfig.from_hf(json.loads(path.read_text()))
+
+
+def load_llama(model_dir: Path, device: str | torch.device = "cpu",
+               dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
+    model_dir = Path(model_dir)
+    cfg = read_config(model_dir)
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise BundleError(f"no *.safetensors weights in {model_dir}; only safetensors are loaded")
+    state: dict[str, Tensor] = {}
+    for f in files:
+        state.update(load_file(f, device=str(torch.device(device))))
+    if cfg.tie_word_embeddings or "lm_head.weight" not in state:
+        if not cfg.tie_word_embeddings:
+            raise BundleError(f"weights in {model_dir} lack lm_head.weight and config.json does not tie embeddings")
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg)
+    want = set(model.state_dict())
+    missing, extra = sorted(want - set(state)), sorted(k for k in set(state) - want if "rotary_emb" not in k)
+    if missing or extra:
+        raise BundleError(f"weights in {model_dir} do not match config.json: missing {missing[:5]}, "
+                          f"unexpected {extra[:5]}")
+    try:
+        model.load_state_dict({k: state[k] for k in want}, strict=True, assign=True)
+    except RuntimeError as e:
+        raise BundleError(f"weights in {model_dir} do not match config.json: {e}") from e
+    model = model.to(device=device, dtype=dtype).eval()
+    model.inv_freq = rope_inv_freq(cfg).to(device)  # stays fp32, like HF's rotary embedding
+    return model

