@@ -217,6 +217,4 @@ class Controller:
             base = join(work, "attempts", shard_id, f"a{number}")
             get_store(base).delete_prefix(base)
             with tx() as conn:
-                conn.execute(update(attempts).where(attempts.c.shard_id == shard_id,
-                                                    attempts.c.number == number)
-                             .values(status=AttemptStatus.SWEPT.value))
+                ops.end_attempt(conn, shard_id, number, AttemptStatus.SWEPT)

@@ -24,8 +24,8 @@ from sqlalchemy import Connection, and_, func, insert, select, update
 from batchinf.errors import LedgerError, StaleAttemptError
 from batchinf.ledger.db import tx
 from batchinf.config import settings
-from batchinf.ledger.states import (SHARD_DONE, AttemptStatus, JobStatus, ShardStatus, job_sources,
-                                    shard_sources)
+from batchinf.ledger.states import (SHARD_DONE, AttemptStatus, JobStatus, ShardStatus, attempt_sources,
+                                    job_sources, shard_sources)
 from batchinf.ledger.tables import attempts, job_events, jobs, record_errors, shards
 
 
@@ -73,6 +73,17 @@ def transition_shard(conn: Connection, shard_id: str, to: ShardStatus, *, fence:
         return False
     record_event(conn, row.job_id, "shard", row.status, to.value, shard_id=shard_id, detail=detail)
     return True
+
+
+def end_attempt(conn: Connection, shard_id: str, number: int | None, to: AttemptStatus, **fields: Any) -> int:
+    """Move attempt `number` of the shard (every attempt when None) to `to`, from the states
+    ATTEMPT_TRANSITIONS allows; returns how many moved. A finished attempt never changes outcome."""
+    cond = [attempts.c.shard_id == shard_id, attempts.c.status.in_(attempt_sources(to))]
+    if number is not None:
+        cond.append(attempts.c.number == number)
+    if to is not AttemptStatus.SWEPT:
+        fields.setdefault("finished_at", now())
+    return conn.execute(update(attempts).where(*cond).values(status=to.value, **fields)).rowcount
 
 
 def require_job_transition(job_id: str, to: JobStatus, **fields: Any) -> None:
@@ -220,14 +231,9 @@ def commit_attempt(lease: Lease, result: ShardResult) -> None:
         if not ok:
             raise StaleAttemptError(f"attempt {lease.attempt} of shard {lease.shard_id} lost its lease; "
                                     "another attempt owns the shard")
-        conn.execute(update(attempts)
-                     .where(attempts.c.shard_id == lease.shard_id, attempts.c.number == lease.attempt)
-                     .values(status=AttemptStatus.COMMITTED.value, finished_at=now()))
-        conn.execute(update(attempts)                     # a speculative twin lost the race
-                     .where(attempts.c.shard_id == lease.shard_id,
-                            attempts.c.status == AttemptStatus.RUNNING.value)
-                     .values(status=AttemptStatus.SUPERSEDED.value, finished_at=now(),
-                             error=f"attempt {lease.attempt} committed first"))
+        end_attempt(conn, lease.shard_id, lease.attempt, AttemptStatus.COMMITTED)
+        end_attempt(conn, lease.shard_id, None, AttemptStatus.SUPERSEDED,   # a twin lost the race
+                    error=f"attempt {lease.attempt} committed first")
         if result.errors:
             conn.execute(insert(record_errors),
                          [dict(e, job_id=lease.job_id, shard_id=lease.shard_id) for e in result.errors])
@@ -239,16 +245,14 @@ def backoff(attempt: int, base: float = 1.0, cap: float = 30.0) -> float:
 
 
 def _retry_or_fail(conn: Connection, shard_id: str, attempt: int, error: str, max_attempts: int,
-                   attempt_status: str) -> ShardStatus | None:
+                   attempt_status: AttemptStatus) -> ShardStatus | None:
     """Out of attempts, a shard whose every attempt lost its worker is quarantined (a record in
     it kills workers); one whose attempts raised fails, and fails its job. A speculative attempt
     that fails or is lost just ends: the attempt holding the shard carries on."""
     target = ShardStatus.RETRYING
     job_id, holder = conn.execute(select(shards.c.job_id, shards.c.attempt).where(shards.c.id == shard_id)).one()
     if holder != attempt:
-        conn.execute(update(attempts).where(attempts.c.shard_id == shard_id, attempts.c.number == attempt,
-                                            attempts.c.status == AttemptStatus.RUNNING.value)
-                     .values(status=attempt_status, finished_at=now(), error=error[:4000]))
+        end_attempt(conn, shard_id, attempt, attempt_status, error=error[:4000])
         return None
     if attempt_status == AttemptStatus.FAILED:
         record_event(conn, job_id, "attempt", AttemptStatus.RUNNING.value, AttemptStatus.FAILED.value,
@@ -269,9 +273,7 @@ def _retry_or_fail(conn: Connection, shard_id: str, attempt: int, error: str, ma
                           not_before=now() + backoff(attempt))
     if not ok:
         return None
-    conn.execute(update(attempts)
-                 .where(attempts.c.shard_id == shard_id, attempts.c.number == attempt)
-                 .values(status=attempt_status, finished_at=now(), error=error[:4000]))
+    end_attempt(conn, shard_id, attempt, attempt_status, error=error[:4000])
     if target is ShardStatus.FAILED:
         reason = (f"shard {shard_id} failed {attempt} attempts; last error: {error[:1000]}")
         transition_job(conn, job_id, JobStatus.FAILED, detail=reason, error=reason, finished_at=now())
@@ -335,8 +337,7 @@ def expire_leases(job_id: str | None, max_attempts: int, *, dead_owners: Iterabl
             if twin is None:
                 _retry_or_fail(conn, r.id, r.attempt, error, max_attempts, AttemptStatus.LOST)
                 continue
-            conn.execute(update(attempts).where(attempts.c.shard_id == r.id, attempts.c.number == r.attempt)
-                         .values(status=AttemptStatus.LOST.value, finished_at=t, error=error))
+            end_attempt(conn, r.id, r.attempt, AttemptStatus.LOST, error=error)
             conn.execute(update(shards).where(shards.c.id == r.id, shards.c.attempt == r.attempt).values(
                 attempt=twin.number, lease_owner=twin.worker,
                 lease_expires_at=(twin.heartbeat_at or t) + lease_seconds, updated_at=t))

@@ -96,3 +96,7 @@ def job_sources(target: JobStatus) -> set[str]:
 
 def shard_sources(target: ShardStatus) -> set[str]:
     return {s.value for s, targets in SHARD_TRANSITIONS.items() if target in targets}
+
+
+def attempt_sources(target: AttemptStatus) -> set[str]:
+    return {s.value for s, targets in ATTEMPT_TRANSITIONS.items() if target in targets}

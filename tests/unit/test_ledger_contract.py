@@ -11,11 +11,14 @@ from batchinf.errors import StaleAttemptError
 from batchinf.ledger import ops
 from batchinf.ledger.db import retrying, tx
 from batchinf.ledger.states import (
+    ATTEMPT_LOSERS,
+    ATTEMPT_TRANSITIONS,
     JOB_ACTIVE,
     JOB_TERMINAL,
     JOB_TRANSITIONS,
     SHARD_TERMINAL,
     SHARD_TRANSITIONS,
+    AttemptStatus,
     JobStatus,
     ShardStatus,
 )
@@ -25,6 +28,9 @@ from batchinf.ledger.tables import attempts, bundles, job_events, jobs, shards
 def test_state_groups_cover_the_enums() -> None:
     assert set(JOB_TRANSITIONS) == set(JobStatus)
     assert set(SHARD_TRANSITIONS) == set(ShardStatus)
+    assert set(ATTEMPT_TRANSITIONS) == set(AttemptStatus)
+    assert all(AttemptStatus.SWEPT in ATTEMPT_TRANSITIONS[s] for s in ATTEMPT_LOSERS)
+    assert not ATTEMPT_TRANSITIONS[AttemptStatus.COMMITTED]      # a winner never changes outcome
     assert JOB_ACTIVE | JOB_TERMINAL == set(JobStatus) and not JOB_ACTIVE & JOB_TERMINAL
     assert all(not JOB_TRANSITIONS[s] for s in JOB_TERMINAL)
     assert all(not SHARD_TRANSITIONS[s] for s in SHARD_TERMINAL)
