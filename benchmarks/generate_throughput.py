@@ -16,7 +16,7 @@ log-uniformly from [min, max] (many short answers, a few long ones), and EOS is 
 three, so every contender produces exactly the same number of tokens per prompt. Greedy decoding,
 so the three must produce the same token ids (the short mode fails if they do not).
 
-    python benchmarks/generate_throughput.py            # full: 128 prompts, 8..256 tokens, 32 slots
+    python benchmarks/generate_throughput.py            # full: 128 prompts, 8..256 tokens, 64 slots
     python benchmarks/generate_throughput.py --short    # CI: 6 prompts, 4..16 tokens, correctness only
 """
 
@@ -95,7 +95,7 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=128)
     ap.add_argument("--min-tokens", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=256)
-    ap.add_argument("--slots", type=int, default=32, help="batch size of every contender")
+    ap.add_argument("--slots", type=int, default=64, help="batch size of every contender")
     ap.add_argument("--threads", type=int, default=1, help="torch threads, the same for every contender")
     ap.add_argument("--gguf", type=Path, default=GGUF)
     ap.add_argument("--only", default="continuous,static,transformers",

@@ -314,7 +314,9 @@ class GenerateRuntime:
                 s.out.append(t)
                 continue
             s.out.append(t)
-            if p.stop:
+            # A new match ends in the newest token's text: look at a short tail first, so a long
+            # answer is not decoded in full at every step.
+            if p.stop and any(x in self.decode(s.out[-(max(map(len, p.stop)) + 8):]) for x in p.stop):
                 text = self.decode(s.out)
                 cut = min((i for i in (text.find(x) for x in p.stop) if i >= 0), default=-1)
                 if cut >= 0:
