@@ -1,9 +1,10 @@
 """Text generation over a Llama-family decoder: prompt encoding (plain or chat template), continuous
 batching over a preallocated slot KV cache, sampling, stop conditions.
 
-Invariant of `GenerateRuntime.generate`: every loop iteration first admits queued requests, in
-their given order, into free slots while the KV-token budget allows (prefilling them, which yields
-their first token), then runs one decode step over the occupied slot range. A slot freed by a
+Invariant of `GenerateRuntime.generate`: every loop iteration first admits queued requests (longest
+`max_tokens` first, ties in their given order) into free slots while the KV-token budget allows
+(prefilling them, which yields their first token), then runs one decode step over the occupied slot
+range. A slot freed by a
 finished sequence is refilled at the next iteration. Results are yielded as sequences finish.
 
 The KV cache is preallocated per call: [slots, kv_heads, capacity, head_dim] per layer, capacity being
@@ -240,7 +241,10 @@ class GenerateRuntime:
         capacity = max(len(r.prompt_ids) + r.params.max_tokens for r in reqs)
         n_slots = max(1, min(max_slots, len(reqs), max_batch_tokens // capacity))
         cache = KVCache(model.config, n_slots, capacity, model.lm_head.weight.dtype, dev)
-        queue: deque[GenRequest] = deque(reqs)
+        # Longest max_tokens first: long answers start early, so the tail once the queue is empty
+        # (few live rows, each step paying for all the weights) is made of short ones.
+        order = reqs if static else sorted(reqs, key=lambda r: -r.params.max_tokens)
+        queue: deque[GenRequest] = deque(order)
         slots: list[_Seq | None] = [None] * n_slots
         reserved = 0
         with torch.inference_mode():
