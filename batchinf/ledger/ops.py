@@ -185,11 +185,6 @@ def heartbeat(lease: Lease, lease_seconds: float) -> bool:
         return True
 
 
-def lease_held(lease: Lease) -> bool:
-    with tx() as conn:
-        return conn.execute(select(shards.c.id).where(_live(lease))).first() is not None
-
-
 @dataclass(frozen=True)
 class ShardResult:
     output_uri: str
