@@ -250,8 +250,7 @@ def execute_shard(lease: ops.Lease, *, device: str = "cpu", heartbeat: Heartbeat
             failures.write(pa.Table.from_pylist(error_rows, schema=ERROR_SCHEMA))
             tokens = {"input": sum(table.column("input_tokens").to_pylist()),
                       "output": sum(table.column("output_tokens").to_pylist()),
-                      "real": stats.prompt_tokens + stats.decode_tokens,
-                      "padded": stats.prefill_positions + stats.decode_slot_steps}
+                      "real": stats.real_positions, "padded": stats.computed_positions}
         else:
             with open_parquet(shard.input_uri) as pf:
                 for rb in pf.iter_batches(batch_size=STAGE_ROW_GROUP):

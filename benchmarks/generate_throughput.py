@@ -64,7 +64,8 @@ def run_batchinf(rt, prompts: list[list[int]], lengths: list[int], slots: int, s
     tokens = {r.key: r.token_ids for r in results}
     return {"seconds": seconds, "tokens": [tokens[i] for i in range(len(prompts))],
             "output_tokens": sum(r.output_tokens for r in results),
-            "wasted_decode_slots": 1 - stats.decode_tokens / max(stats.decode_slot_steps, 1)}
+            "wasted_decode_slots": 1 - stats.decode_tokens / max(stats.decode_slot_steps, 1),
+            "cached_prompt_share": stats.cached_prompt_tokens / max(stats.prompt_tokens, 1)}
 
 
 def run_transformers(model, prompts: list[list[int]], lengths: list[int], batch: int, pad_id: int) -> dict:
@@ -100,6 +101,8 @@ def main() -> int:
     ap.add_argument("--gguf", type=Path, default=GGUF)
     ap.add_argument("--only", default="continuous,static,transformers",
                     help="comma-separated contenders to run (continuous always runs: it is the reference)")
+    ap.add_argument("--no-prefix-sharing", action="store_true",
+                    help="batchinf recomputes every prompt in full (transformers always does)")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     args = ap.parse_args()
     if args.short:
@@ -115,6 +118,7 @@ def main() -> int:
     info = import_gguf(args.gguf, "smollm2")
     rt = open_runtime(info.digest)
     rt.eos_ids = ()                                      # lengths come from max_tokens alone
+    rt.share_prefixes = not args.no_prefix_sharing
     work = workload(args.prompts, args.min_tokens, args.max_tokens)
     prompts = [rt.encode_chat([{"role": "user", "content": q}]) for q, _ in work]
     lengths = [m for _, m in work]
@@ -142,6 +146,7 @@ def main() -> int:
         "tokens_per_s": {k: round(v, 2) for k, v in tps.items()},
         "seconds": {k: round(r["seconds"], 2) for k, r in runs.items()},
         "wasted_decode_slots": {k: round(r["wasted_decode_slots"], 4) for k, r in runs.items()},
+        "prompt_tokens_from_shared_prefixes": {k: round(r.get("cached_prompt_share", 0.0), 4) for k, r in runs.items()},
         "ratios": {f"continuous / {k.removeprefix('batchinf ')}": round(tps["batchinf continuous"] / v, 2)
                    for k, v in tps.items() if k != "batchinf continuous"},
         "identical_greedy_sequences": identical,
@@ -151,10 +156,11 @@ def main() -> int:
     else:
         print(f"{args.prompts} prompts, output lengths {args.min_tokens}..{args.max_tokens} "
               f"({sum(lengths)} tokens), {args.slots} slots, {args.threads} torch thread(s)")
-        print(f"{'contender':<22}{'seconds':>9}{'tokens/s':>10}{'wasted slots':>14}{'identical':>11}")
+        print(f"{'contender':<22}{'seconds':>9}{'tokens/s':>10}{'wasted slots':>14}{'prompt cached':>15}"
+              f"{'identical':>11}")
         for k in runs:
             print(f"{k:<22}{report['seconds'][k]:>9.1f}{tps[k]:>10.1f}{report['wasted_decode_slots'][k]:>14.1%}"
-                  f"{identical[k]:>7}/{args.prompts}")
+                  f"{report['prompt_tokens_from_shared_prefixes'][k]:>15.1%}{identical[k]:>7}/{args.prompts}")
         for k, v in report["ratios"].items():
             print(f"{k}: {v:.2f}x")
     if args.short and any(v != args.prompts for v in identical.values()):

@@ -4,8 +4,14 @@ batching over a preallocated slot KV cache, sampling, stop conditions.
 Invariant of `GenerateRuntime.generate`: every loop iteration first admits queued requests (longest
 `max_tokens` first, ties in their given order) into free slots while the KV-token budget allows
 (prefilling them, which yields their first token), then runs one decode step over the occupied slot
-range. A slot freed by a
-finished sequence is refilled at the next iteration. Results are yielded as sequences finish.
+range. A slot freed by a finished sequence is refilled at the next iteration. Results are yielded as
+sequences finish.
+
+Prefix sharing: batch prompts mostly start alike (a chat template's system prompt, few-shot examples).
+K/V at a position depend only on the tokens up to it, so a new sequence whose prompt shares at least
+PREFIX_MIN_TOKENS leading tokens with an occupied slot's prompt copies those positions' K/V from that
+slot and joins the next decode step directly: its last prompt token is its decode token, and the
+prompt tokens between the copied prefix and that one ride along in the same forward pass (a `Fill`).
 
 The KV cache is preallocated per call: [slots, kv_heads, capacity, head_dim] per layer, capacity being
 the call's longest prompt + max_tokens and slots = min(max_slots, max_batch_tokens // capacity), so
@@ -19,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -30,6 +36,7 @@ from tokenizers import Tokenizer
 
 PREFILL_CHUNK_TOKENS = 4096     # padded positions per prefill forward pass
 PREFILL_PAD_SLACK = 1.25        # a prefill group's padded positions stay within this × its real tokens
+PREFIX_MIN_TOKENS = 16          # shorter shared prefixes are recomputed: not worth a second forward pass
 
 
 @dataclass(frozen=True)
@@ -68,10 +75,20 @@ class GenResult:
 
 @dataclass
 class GenStats:                     # accumulated per runtime call; used for tokens.real/padded
-    prompt_tokens: int = 0          # real prompt tokens prefilled
-    prefill_positions: int = 0      # positions computed in prefill incl. padding
-    decode_tokens: int = 0          # useful decode steps (tokens generated)
+    prompt_tokens: int = 0          # real prompt tokens prefilled (cached ones included)
+    cached_prompt_tokens: int = 0   # of which K/V were copied from a slot with the same prefix
+    prefill_positions: int = 0      # positions computed in prefill incl. padding, cached ones excluded
+    decode_tokens: int = 0          # decode rows that produced a token
     decode_slot_steps: int = 0      # slots x steps computed in decode (incl. idle/finished slots)
+    joined: int = 0                 # of decode_tokens: rows that fed a prompt's last token (joining)
+
+    @property
+    def real_positions(self) -> int:        # positions computed for real tokens
+        return self.prompt_tokens - self.cached_prompt_tokens - self.joined + self.decode_tokens
+
+    @property
+    def computed_positions(self) -> int:    # positions computed, padding and idle rows included
+        return self.prefill_positions + self.decode_slot_steps
 
 
 # --- chat templates (rendered like transformers' apply_chat_template) ----------------------------
@@ -112,6 +129,7 @@ class _Seq:
     stops: frozenset[int]
     gen: torch.Generator | None
     out: list[int] = field(default_factory=list)
+    start: int = 0              # prompt positions whose K/V were copied from another slot
     done: bool = False
     finish: str = "length"
     text: str | None = None     # set when a stop string cut it
@@ -146,6 +164,7 @@ class GenerateRuntime:
                                ("bos_token", "eos_token", "pad_token", "unk_token")}
         self._dtype = dtype_override or meta.get("dtype", "float32")
         self.model: Any = None
+        self.share_prefixes = True      # off only to measure what prefix sharing saves
 
     # -- prompts --
 
@@ -260,7 +279,7 @@ class GenerateRuntime:
                         reserved += need
                         new.append(seq)
                     if new:
-                        self._prefill(new, cache, stats)
+                        self._prefill(new, slots, cache, stats)
                 live = [s for s in slots if s is not None and not s.done]
                 if live:
                     self._decode(slots, cache, stats)
@@ -280,29 +299,63 @@ class GenerateRuntime:
             gen.manual_seed(p.seed)
         return _Seq(req, slot, frozenset(self.eos_ids) | frozenset(p.stop_token_ids), gen)
 
-    def _prefill(self, new: list[_Seq], cache: Any, stats: GenStats) -> None:
+    def _prefill(self, new: list[_Seq], slots: list[_Seq | None], cache: Any, stats: GenStats) -> None:
+        """Start newly admitted sequences: a sequence sharing a prefix with an occupied slot copies
+        its K/V and waits for the decode step (see the module docstring); the others are prefilled,
+        which yields their first token. Of new sequences sharing a prefix nobody holds yet, the
+        first is prefilled, the others then copy from it."""
         dev = self.model.device
-        for group in _prefill_groups(new):
-            S = max(len(s.req.prompt_ids) for s in group)
-            tokens = torch.tensor([s.req.prompt_ids + [0] * (S - len(s.req.prompt_ids)) for s in group], device=dev)
-            lengths = torch.tensor([len(s.req.prompt_ids) for s in group], device=dev)
-            slots = torch.tensor([s.slot for s in group], device=dev)
-            logits = self.model.prefill(tokens, lengths, slots, cache)     # [G, V]
-            stats.prompt_tokens += int(lengths.sum())
-            stats.prefill_positions += len(group) * S
+        fresh = set(id(s) for s in new)
+        donors = [s for s in slots if s is not None and id(s) not in fresh]
+        leaders: list[_Seq] = []
+        followers: list[tuple[_Seq, _Seq]] = []             # (sequence, donor)
+        for s in sorted(new, key=lambda s: s.req.prompt_ids):
+            donor, n = _longest_shared(s.req.prompt_ids, donors + leaders) if self.share_prefixes else (None, 0)
+            if donor is not None and n >= PREFIX_MIN_TOKENS:
+                s.start = n
+                followers.append((s, donor))
+            else:
+                leaders.append(s)
+        for group in _prefill_groups(leaders, lambda s: len(s.req.prompt_ids)):
+            tokens, lengths = _right_padded([s.req.prompt_ids for s in group], dev)
+            logits = self.model.prefill(tokens, lengths, torch.tensor([s.slot for s in group], device=dev), cache)
+            stats.prefill_positions += tokens.numel()
             self._advance(group, logits)
+        if followers:
+            shared = torch.tensor([s.start for s, _ in followers], device=dev)
+            dst = torch.tensor([s.slot for s, _ in followers], device=dev)
+            src = torch.tensor([d.slot for _, d in followers], device=dev)
+            for layer in cache.layers:
+                layer.copy_prefix(dst, src, shared)
+            stats.cached_prompt_tokens += int(shared.sum())
+        stats.prompt_tokens += sum(len(s.req.prompt_ids) for s in new)
 
     def _decode(self, slots: list[_Seq | None], cache: Any, stats: GenStats) -> None:
+        from batchinf.runtime.llama import Fill
+
         hi = max(i for i, s in enumerate(slots) if s is not None) + 1
         rows = slots[:hi]
-        # Idle and finished rows recompute their own last position: harmless, and counted as waste.
-        tokens = [s.out[-1] if s is not None and s.out else 0 for s in rows]
-        pos = [s.pos if s is not None else 0 for s in rows]
         dev = self.model.device
-        logits = self.model.decode_step(torch.tensor(tokens, device=dev), torch.tensor(pos, device=dev), cache)
+        # Idle and finished rows recompute their own last position: harmless, and counted as waste.
+        # A joining row (no output yet) feeds its last prompt token.
+        tokens = [(s.out[-1] if s.out else s.req.prompt_ids[-1]) if s is not None else 0 for s in rows]
+        pos = [s.pos if s is not None else 0 for s in rows]
+        joining = [s for s in rows if s is not None and not s.out]
+        fill = None
+        middle = [s for s in joining if s.start < len(s.req.prompt_ids) - 1]
+        groups = _prefill_groups(middle, lambda s: len(s.req.prompt_ids) - 1 - s.start)
+        for i, group in enumerate(groups):
+            tokens_g, lengths = _right_padded([s.req.prompt_ids[s.start:-1] for s in group], dev)
+            fill = Fill(tokens_g, torch.tensor([s.start for s in group], device=dev),
+                        torch.tensor([s.slot for s in group], device=dev), lengths)
+            stats.prefill_positions += tokens_g.numel()
+            if i < len(groups) - 1:         # only the last group rides along the decode step
+                self.model.fill(fill, cache)
+        logits = self.model.decode_step(torch.tensor(tokens, device=dev), torch.tensor(pos, device=dev), cache, fill)
         live = [s for s in rows if s is not None and not s.done]
         stats.decode_slot_steps += hi
         stats.decode_tokens += len(live)
+        stats.joined += len(joining)
         self._advance(live, logits[[s.slot for s in live]] if len(live) < hi else logits)
 
     def _advance(self, seqs: list[_Seq], logits: torch.Tensor) -> None:
@@ -353,13 +406,13 @@ def _compact(slots: list[_Seq | None], cache: Any) -> None:
         seq.slot, slots[lo], slots[hi] = lo, seq, None
 
 
-def _prefill_groups(seqs: list[_Seq]) -> list[list[_Seq]]:
-    """Length-sorted groups whose padding stays small and whose padded size fits one chunk."""
+def _prefill_groups(seqs: list[_Seq], length: Callable[[_Seq], int]) -> list[list[_Seq]]:
+    """Groups sorted by `length` whose padding stays small and whose padded size fits one chunk."""
     groups: list[list[_Seq]] = []
     cur: list[_Seq] = []
     real = 0
-    for s in sorted(seqs, key=lambda s: len(s.req.prompt_ids)):
-        n = len(s.req.prompt_ids)
+    for s in sorted(seqs, key=length):
+        n = length(s)
         padded = n * (len(cur) + 1)     # sorted ascending: n is the group's max
         if cur and (padded > PREFILL_CHUNK_TOKENS or padded > PREFILL_PAD_SLACK * (real + n)):
             groups.append(cur)
@@ -369,6 +422,36 @@ def _prefill_groups(seqs: list[_Seq]) -> list[list[_Seq]]:
     if cur:
         groups.append(cur)
     return groups
+
+
+def _right_padded(rows: list[list[int]], dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists -> (tokens [B, S] right-padded with 0, lengths [B])."""
+    S = max(map(len, rows))
+    return (torch.tensor([r + [0] * (S - len(r)) for r in rows], device=dev),
+            torch.tensor([len(r) for r in rows], device=dev))
+
+
+def _longest_shared(prompt: list[int], donors: list[_Seq]) -> tuple[_Seq | None, int]:
+    """The donor whose prompt shares the most leading tokens with `prompt`, and how many; at most
+    len(prompt) - 1, as the last prompt token must be computed to give the first output token."""
+    best, most = None, 0
+    for d in donors:
+        n = common_prefix(prompt, d.req.prompt_ids, len(prompt) - 1)
+        if n > most:
+            best, most = d, n
+    return best, most
+
+
+def common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    """Length of the longest common prefix of a and b, at most `limit` (binary search on slices)."""
+    lo, hi = 0, min(len(a), len(b), limit)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def sample(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator) -> int:

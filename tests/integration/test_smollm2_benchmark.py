@@ -23,5 +23,9 @@ def test_generate_throughput_short_mode(smollm2_gguf: Path, tmp_path: Path) -> N
     # Greedy decoding: all three produce the same ids for every prompt.
     assert report["identical_greedy_sequences"] == {k: report["prompts"] for k in contenders}
     waste = report["wasted_decode_slots"]
-    assert waste["batchinf continuous"] < waste["batchinf static"] == waste["transformers static"]
+    assert waste["batchinf continuous"] < waste["batchinf static"]
+    # Both static batches hold the same requests; ours differs only where a prompt that shares a
+    # prefix gets its first token from the first decode step rather than from prefill.
+    assert abs(waste["batchinf static"] - waste["transformers static"]) < 0.1
+    assert report["prompt_tokens_from_shared_prefixes"]["batchinf continuous"] > 0.3   # a shared system prompt
     assert report["output_tokens"] >= report["prompts"] * report["output_lengths"][0]

@@ -16,9 +16,10 @@ from batchinf.runtime.generate import (
     GenRequest,
     GenStats,
     SamplingParams,
+    common_prefix,
     derive_seed,
 )
-from batchinf.runtime.llama import KVCache, load_llama
+from batchinf.runtime.llama import Fill, KVCache, load_llama, pack_weights
 from tests.helpers.tiny_llama import FAMILIES, make_tiny_llama
 
 TEXTS = ["the people of the world", "hello", "write a long sentence about water and the earth, then stop",
@@ -99,10 +100,101 @@ def test_continuous_batching_equals_one_at_a_time(runtime: GenerateRuntime) -> N
     assert [r.key for r in batched] != list(range(12))        # yielded as they finish, not in order
     static = {r.key: r for r in runtime.generate(reqs, max_slots=3, static=True)}
     assert static == alone
-    assert stats.decode_tokens == sum(r.output_tokens - 1 for r in batched)   # first token comes from prefill
+    # A first token comes from prefill, or from the decode step a prefix-sharing request joins.
+    assert stats.decode_tokens - stats.joined == sum(r.output_tokens - 1 for r in batched)
     assert stats.prompt_tokens == sum(len(q.prompt_ids) for q in reqs)
     # Freed slots are refilled at once, and compacted away once the queue is empty: no idle row is computed.
     assert stats.decode_slot_steps == stats.decode_tokens
+
+
+SYSTEM = "You answer questions about the people of the world, water and light, every day of the year."
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_joining_a_decode_step_after_a_copied_prefix_equals_a_prefill(tiny_dirs: dict[str, Path], family: str) -> None:
+    """Slots 1 and 2 copy a prefix from slot 0, get the rest of their prompts but the last token
+    as a Fill, and feed that last token in a decode step beside slot 0's: same logits and same
+    K/V as prefilling their prompts from scratch."""
+    model = load_llama(tiny_dirs[family])
+    rt = GenerateRuntime(tiny_dirs[family], {"context_length": 256})
+    donor, a, b = (rt.encode_chat([{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}])
+                   for q in ("hello", "the people of the world make water", "light"))
+    shared = [common_prefix(donor, p, len(p) - 1) for p in (a, b)]
+    assert min(shared) >= 16 and all(len(p) - 1 - n >= 2 for p, n in zip((a, b), shared))
+    cache = KVCache(model.config, 3, 128, torch.float32, torch.device("cpu"))
+    full = KVCache(model.config, 2, 128, torch.float32, torch.device("cpu"))
+    with torch.inference_mode():
+        model.prefill(torch.tensor([donor]), torch.tensor([len(donor)]), torch.tensor([0]), cache)
+        for layer in cache.layers:
+            layer.copy_prefix(torch.tensor([1, 2]), torch.tensor([0, 0]), torch.tensor(shared))
+        middle = [p[n:-1] for p, n in zip((a, b), shared)]
+        S = max(map(len, middle))
+        fill = Fill(torch.tensor([m + [0] * (S - len(m)) for m in middle]), torch.tensor(shared),
+                    torch.tensor([1, 2]), torch.tensor(list(map(len, middle))))
+        got = model.decode_step(torch.tensor([7, a[-1], b[-1]]), torch.tensor([len(donor), len(a) - 1, len(b) - 1]),
+                                cache, fill)[1:]
+        S = max(len(a), len(b))
+        want = model.prefill(torch.tensor([p + [0] * (S - len(p)) for p in (a, b)]), torch.tensor([len(a), len(b)]),
+                             torch.tensor([0, 1]), full)
+    assert (got - want).abs().max().item() <= 1e-4
+    for i, p in enumerate((a, b)):
+        for mine, theirs in zip(cache.layers, full.layers):
+            assert (mine.k[1 + i, :, :len(p)] - theirs.k[i, :, :len(p)]).abs().max().item() <= 1e-4
+            assert (mine.v[1 + i, :, :len(p)] - theirs.v[i, :, :len(p)]).abs().max().item() <= 1e-4
+
+
+def test_prefix_sharing_changes_no_token(runtime: GenerateRuntime) -> None:
+    words = ["the", "people", "of", "world", "make", "water", "and", "light", "every", "day"]
+    reqs = [GenRequest(i, runtime.encode_chat([{"role": "system", "content": SYSTEM},
+                                               {"role": "user", "content": " ".join(words[i % 7:i % 7 + 3])}]),
+                       SamplingParams(max_tokens=2 + (i * 5) % 11, temperature=0.8 if i % 3 else 0.0,
+                                      seed=derive_seed(1, str(i))))
+            for i in range(10)]
+    alone = {r.key: r for q in reqs for r in runtime.generate([q], max_slots=1)}
+    stats = GenStats()
+    shared = {r.key: r for r in runtime.generate(reqs, max_slots=4, stats=stats)}
+    assert shared == alone
+    # Every request but the first copies the system prompt from a live slot or from the first.
+    system = common_prefix(reqs[0].prompt_ids, reqs[1].prompt_ids, 1 << 30)
+    assert system >= 16 and stats.cached_prompt_tokens >= (len(reqs) - 1) * system
+    runtime.share_prefixes = False
+    try:
+        off = GenStats()
+        assert {r.key: r for r in runtime.generate(reqs, max_slots=4, stats=off)} == shared
+    finally:
+        runtime.share_prefixes = True
+    assert off.cached_prompt_tokens == 0 and off.prompt_tokens == stats.prompt_tokens
+    assert stats.prefill_positions <= off.prefill_positions - stats.cached_prompt_tokens + len(reqs) * 4
+
+
+def test_common_prefix() -> None:
+    assert common_prefix([1, 2, 3, 4], [1, 2, 3, 5], 10) == 3
+    assert common_prefix([1, 2, 3], [1, 2, 3, 4], 10) == 3
+    assert common_prefix([1, 2, 3], [1, 2, 3], 2) == 2
+    assert common_prefix([7], [1], 10) == 0 and common_prefix([], [1], 10) == 0
+
+
+def test_packed_weights_match_plain_ones(tiny_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.nn.functional as F
+
+    from batchinf.runtime.llama import Linear
+
+    packed = load_llama(tiny_dirs["qwen2"])
+    monkeypatch.setenv("BATCHINF_PACK_WEIGHTS", "0")
+    plain = load_llama(tiny_dirs["qwen2"])
+    linears = [m for m in packed.modules() if isinstance(m, Linear)]
+    assert all(m.packed is not None for m in linears) == torch.backends.mkl.is_available()
+    assert all(m.packed is None for m in plain.modules() if isinstance(m, Linear))
+    for m in linears:
+        x = torch.randn(7, m.in_features)
+        assert (m(x) - F.linear(x, m.weight, m.bias)).abs().max().item() <= 1e-4
+    cache = [KVCache(mod.config, 5, 32, torch.float32, torch.device("cpu")) for mod in (packed, plain)]
+    tokens = torch.randint(0, packed.config.vocab_size, (5, 9))
+    with torch.inference_mode():
+        for mod, c in zip((packed, plain), cache):
+            mod.prefill(tokens, torch.full((5,), 9), torch.arange(5), c)
+        steps = [mod.decode_step(tokens[:, 0], torch.arange(9, 14), c) for mod, c in zip((packed, plain), cache)]
+    assert (steps[0] - steps[1]).abs().max().item() <= 1e-4
 
 
 def test_static_batching_wastes_finished_slots(runtime: GenerateRuntime) -> None:
@@ -110,7 +202,7 @@ def test_static_batching_wastes_finished_slots(runtime: GenerateRuntime) -> None
     cont, stat = GenStats(), GenStats()
     list(runtime.generate(reqs, max_slots=4, stats=cont))
     list(runtime.generate(reqs, max_slots=4, stats=stat, static=True))
-    assert cont.decode_tokens == stat.decode_tokens
+    assert cont.decode_tokens - cont.joined == stat.decode_tokens - stat.joined
     assert stat.decode_slot_steps > cont.decode_slot_steps
 
 
@@ -236,5 +328,6 @@ def test_tampered_weights_are_refused(bi_home: Path, tiny_dirs: dict[str, Path],
     rb.verify_model_fixtures(rt)
     with torch.no_grad():
         rt.model.model.layers[0].mlp.down_proj.weight.mul_(1.5)
+    pack_weights(rt.model)                  # the packed copy (CPU, MKL) is a snapshot of the weights
     with pytest.raises(BundleError, match="greedy continuation"):
         rb.verify_model_fixtures(rt)
