@@ -136,6 +136,9 @@ def publish_partial(job_id: str) -> dict[str, Any]:
                             .order_by(shards.c.bucket, shards.c.ordinal)).all()
     parts, sources = _committed_parts(rows)
     _promote(job.output_uri, parts, sources)
+    ctx = _openai_context(job)
+    if ctx is not None:     # the done records' OpenAI lines, as a cancelled OpenAI batch has
+        parts += _render_openai(job.output_uri, parts, ctx)
     expired = job.deadline_at is not None and job.deadline_at <= now()
     done = [r for r in rows if r.status == "committed"]
     partial = {
@@ -155,6 +158,8 @@ def publish_partial(job_id: str) -> dict[str, Any]:
                              "staged_records": r.input_uri} for r in rows if r.status != "committed"],
         "created_at": datetime.now(timezone.utc).isoformat(),
     }
+    if ctx is not None:
+        partial["openai"] = ctx.to_dict()
     get_store(job.output_uri).put_bytes(join(job.output_uri, PARTIAL), json.dumps(partial, indent=1).encode())
     with tx() as conn:
         transition_job(conn, job_id, JobStatus.EXPIRED if expired else JobStatus.CANCELLED,

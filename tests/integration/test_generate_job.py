@@ -16,7 +16,7 @@ from sqlalchemy import select, update
 
 from batchinf import failpoints
 from batchinf.bundles import import_bundle, open_runtime
-from batchinf.controller import drive
+from batchinf.controller import cancel, drive
 from batchinf.errors import VerificationError
 from batchinf.execute import execute_shard
 from batchinf.jobs import job_row, submit
@@ -28,7 +28,7 @@ from batchinf.parts import read_table
 from batchinf.plan import plan_job
 from batchinf.runtime.generate import GenRequest, SamplingParams, derive_seed
 from batchinf.store import get_store, join
-from batchinf.verify import MANIFEST, SUCCESS, publish, verify_output
+from batchinf.verify import MANIFEST, PARTIAL, SUCCESS, publish, verify_output
 from tests.helpers.corpus import texts as corpus_texts
 
 pytestmark = pytest.mark.integration
@@ -246,6 +246,33 @@ def test_openai_batch_generate_round_trip(tmp_path: Path, tiny_llama: str) -> No
     f.write_bytes(edited)
     with pytest.raises(VerificationError, match="sha256 differs"):
         verify_output(str(out))
+
+
+def test_a_cancelled_openai_batch_keeps_the_done_records_openai_lines(tmp_path: Path, tiny_llama: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Like a cancelled OpenAI batch: the records done before the cancel have their output lines,
+    listed in _PARTIAL.json; the others have none."""
+    write_lines(tmp_path / "batch.jsonl", openai_lines(20, 20)[:40])
+    monkeypatch.setenv("BATCHINF_FAILPOINTS", "execute.after_write=sleep(0.5)")
+    out = tmp_path / "out"
+    job_id, _ = submit(parse_manifest(job(str(tmp_path / "batch.jsonl"), str(out), fmt="openai-batch")))
+
+    def cancel_after_first_commit() -> None:
+        with tx() as conn:
+            done = conn.execute(select(shards.c.id).where(shards.c.job_id == job_id,
+                                                          shards.c.status == "committed")).first()
+        if done and job_row(job_id).status == "running":
+            cancel(job_id)
+
+    assert drive(job_id, workers=1, threads=1, on_tick=cancel_after_first_commit) == "cancelled"
+    p = json.loads((out / PARTIAL).read_text())
+    assert p["shards_done"] and p["shards_not_done"] and p["openai"]["job_id"] == job_id
+    got = parse_openai(out, p)
+    done = [r["record_id"] for part in p["parts"] if part["kind"] in ("results", "errors")
+            for r in read_table(join(str(out), part["key"]), columns=["record_id"]).to_pylist()]
+    assert len(got) == len(done) == p["counts"]["records_done"] < 40
+    assert sorted(g["custom_id"] for g in got) == sorted(done)
+    assert all(g["response"]["status_code"] == 200 for g in got)
 
 
 def test_openai_batch_embeddings_round_trip(tmp_path: Path, tiny_bundle: str) -> None:
