@@ -11,6 +11,9 @@ lengths, same torch thread count, same batch size (slots) for every contender:
   (c) transformers static: `model.generate` over the prompts in the same order, left-padded batches
       of the same size, each batch run for its longest request, each row cut to its own length.
 
+Both batchinf contenders share prompt prefixes (the chat template's system prompt) between slots
+unless --no-prefix-sharing; transformers recomputes every prompt.
+
 Output lengths are controlled, not left to the model: each prompt has its own `max_tokens`, drawn
 log-uniformly from [min, max] (many short answers, a few long ones), and EOS is ignored by all
 three, so every contender produces exactly the same number of tokens per prompt. Greedy decoding,

@@ -3,8 +3,8 @@ batching over a preallocated slot KV cache, sampling, stop conditions.
 
 Invariant of `GenerateRuntime.generate`: every loop iteration first admits queued requests (longest
 `max_tokens` first, ties in their given order) into free slots while the KV-token budget allows
-(prefilling them, which yields their first token), then runs one decode step over the occupied slot
-range. A slot freed by a finished sequence is refilled at the next iteration. Results are yielded as
+(prefilling them, which yields their first token, or copying a shared prefix, see below), then runs
+one decode step over the occupied slot range. A slot freed by a finished sequence is refilled at the next iteration. Results are yielded as
 sequences finish.
 
 Prefix sharing: batch prompts mostly start alike (a chat template's system prompt, few-shot examples).
@@ -36,7 +36,7 @@ from tokenizers import Tokenizer
 
 PREFILL_CHUNK_TOKENS = 4096     # padded positions per prefill forward pass
 PREFILL_PAD_SLACK = 1.25        # a prefill group's padded positions stay within this × its real tokens
-PREFIX_MIN_TOKENS = 16          # shorter shared prefixes are recomputed: not worth a second forward pass
+PREFIX_MIN_TOKENS = 16          # a request sharing fewer leading tokens with any slot is prefilled in full
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class GenResult:
 
 @dataclass
 class GenStats:                     # accumulated per runtime call; used for tokens.real/padded
-    prompt_tokens: int = 0          # real prompt tokens prefilled (cached ones included)
+    prompt_tokens: int = 0          # prompt tokens of the admitted requests (cached ones included)
     cached_prompt_tokens: int = 0   # of which K/V were copied from a slot with the same prefix
     prefill_positions: int = 0      # positions computed in prefill incl. padding, cached ones excluded
     decode_tokens: int = 0          # decode rows that produced a token
