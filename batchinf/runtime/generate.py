@@ -4,8 +4,8 @@ batching over a preallocated slot KV cache, sampling, stop conditions.
 Invariant of `GenerateRuntime.generate`: every loop iteration first admits queued requests (longest
 `max_tokens` first, ties in their given order) into free slots while the KV-token budget allows
 (prefilling them, which yields their first token, or copying a shared prefix, see below), then runs
-one decode step over the occupied slot range. A slot freed by a finished sequence is refilled at the next iteration. Results are yielded as
-sequences finish.
+one decode step over the occupied slot range. A slot freed by a finished sequence is refilled at
+the next iteration. Results are yielded as sequences finish.
 
 Prefix sharing: batch prompts mostly start alike (a chat template's system prompt, few-shot examples).
 K/V at a position depend only on the tokens up to it, so a new sequence whose prompt shares at least
