@@ -230,3 +230,36 @@ def test_parquet_input_with_bad_rows(tmp_path: Path, tiny_bundle: str) -> None:
                                                   "missing_text"]
     s = status(job_id)["counts"]
     assert s["records_total"] == 6 == s["records_succeeded"] + s["records_failed"]
+
+
+def test_a_page_of_statuses_equals_each_job_status_at_a_constant_query_count(tmp_path: Path, tiny_bundle: str) -> None:
+    from sqlalchemy import event
+
+    from batchinf.jobs import page_jobs
+    from batchinf.ledger.db import engine
+
+    ids = []
+    for i, n in enumerate((40, 60)):           # both with bad lines: error counts by code differ
+        write_jsonl(tmp_path / f"in{i}.jsonl", n, seed=i)
+        job_id, _ = submit(parse_manifest(manifest(str(tmp_path / f"in{i}.jsonl"), str(tmp_path / f"out{i}"),
+                                                   shards={"max_records": 15})))
+        assert drive(job_id, workers=1, threads=1) == JobStatus.SUCCEEDED
+        ids.append(job_id)
+    write_jsonl(tmp_path / "in2.jsonl", 10)
+    ids.append(submit(parse_manifest(manifest(str(tmp_path / "in2.jsonl"), str(tmp_path / "out2"))))[0])
+    statements: list[str] = []
+
+    def count(*args: object) -> None:
+        statements.append(str(args[2]))
+
+    event.listen(engine(), "before_cursor_execute", count)
+    try:
+        page, _ = page_jobs(10)
+        one_job = len(statements)
+        page_jobs(1)
+    finally:
+        event.remove(engine(), "before_cursor_execute", count)
+    assert [s["job_id"] for s in page] == ids[::-1]
+    assert page == [status(j) for j in ids[::-1]]
+    assert page[1]["errors"]["records"] > 0 and page[2]["shards"]["total"] > 0 and page[0]["shards"]["total"] == 0
+    assert len(statements) - one_job == one_job, "a page of 3 jobs took more queries than a page of 1"
