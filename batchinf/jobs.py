@@ -148,6 +148,8 @@ def status(job_id: str, *, tenant: str | None = None) -> dict[str, Any]:
 def statuses(rows: list[Any]) -> list[dict[str, Any]]:
     """The status objects of these job rows, in their order, with one query per aggregate for all
     of them (a page of 50 jobs costs as many queries as one job)."""
+    if not rows:
+        return []
     ids = [r.id for r in rows]
     committed = shards.c.status == ShardStatus.COMMITTED.value
     # a running attempt counts up to its last heartbeat
