@@ -341,17 +341,17 @@ class GenerateRuntime:
         tokens = [(s.out[-1] if s.out else s.req.prompt_ids[-1]) if s is not None else 0 for s in rows]
         pos = [s.pos if s is not None else 0 for s in rows]
         joining = [s for s in rows if s is not None and not s.out]
-        fill = None
+        fills = []
         middle = [s for s in joining if s.start < len(s.req.prompt_ids) - 1]
-        groups = _prefill_groups(middle, lambda s: len(s.req.prompt_ids) - 1 - s.start)
-        for i, group in enumerate(groups):
+        for group in _prefill_groups(middle, lambda s: len(s.req.prompt_ids) - 1 - s.start):
             tokens_g, lengths = _right_padded([s.req.prompt_ids[s.start:-1] for s in group], dev)
-            fill = Fill(tokens_g, torch.tensor([s.start for s in group], device=dev),
-                        torch.tensor([s.slot for s in group], device=dev), lengths)
+            fills.append(Fill(tokens_g, torch.tensor([s.start for s in group], device=dev),
+                              torch.tensor([s.slot for s in group], device=dev), lengths))
             stats.prefill_positions += tokens_g.numel()
-            if i < len(groups) - 1:         # only the last group rides along the decode step
-                self.model.fill(fill, cache)
-        logits = self.model.decode_step(torch.tensor(tokens, device=dev), torch.tensor(pos, device=dev), cache, fill)
+        for fill in fills[:-1]:             # only the last group rides along the decode step
+            self.model.fill(fill, cache)
+        logits = self.model.decode_step(torch.tensor(tokens, device=dev), torch.tensor(pos, device=dev), cache,
+                                        fills[-1] if fills else None)
         live = [s for s in rows if s is not None and not s.done]
         stats.decode_slot_steps += hi
         stats.decode_tokens += len(live)

@@ -167,6 +167,23 @@ def test_prefix_sharing_changes_no_token(runtime: GenerateRuntime) -> None:
     assert stats.prefill_positions <= off.prefill_positions - stats.cached_prompt_tokens + len(reqs) * 4
 
 
+def test_joining_prompts_of_very_different_lengths_fill_in_several_passes(runtime: GenerateRuntime,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Remaining prompts too unequal to pad together: all but one group are filled in passes of
+    their own before the decode step, which carries the last; the tokens do not change."""
+    words = "the people of the world make water and light every day".split()
+    reqs = [GenRequest(i, runtime.encode_chat([{"role": "system", "content": SYSTEM},
+                                               {"role": "user", "content": " ".join(words * (1 + 3 * (i % 2)))[:4 + 40 * i]}]),
+                       SamplingParams(max_tokens=4)) for i in range(4)]
+    alone = {r.key: r for q in reqs for r in runtime.generate([q], max_slots=1)}
+    model = type(runtime.model)
+    passes: list[tuple[int, ...]] = []
+    fill = model.fill
+    monkeypatch.setattr(model, "fill", lambda self, f, cache: (passes.append(tuple(f.tokens.shape)), fill(self, f, cache)))
+    assert {r.key: r for r in runtime.generate(reqs, max_slots=4)} == alone
+    assert passes, "every joining prompt rode along the decode step: the separate fill pass went untested"
+
+
 def test_common_prefix() -> None:
     assert common_prefix([1, 2, 3, 4], [1, 2, 3, 5], 10) == 3
     assert common_prefix([1, 2, 3], [1, 2, 3, 4], 10) == 3
