@@ -1,0 +1,27 @@
+"""Value checks shared by every surface that accepts tenant-supplied numbers and strings
+(job manifests, OpenAI batch lines). Each returns what is wrong, naming `where`, or None."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def number_problem(v: Any, where: str, lo: float, hi: float, *, lo_open: bool = False) -> str | None:
+    """A real number in [lo, hi] (or (lo, hi] with lo_open); booleans are not numbers."""
+    ok = (isinstance(v, (int, float)) and not isinstance(v, bool)
+          and (v > lo if lo_open else v >= lo) and v <= hi)
+    return None if ok else f"{where} must be a number in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {v!r:.60}"
+
+
+def integer_problem(v: Any, where: str, lo: int, hi: int) -> str | None:
+    """An integer in [lo, hi]; booleans are not integers."""
+    ok = isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+    return None if ok else f"{where} must be an integer in [{lo}, {hi}], got {v!r:.60}"
+
+
+def stop_strings(v: Any, where: str) -> tuple[tuple[str, ...], str | None]:
+    """Stop strings: one non-empty string or a list of them -> (tuple, None), or ((), problem)."""
+    items = [v] if isinstance(v, str) else v
+    if not isinstance(items, list) or not all(isinstance(s, str) and s for s in items):
+        return (), f"{where} must be a non-empty string or a list of them, got {v!r:.60}"
+    return tuple(items), None
