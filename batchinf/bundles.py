@@ -5,34 +5,15 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import insert, select, update
-
 from batchinf.config import settings
 from batchinf.errors import BundleError
-from batchinf.ledger.db import tx
-from batchinf.ledger.ops import now
-from batchinf.ledger.tables import bundle_aliases, bundles
+from batchinf.ledger import registry
+from batchinf.ledger.models import BundleInfo
 from batchinf.runtime import bundle as rb
 from batchinf.store import get_store, join, split_uri
-
-
-@dataclass(frozen=True)
-class BundleInfo:
-    digest: str
-    name: str
-    uri: str
-    task: str
-    family: str
-    created_at: float
-    aliases: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"digest": self.digest, "name": self.name, "uri": self.uri, "task": self.task,
-                "family": self.family, "created_at": self.created_at, "aliases": list(self.aliases)}
 
 
 def import_bundle(src: str | Path, name: str, *, alias: str | None = None,
@@ -52,13 +33,7 @@ def import_bundle(src: str | Path, name: str, *, alias: str | None = None,
         for f in meta["files"]:
             store.put_file(join(uri, f), src / f)
         store.put_bytes(join(uri, "bundle.json"), json.dumps(meta, indent=1, sort_keys=True).encode())
-    with tx() as conn:
-        if conn.execute(select(bundles.c.digest).where(bundles.c.digest == digest)).first() is None:
-            conn.execute(insert(bundles).values(digest=digest, name=name, uri=uri, task=meta["task"],
-                                                family=meta["family"], meta=json.dumps(meta),
-                                                created_at=now()))
-        if alias:
-            _set_alias(conn, name, alias, digest)
+    registry.add(digest, name, uri, meta["task"], meta["family"], json.dumps(meta), alias)
     return get_info(digest)
 
 
@@ -70,39 +45,16 @@ def import_gguf(path: str | Path, name: str, *, alias: str | None = None, dtype:
         return import_bundle(convert_gguf(path, Path(tmp) / "model", dtype=dtype), name, alias=alias, dtype=dtype)
 
 
-def _set_alias(conn, name: str, alias: str, digest: str) -> None:
-    exists = conn.execute(select(bundles.c.digest).where(bundles.c.digest == digest)).first()
-    if exists is None:
-        raise BundleError(f"no bundle with digest {digest}; see `batchinf bundle list`")
-    updated = conn.execute(update(bundle_aliases)
-                           .where(bundle_aliases.c.name == name, bundle_aliases.c.alias == alias)
-                           .values(digest=digest, updated_at=now())).rowcount
-    if not updated:
-        conn.execute(insert(bundle_aliases).values(name=name, alias=alias, digest=digest, updated_at=now()))
-
-
 def set_alias(ref: str, digest: str) -> None:
     if "@" not in ref:
         raise BundleError(f"alias reference {ref!r} must look like NAME@ALIAS")
     name, alias = ref.split("@", 1)
-    digest = digest if digest.startswith("sha256:") else "sha256:" + digest
-    with tx() as conn:
-        _set_alias(conn, name, alias, digest)
+    registry.set_alias(name, alias, digest if digest.startswith("sha256:") else "sha256:" + digest)
 
 
 def resolve_ref(ref: str) -> str:
     """NAME (newest import), NAME@ALIAS, or sha256:HEX -> digest."""
-    with tx() as conn:
-        if ref.startswith("sha256:"):
-            q = select(bundles.c.digest).where(bundles.c.digest == ref)
-        elif "@" in ref:
-            name, alias = ref.split("@", 1)
-            q = select(bundle_aliases.c.digest).where(bundle_aliases.c.name == name,
-                                                      bundle_aliases.c.alias == alias)
-        else:
-            q = (select(bundles.c.digest).where(bundles.c.name == ref)
-                 .order_by(bundles.c.created_at.desc()).limit(1))
-        digest = conn.execute(q).scalar()
+    digest = registry.resolve(ref)
     if digest is None:
         raise BundleError(f"bundle {ref!r} not found; import it with `batchinf bundle import DIR --name NAME` "
                           "or see `batchinf bundle list`")
@@ -110,21 +62,11 @@ def resolve_ref(ref: str) -> str:
 
 
 def get_info(digest: str) -> BundleInfo:
-    with tx() as conn:
-        row = conn.execute(select(bundles).where(bundles.c.digest == digest)).first()
-        if row is None:
-            raise BundleError(f"no bundle with digest {digest}")
-        aliases = conn.execute(select(bundle_aliases.c.name, bundle_aliases.c.alias)
-                               .where(bundle_aliases.c.digest == digest)).all()
-    return BundleInfo(row.digest, row.name, row.uri, row.task, row.family, row.created_at,
-                      tuple(f"{n}@{a}" for n, a in aliases))
+    return registry.get(digest)
 
 
 def list_bundles() -> list[BundleInfo]:
-    with tx() as conn:
-        digests = conn.execute(select(bundles.c.digest).order_by(bundles.c.name,
-                                                                 bundles.c.created_at)).scalars().all()
-    return [get_info(d) for d in digests]
+    return registry.all_bundles()
 
 
 def local_dir(digest: str) -> Path:

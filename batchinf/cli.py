@@ -75,7 +75,8 @@ def run(manifest: str, workers: int, threads: int | None, device: str, as_json: 
     """Run a job to completion on this machine (embedded mode). Re-running the same manifest
     resumes the same job from the ledger. Exits 0 only when the job succeeded."""
     from batchinf.controller import drive
-    from batchinf.jobs import status, submit
+    from batchinf.ledger.status import status
+    from batchinf.submit import submit
     from batchinf.manifest import load_manifest
 
     job_id, created = submit(load_manifest(manifest), tenant=tenant)
@@ -103,7 +104,7 @@ def _progress(as_json: bool) -> Progress:
 
 def _ticker(progress: Progress, job_id: str) -> Callable[[], dict[str, Any]]:
     """Refresh the progress bar from the ledger's status model; returns that status."""
-    from batchinf.jobs import status
+    from batchinf.ledger.status import status
 
     bar = progress.add_task(job_id, total=None, rate="")
 
@@ -128,8 +129,8 @@ def submit(manifest: str, wait: bool, as_json: bool, tenant: str) -> None:
     With --wait, exits 0 only if the job succeeded."""
     import time
 
-    from batchinf.jobs import status
-    from batchinf.jobs import submit as do_submit
+    from batchinf.ledger.status import status
+    from batchinf.submit import submit as do_submit
     from batchinf.ledger.states import JOB_TERMINAL
     from batchinf.manifest import load_manifest
 
@@ -201,7 +202,9 @@ def controller(max_in_flight: int, requeue_seconds: float, tick: float, metrics_
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    Controller(max_in_flight=max_in_flight, requeue_seconds=requeue_seconds, tick_seconds=tick).run_forever(stop)
+    from workers.celery_app import CeleryDispatcher
+
+    Controller(CeleryDispatcher(requeue_seconds), max_in_flight=max_in_flight, tick_seconds=tick).run_forever(stop)
 
 
 @main.command()
@@ -211,7 +214,7 @@ def controller(max_in_flight: int, requeue_seconds: float, tick: float, metrics_
 @friendly
 def status(job_id: str, as_json: bool, tenant: str | None) -> None:
     """Show one job's status (the same object as GET /v1/jobs/ID)."""
-    from batchinf.jobs import status as job_status
+    from batchinf.ledger.status import status as job_status
 
     _emit(job_status(job_id, tenant=tenant), as_json, _print_status)
 
@@ -225,7 +228,7 @@ def cancel(job_id: str, as_json: bool, tenant: str | None) -> None:
     """Cancel a job: dispatch stops, running attempts stop within a heartbeat, committed results
     stay and `_PARTIAL.json` describes what is done. `_SUCCESS` is never written."""
     from batchinf.controller import cancel as do_cancel
-    from batchinf.jobs import status as job_status
+    from batchinf.ledger.status import status as job_status
 
     job_status(job_id, tenant=tenant)
     do_cancel(job_id)
@@ -243,7 +246,7 @@ def cancel(job_id: str, as_json: bool, tenant: str | None) -> None:
 def jobs(limit: int, status_is: str | None, name: str | None, schedule: str | None, as_json: bool,
          tenant: str | None) -> None:
     """List recent jobs, newest first (the same objects as GET /v1/jobs)."""
-    from batchinf.jobs import list_jobs
+    from batchinf.ledger.status import list_jobs
 
     def human(rows: list[dict[str, Any]]) -> None:
         t = Table("job", "name", "status", "records ok", "errors", "shards")
@@ -266,7 +269,7 @@ def verify(job_or_uri: str, as_json: bool) -> None:
 
     uri = job_or_uri
     if job_or_uri.startswith("job-"):
-        from batchinf.jobs import job_row
+        from batchinf.ledger.jobs import get as job_row
 
         uri = job_row(job_or_uri).output_uri
     try:

@@ -20,6 +20,7 @@ class Settings:
     job_retry_budget: int           # failed attempts per job before it fails; 0: max(10, shards)
     speculate_factor: float         # a tail shard running this many times its bucket's median
     speculate_min_seconds: float    # (and at least this long) gets a speculative attempt; 0: off
+    max_step_failures: int = 10     # consecutive failed lifecycle steps of one job before it fails
     price_per_worker_hour: float | None = None  # BATCHINF_PRICE_PER_WORKER_HOUR: cost in status
 
     @property
@@ -45,6 +46,7 @@ def settings() -> Settings:
         job_retry_budget=int(os.environ.get("BATCHINF_JOB_RETRY_BUDGET", 0)),
         speculate_factor=_float("BATCHINF_SPECULATE_FACTOR", 3.0),
         speculate_min_seconds=_float("BATCHINF_SPECULATE_MIN_SECONDS", 30.0),
+        max_step_failures=int(os.environ.get("BATCHINF_MAX_STEP_FAILURES", 10)),
         price_per_worker_hour=float(os.environ["BATCHINF_PRICE_PER_WORKER_HOUR"])
         if os.environ.get("BATCHINF_PRICE_PER_WORKER_HOUR") else None,
     )

@@ -1,27 +1,34 @@
-"""Dispatch in embedded mode: a local pool of worker processes that lease shards from the ledger.
+"""Dispatch: how work reaches workers. The lifecycle (lifecycle.py) decides what runs; a
+`Dispatcher` only delivers it. Two implementations share every step:
 
-Each worker is its own process, so a record that kills it kills only that worker: the driver
-sees the exit, expires the dead worker's leases at once, and starts a replacement. The ledger is
-the queue; there is no broker to lose messages.
+- `LocalPool` (embedded `batchinf run`): worker processes on this machine that lease shards from
+  the ledger themselves (the ledger is the queue; no message can be lost). Each worker is its own
+  process, so a record that kills it kills only that worker: its leases are expired at once and a
+  replacement starts.
+- the Celery dispatcher in `workers/` (distributed): shard and planning messages to a broker,
+  sent again when they may have been lost.
+
+`run_lease` and `run_shard` are what a worker does with a shard, in either mode.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue
 import socket
 import time
-from typing import Callable
-
-from sqlalchemy import select
+from concurrent.futures import ProcessPoolExecutor
 
 from batchinf import metrics
 from batchinf.config import settings
-from batchinf.ledger import ops
-from batchinf.ledger.db import retrying, tx
-from batchinf.ledger.states import SHARD_DONE, JobStatus, ShardStatus
-from batchinf.ledger.tables import jobs, shards
-from batchinf.plan import resolve_quarantined
+from batchinf.ledger import jobs as job_repo
+from batchinf.ledger import leases
+from batchinf.ledger import shards as shard_repo
+from batchinf.ledger.events import now
+from batchinf.ledger.models import Job, Lease
+from batchinf.ledger.states import JOB_PLANNING, JobStatus
+from batchinf.retry import Outcome, classify, retrying
 
 
 def worker_name(pid: int | None = None) -> str:
@@ -36,23 +43,62 @@ def pick_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def run_lease(lease: ops.Lease, device: str, parent_pid: int | None = None) -> None:
-    """Execute one leased shard; failures become retries, a bundle failure fails the job."""
-    from batchinf.errors import BundleError, StaleAttemptError
+class Dispatcher:
+    """The interface every driver steps jobs through; the defaults suit a dispatcher whose
+    workers poll the ledger."""
+
+    resends_lost = False          # messages may be lost (a broker): re-send stale queued shards
+    requeue_seconds = 30.0        # ... and planning tasks older than this
+
+    def __init__(self) -> None:
+        self._speculated: dict[str, float] = {}   # straggler shard -> when its twin was asked for
+
+    def plan(self, job: Job, idxs: list[int]) -> None:
+        """Stage these input objects of a planning job (now, or by sending planning tasks)."""
+        raise NotImplementedError
+
+    def send(self, shard_ids: list[str]) -> None:
+        """These shards were just queued (or may have lost their message)."""
+
+    def speculate(self, shard_id: str) -> None:
+        """Ask for a speculative twin of a straggler, at most once per `requeue_seconds`."""
+        if now() - self._speculated.get(shard_id, 0.0) > self.requeue_seconds:
+            self._speculated[shard_id] = now()
+            self._send_twin(shard_id)
+
+    def _send_twin(self, shard_id: str) -> None:
+        raise NotImplementedError
+
+    def dead_workers(self, job: Job) -> list[str]:
+        """Lease owners known to be dead (their leases are expired at once)."""
+        return []
+
+    def keep_up(self, job: Job, open_shards: int) -> None:
+        """Called each running tick: keep enough workers for the job's open shards."""
+
+    def quiesce(self, job: Job) -> bool:
+        """True when no worker of this dispatcher can still commit for the (stopped) job."""
+        return leases.leases_held(job.id) == 0
+
+
+def run_lease(lease: Lease, device: str, parent_pid: int | None = None) -> None:
+    """Execute one leased shard; what a failure means is `retry.classify`'s to say."""
     from batchinf.execute import Heartbeat, execute_shard
 
     hb = Heartbeat(lease, parent_pid)
     hb.start()
     try:
         execute_shard(lease, device=device, heartbeat=hb)
-    except StaleAttemptError:
-        metrics.attempt_ended("stale")        # another attempt owns the shard now
-    except BundleError as exc:                # permanent: no retry can fix a bad bundle,
-        ops.fail_attempt(lease, str(exc), max_attempts=0)   # so the shard and its job fail now
-        metrics.attempt_ended("bundle")
-    except Exception as exc:  # noqa: BLE001
-        metrics.attempt_ended("error")
-        retrying(ops.fail_attempt, lease, f"{type(exc).__name__}: {exc}", settings().max_attempts)
+    except Exception as exc:  # noqa: BLE001 -- every failure is classified and charged to its shard
+        outcome = classify(exc)
+        if outcome is Outcome.FAIL_SHARD:
+            metrics.attempt_ended("stale")        # another attempt owns the shard now
+        elif outcome is Outcome.FAIL_JOB:         # no retry can fix a bad bundle or input,
+            metrics.attempt_ended("bundle")       # so the shard and its job fail now
+            retrying(leases.fail_attempt, lease, str(exc), max_attempts=0)
+        else:
+            metrics.attempt_ended("error")
+            retrying(leases.fail_attempt, lease, f"{type(exc).__name__}: {exc}", settings().max_attempts)
     finally:
         hb.stop()
 
@@ -62,56 +108,59 @@ def run_shard(shard_id: str, device: str = "auto", *, speculative: bool = False)
     that is not queued (duplicate delivery, already leased or committed) does nothing. A
     speculative message runs a straggler's twin attempt, unless this worker runs the original."""
     if speculative:
-        lease = retrying(ops.claim_speculative, shard_id, worker_name())
+        lease = retrying(leases.claim_speculative, shard_id, worker_name())
     else:
-        lease = retrying(ops.claim_shard, shard_id, worker_name(), settings().lease_seconds)
+        lease = retrying(leases.claim_shard, shard_id, worker_name(), settings().lease_seconds)
     if lease is not None:
         run_lease(lease, pick_device(device))
 
 
-WAITING = (JobStatus.SUBMITTED, JobStatus.PLANNING, JobStatus.RUNNING)
+def plan_objects_here(job: Job, idxs: list[int], processes: int) -> None:
+    """Stage objects on this machine, in a process pool when there are several."""
+    from batchinf.plan import plan_one_object
+
+    workers = min(len(idxs), processes)
+    if workers > 1:
+        with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+            list(pool.map(plan_one_object, [job.id] * len(idxs), idxs))
+    else:
+        for i in idxs:
+            plan_one_object(job.id, i)
 
 
-def worker_main(job_id: str, device: str, threads: int, parent_pid: int) -> None:
-    """Entry point of an embedded worker process: lease shards of one job until none are left.
-    Started while the job is still planning, it loads the bundle meanwhile."""
+def worker_main(job_id: str, device: str, threads: int, parent_pid: int, twins: mp.Queue) -> None:
+    """Entry point of an embedded worker process: lease shards of one job until none are left;
+    when idle, run a straggler's twin the driver asked for. Started while the job is still
+    planning, it loads the bundle meanwhile."""
     import signal
 
     import torch
 
     from batchinf.bundles import open_runtime
-    from batchinf.errors import BundleError
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the driver's to handle
     torch.set_num_threads(threads)
     torch.set_num_interop_threads(1)
     device = pick_device(device)
     me = worker_name()
-    with tx() as conn:
-        digest = conn.execute(select(jobs.c.bundle_digest).where(jobs.c.id == job_id)).scalar()
     try:
-        open_runtime(digest, device=device)
-    except BundleError:
-        pass      # reported by the first shard that needs it, which fails the job
-    next_speculation = 0.0
-    while True:
-        if os.getppid() != parent_pid:
+        open_runtime(job_repo.get(job_id).bundle_digest, device=device)
+    except Exception:  # noqa: BLE001 -- reported (and counted) by the first shard that needs it
+        pass
+    waiting = {JobStatus.RUNNING, *JOB_PLANNING}
+    while os.getppid() == parent_pid:
+        lease = retrying(leases.claim_next, [job_id], me, settings().lease_seconds)
+        while lease is None:
+            try:
+                lease = retrying(leases.claim_speculative, twins.get_nowait(), me)
+            except queue.Empty:
+                break
+        if lease is not None:
+            run_lease(lease, device, parent_pid)
+        elif retrying(job_repo.get, job_id).status not in waiting:
             return
-        lease = retrying(ops.claim_next, [job_id], me, settings().lease_seconds)
-        if lease is None and time.monotonic() >= next_speculation:   # idle in the tail: stragglers?
-            next_speculation = time.monotonic() + 1.0
-            s = settings()
-            for shard_id in retrying(ops.stragglers, job_id, s.speculate_factor, s.speculate_min_seconds):
-                if (lease := retrying(ops.claim_speculative, shard_id, me)) is not None:
-                    break
-        if lease is None:
-            with tx() as conn:
-                status = conn.execute(select(jobs.c.status).where(jobs.c.id == job_id)).scalar()
-            if status not in WAITING:
-                return
+        else:
             time.sleep(0.1)
-            continue
-        run_lease(lease, device, parent_pid)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -124,74 +173,56 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def dead_local_owners(job_id: str) -> list[str]:
-    """Lease owners on this host whose process is gone (e.g. a previous `batchinf run` killed -9)."""
-    host = socket.gethostname()
-    with tx() as conn:
-        owners = conn.execute(select(shards.c.lease_owner).distinct()
-                              .where(shards.c.job_id == job_id,
-                                     shards.c.status == ShardStatus.RUNNING.value)).scalars().all()
-    dead = []
-    for o in owners:
-        h, _, pid = (o or "").rpartition(":")
-        if h == host and pid.isdigit() and not _pid_alive(int(pid)):
-            dead.append(o)
-    return dead
+class LocalPool(Dispatcher):
+    """N worker processes for one job on this machine."""
 
-
-class LocalPool:
-    """N worker processes for one job; the driver ticks the ledger until the job leaves `running`."""
-
-    def __init__(self, job_id: str, *, workers: int = 1, device: str = "auto",
-                 threads: int | None = None) -> None:
+    def __init__(self, job_id: str, *, workers: int = 1, device: str = "auto", threads: int | None = None) -> None:
+        super().__init__()
         self.job_id, self.device, self.n = job_id, device, max(1, workers)
         self.threads = threads or max(1, (os.cpu_count() or 1) // self.n)
         self.ctx = mp.get_context("spawn")
         self.procs: list[mp.process.BaseProcess] = []
+        self.twins: mp.Queue = self.ctx.Queue()
+        self._checked_leftovers = False
 
-    def start(self) -> None:
-        """Start the workers now (e.g. while the job plans), so their start-up overlaps planning."""
-        while len(self.procs) < self.n:
-            self._spawn()
+    def start(self, n: int | None = None) -> None:
+        """Start workers now (e.g. while the job plans), so their start-up overlaps planning."""
+        while len(self.procs) < min(self.n, self.n if n is None else n):
+            p = self.ctx.Process(target=worker_main, name="batchinf-worker", daemon=True,
+                                 args=(self.job_id, self.device, self.threads, os.getpid(), self.twins))
+            p.start()
+            self.procs.append(p)
 
-    def _spawn(self) -> None:
-        p = self.ctx.Process(target=worker_main, name="batchinf-worker",
-                             args=(self.job_id, self.device, self.threads, os.getpid()), daemon=True)
-        p.start()
-        self.procs.append(p)
+    def plan(self, job: Job, idxs: list[int]) -> None:
+        self.start()
+        plan_objects_here(job, idxs, os.cpu_count() or 1)
 
-    def run(self, on_tick: Callable[[], None] | None = None, tick: float = 0.5) -> None:
-        s = settings()
-        ops.expire_leases(self.job_id, s.max_attempts, dead_owners=dead_local_owners(self.job_id))
-        try:
-            while True:
-                ops.cancel_if_past_deadline(self.job_id)
-                retrying(ops.dispatch_ready, self.job_id)
-                dead = []
-                for p in list(self.procs):
-                    if not p.is_alive():
-                        p.join()
-                        self.procs.remove(p)
-                        if p.exitcode != 0:
-                            dead.append(worker_name(p.pid))
-                retrying(ops.expire_leases, self.job_id, s.max_attempts, dead_owners=dead)
-                resolve_quarantined(self.job_id)
-                if retrying(ops.verify_when_done, self.job_id):
-                    return
-                with tx() as conn:
-                    status = conn.execute(select(jobs.c.status).where(jobs.c.id == self.job_id)).scalar()
-                    counts = ops.shard_counts(conn, self.job_id)
-                if status != JobStatus.RUNNING:
-                    return
-                open_shards = sum(n for st, n in counts.items() if st not in SHARD_DONE)
-                while len(self.procs) < min(self.n, open_shards):
-                    self._spawn()
-                if on_tick:
-                    on_tick()
-                time.sleep(tick)
-        except BaseException:
-            self.stop(timeout=0)
-            raise
+    def _send_twin(self, shard_id: str) -> None:
+        self.twins.put(shard_id)
+
+    def dead_workers(self, job: Job) -> list[str]:
+        dead = []
+        for p in list(self.procs):
+            if not p.is_alive():
+                p.join()
+                self.procs.remove(p)
+                if p.exitcode != 0:
+                    dead.append(worker_name(p.pid))
+        if not self._checked_leftovers:   # leases of a previous run on this host killed with -9
+            self._checked_leftovers = True
+            host = socket.gethostname()
+            for owner in shard_repo.lease_owners(job.id):
+                h, _, pid = owner.rpartition(":")
+                if h == host and pid.isdigit() and not _pid_alive(int(pid)):
+                    dead.append(owner)
+        return dead
+
+    def keep_up(self, job: Job, open_shards: int) -> None:
+        self.start(open_shards)
+
+    def quiesce(self, job: Job) -> bool:
+        self.stop()      # our workers stop at their next heartbeat once the job has stopped
+        return True
 
     def stop(self, timeout: float = 10.0) -> None:
         """Wait for workers to finish (they exit once the job leaves running), then kill stragglers.

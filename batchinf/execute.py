@@ -10,30 +10,31 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 import pyarrow as pa
-from sqlalchemy import select
-
 from batchinf import failpoints, metrics
 from batchinf.bundles import open_runtime
 from batchinf.config import settings
 from batchinf.errors import BundleError, StaleAttemptError
-from batchinf.jobs import job_manifest
-from batchinf.ledger import ops
-from batchinf.ledger.db import tx
-from batchinf.ledger.tables import jobs, shards
+from batchinf.ledger import jobs as job_repo
+from batchinf.ledger import leases
+from batchinf.ledger import shards as shard_repo
+from batchinf.ledger.models import Lease, ShardResult
 from batchinf.parts import (
     ERROR_SCHEMA,
     GENERATION_SCHEMA,
     STAGE_ROW_GROUP,
     PartWriter,
     embedding_schema,
+    error_row,
     open_parquet,
     read_table,
 )
 from batchinf.store import get_store, join
+
+T = TypeVar("T")
 
 
 def token_budget_batches(lengths: list[int], max_batch_tokens: int, min_fill: float = 0.95) -> list[list[int]]:
@@ -56,6 +57,31 @@ def token_budget_batches(lengths: list[int], max_batch_tokens: int, min_fill: fl
     return batches
 
 
+def isolate(run: Callable[[list[T]], None], items: list[T], *, done: Callable[[T], bool],
+            failed: Callable[[T, str], None]) -> None:
+    """Run `items`; if it raises, the items not yet done are run again in halves, recursively,
+    until only the records that fail fail, each alone (`failed(item, error)`)."""
+    try:
+        run(items)
+    except (BundleError, StaleAttemptError):
+        raise
+    except Exception as exc:  # noqa: BLE001 -- any model/runtime fault on a record is isolated
+        rest = [i for i in items if not done(i)]
+        if len(rest) == 1:
+            failed(rest[0], f"{type(exc).__name__}: {exc}")
+            return
+        mid = len(rest) // 2
+        for half in (rest[:mid], rest[mid:]):
+            if half:
+                isolate(run, half, done=done, failed=failed)
+
+
+def _hit_record_failpoints(record_ids: list[str]) -> None:
+    if failpoints.active():
+        for rid in record_ids:
+            failpoints.hit(f"execute.record[{rid}]")
+
+
 @dataclass
 class EmbedOutcome:
     vectors: dict[int, np.ndarray] = field(default_factory=dict)   # position -> embedding
@@ -66,24 +92,13 @@ class EmbedOutcome:
 def embed_isolating(embed: Callable[[list[list[int]]], tuple[np.ndarray, int]], ids: list[list[int]],
                     positions: list[int], record_ids: list[str], out: EmbedOutcome) -> None:
     """Embed a batch; if it raises, split it in halves until only the failing records fail."""
-    try:
-        if failpoints.active():
-            for p in positions:
-                failpoints.hit(f"execute.record[{record_ids[p]}]")
-        vecs, padded = embed([ids[p] for p in positions])
-    except (BundleError, StaleAttemptError):
-        raise
-    except Exception as exc:  # noqa: BLE001 -- any model/runtime fault on a record is isolated
-        if len(positions) == 1:
-            out.failures[positions[0]] = f"{type(exc).__name__}: {exc}"
-            return
-        mid = len(positions) // 2
-        embed_isolating(embed, ids, positions[:mid], record_ids, out)
-        embed_isolating(embed, ids, positions[mid:], record_ids, out)
-        return
-    out.padded += padded
-    for p, v in zip(positions, vecs):
-        out.vectors[p] = v
+    def run(batch: list[int]) -> None:
+        _hit_record_failpoints([record_ids[p] for p in batch])
+        vecs, padded = embed([ids[p] for p in batch])
+        out.padded += padded
+        out.vectors.update(zip(batch, vecs))
+
+    isolate(run, positions, done=out.vectors.__contains__, failed=out.failures.__setitem__)
 
 
 @dataclass
@@ -97,30 +112,20 @@ def generate_isolating(generate: Callable[[list[Any]], Any], requests: list[Any]
     """Generate for `requests` (continuous batching over all of them); if it raises, the results
     already finished are kept and the unfinished requests are split in halves until only the
     failing records fail. `check` runs after every finished sequence (lease still held?)."""
-    try:
-        if failpoints.active():
-            for r in requests:
-                failpoints.hit(f"execute.record[{record_ids[r.key]}]")
-        for res in generate(requests):
+    def run(reqs: list[Any]) -> None:
+        _hit_record_failpoints([record_ids[r.key] for r in reqs])
+        for res in generate(reqs):
             out.results[res.key] = res
             check()
-    except (BundleError, StaleAttemptError):
-        raise
-    except Exception as exc:  # noqa: BLE001 -- any model/runtime fault on a record is isolated
-        rest = [r for r in requests if r.key not in out.results]
-        if len(rest) == 1:
-            out.failures[rest[0].key] = f"{type(exc).__name__}: {exc}"
-            return
-        mid = len(rest) // 2
-        for half in (rest[:mid], rest[mid:]):
-            if half:
-                generate_isolating(generate, half, record_ids, out, check)
+
+    isolate(run, requests, done=lambda r: r.key in out.results,
+            failed=lambda r, error: out.failures.__setitem__(r.key, error))
 
 
 class Heartbeat(threading.Thread):
     """Extends the lease while the attempt runs; flags `lost` when the fencing token is gone."""
 
-    def __init__(self, lease: ops.Lease, parent_pid: int | None = None) -> None:
+    def __init__(self, lease: Lease, parent_pid: int | None = None) -> None:
         super().__init__(daemon=True)
         self.lease, self.parent_pid = lease, parent_pid
         self.lost = threading.Event()
@@ -132,7 +137,7 @@ class Heartbeat(threading.Thread):
             if self.parent_pid is not None and os.getppid() != self.parent_pid:
                 os._exit(1)  # embedded driver died: do not outlive it
             try:
-                if not ops.heartbeat(self.lease, s.lease_seconds):
+                if not leases.heartbeat(self.lease, s.lease_seconds):
                     self.lost.set()
                     return
             except Exception:  # noqa: BLE001 -- a missed heartbeat is retried on the next tick
@@ -153,10 +158,7 @@ def _embed_rows(rb: pa.RecordBatch, runtime: Any, max_batch_tokens: int, attempt
     out = EmbedOutcome()
     for batch in token_budget_batches([c["n_tokens"][i] for i in valid], max_batch_tokens):
         embed_isolating(runtime.embed, c["input_ids"], [valid[j] for j in batch], c["record_id"], out)
-    for i, msg in sorted(out.failures.items()):
-        errors.append({"record_id": c["record_id"][i], "source": c["source"][i], "ordinal": c["ordinal"][i],
-                       "error": "inference_error", "message": f"record {c['record_id'][i]!r}: {msg}",
-                       "attempts": attempt})
+    errors += _inference_errors(c, out.failures, attempt)
     ok = [i for i in valid if i in out.vectors]
     vectors = np.concatenate([out.vectors[i] for i in ok]) if ok else np.zeros(0, np.float32)
     table = pa.table({
@@ -170,9 +172,14 @@ def _embed_rows(rb: pa.RecordBatch, runtime: Any, max_batch_tokens: int, attempt
 
 
 def _staged_errors(c: dict[str, list[Any]], attempt: int) -> list[dict[str, Any]]:
-    return [{"record_id": c["record_id"][i], "source": c["source"][i], "ordinal": c["ordinal"][i],
-             "error": e, "message": c["message"][i], "attempts": attempt}
+    """Records that failed validation at planning: their error rows, as staged."""
+    return [error_row(c["record_id"][i], c["source"][i], c["ordinal"][i], e, c["message"][i], attempt)
             for i, e in enumerate(c["error"]) if e is not None]
+
+
+def _inference_errors(c: dict[str, list[Any]], failures: dict[int, str], attempt: int) -> list[dict[str, Any]]:
+    return [error_row(c["record_id"][i], c["source"][i], c["ordinal"][i], "inference_error",
+                      f"record {c['record_id'][i]!r}: {msg}", attempt) for i, msg in sorted(failures.items())]
 
 
 def _generate_rows(staged: pa.Table, runtime: Any, opts: Any, attempt: int,
@@ -199,10 +206,7 @@ def _generate_rows(staged: pa.Table, runtime: Any, opts: Any, attempt: int,
 
     if requests:
         generate_isolating(generate, requests, c["record_id"], out, check)
-    for i, msg in sorted(out.failures.items()):
-        errors.append({"record_id": c["record_id"][i], "source": c["source"][i], "ordinal": c["ordinal"][i],
-                       "error": "inference_error", "message": f"record {c['record_id'][i]!r}: {msg}",
-                       "attempts": attempt})
+    errors += _inference_errors(c, out.failures, attempt)
     ok = [i for i in valid if i in out.results]
     res = [out.results[i] for i in ok]
     table = pa.table({
@@ -215,17 +219,15 @@ def _generate_rows(staged: pa.Table, runtime: Any, opts: Any, attempt: int,
     return table, errors, stats
 
 
-def execute_shard(lease: ops.Lease, *, device: str = "cpu", heartbeat: Heartbeat | None = None) -> ops.ShardResult:
+def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | None = None) -> ShardResult:
     """Compute one shard under `lease`, write attempt-scoped files, and commit them.
 
     Embed: memory stays bounded by one staged row group and one token-budget batch, whatever the
     shard's size: rows stream from the staged file to the part file. Generate: the shard is one
     continuous batch (its size is bounded by shards.max_records)."""
     t0 = time.perf_counter()
-    with tx() as conn:
-        job = conn.execute(select(jobs).where(jobs.c.id == lease.job_id)).one()
-        shard = conn.execute(select(shards).where(shards.c.id == lease.shard_id)).one()
-    m = job_manifest(job)
+    job, shard = job_repo.get(lease.job_id), shard_repo.get(lease.shard_id)
+    m = job.manifest
     if m.options.device != "auto":
         device = m.options.device
     runtime = open_runtime(job.bundle_digest, device=device, with_model=shard.bucket >= 0)
@@ -275,7 +277,7 @@ def execute_shard(lease: ops.Lease, *, device: str = "cpu", heartbeat: Heartbeat
     out_sha, out_rows = results.finish(out_uri)
     err_sha, err_rows = failures.finish(err_uri)
     failpoints.hit("execute.after_write")
-    result = ops.ShardResult(
+    result = ShardResult(
         output_uri=out_uri, output_sha256=out_sha, output_rows=out_rows,
         errors_uri=err_uri, errors_sha256=err_sha, error_rows=err_rows,
         tokens_input=tokens["input"], tokens_output=tokens["output"], tokens_real=tokens["real"],
@@ -283,7 +285,7 @@ def execute_shard(lease: ops.Lease, *, device: str = "cpu", heartbeat: Heartbeat
         execute_seconds=time.perf_counter() - t0, errors=error_rows)
     failpoints.hit("execute.before_commit")
     try:
-        ops.commit_attempt(lease, result)
+        leases.commit_attempt(lease, result)
     except StaleAttemptError:
         get_store(base).delete_prefix(base)   # a losing attempt leaves nothing behind
         raise

@@ -11,7 +11,6 @@ Two kinds:
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,6 +31,9 @@ from prometheus_client.core import (
     SummaryMetricFamily,
 )
 
+from batchinf.ledger.states import SHARD_WAITING, AttemptStatus, ShardStatus, values
+
+WAITING = values(SHARD_WAITING)
 disable_created_metrics()   # *_created samples only add noise to every counter
 
 __all__ = ["CONTENT_TYPE_LATEST", "LedgerCollector", "exposition"]
@@ -120,46 +122,13 @@ class LedgerCollector:
     per-bundle and global series are totals over the whole ledger (monotonic: counters)."""
 
     def collect(self) -> Iterator[Metric]:
-        from sqlalchemy import func, select
+        from batchinf.ledger.status import metrics_snapshot
 
-        from batchinf.ledger.db import tx
-        from batchinf.ledger.states import JOB_ACTIVE, ShardStatus
-        from batchinf.ledger.tables import (
-            attempts,
-            jobs,
-            record_errors,
-            schedule_runs,
-            shards,
-        )
-
-        s = shards.c
-        sums = (func.count(), func.coalesce(func.sum(s.num_records), 0), func.coalesce(func.sum(s.output_rows), 0),
-                func.coalesce(func.sum(s.error_rows), 0), func.coalesce(func.sum(s.tokens_input), 0),
-                func.coalesce(func.sum(s.tokens_real), 0), func.coalesce(func.sum(s.tokens_padded), 0),
-                func.coalesce(func.sum(s.execute_seconds), 0.0))
-        recent = (jobs.c.status.in_([x.value for x in JOB_ACTIVE])
-                  | (func.coalesce(jobs.c.finished_at, jobs.c.updated_at) >= time.time() - _window()))
-        with tx() as conn:
-            by_status = conn.execute(select(jobs.c.tenant, jobs.c.status, func.count())
-                                     .group_by(jobs.c.tenant, jobs.c.status)).all()
-            job_rows = conn.execute(select(jobs.c.id, jobs.c.tenant, jobs.c.name, jobs.c.bundle_digest,
-                                           jobs.c.status, jobs.c.records_total).where(recent)).all()
-            ids = [r.id for r in job_rows]
-            per_job = conn.execute(select(s.job_id, s.status, *sums).where(s.job_id.in_(ids))
-                                   .group_by(s.job_id, s.status)).all() if ids else []
-            per_bundle = conn.execute(select(jobs.c.bundle_digest, *sums)
-                                      .join(jobs, jobs.c.id == s.job_id)
-                                      .where(s.status == ShardStatus.COMMITTED.value)
-                                      .group_by(jobs.c.bundle_digest)).all()
-            attempt_rows = conn.execute(select(attempts.c.status, func.count())
-                                        .group_by(attempts.c.status)).all()
-            retries = conn.execute(select(func.count()).where(attempts.c.number > 1)).scalar()
-            quarantined = conn.execute(select(func.count()).where(
-                s.status == ShardStatus.QUARANTINED.value)).scalar()
-            err_rows = conn.execute(select(record_errors.c.error, func.count())
-                                    .group_by(record_errors.c.error)).all()
-            runs = conn.execute(select(schedule_runs.c.schedule, func.count())
-                                .group_by(schedule_runs.c.schedule)).all()
+        snap = metrics_snapshot(_window())
+        by_status, job_rows, per_job, per_bundle = (snap["by_status"], snap["jobs"], snap["per_job"],
+                                                     snap["per_bundle"])
+        attempt_rows, retries, quarantined = snap["attempts"], snap["retries"][0], snap["quarantined"][0]
+        err_rows, runs = snap["errors"], snap["schedule_runs"]
 
         g = GaugeMetricFamily("batchinf_jobs", "Jobs in the ledger by tenant and status",
                               labels=["tenant", "status"])
@@ -173,7 +142,7 @@ class LedgerCollector:
         att = CounterMetricFamily("batchinf_attempts", "Shard attempts by outcome", labels=["status"])
         for st, n in sorted(attempt_rows):
             att.add_metric([st], n)
-        lost = sum(n for st, n in attempt_rows if st in ("lost", "swept"))
+        lost = sum(n for st, n in attempt_rows if st in (AttemptStatus.LOST, AttemptStatus.SWEPT))
         yield att
         yield CounterMetricFamily("batchinf_leases_expired", "Attempts whose lease expired or whose "
                                   "worker died", value=lost)
@@ -215,9 +184,9 @@ class LedgerCollector:
         for r in per_job:
             n, _recs, ok, failed, tin, real, padded, secs = r[2:]
             shards_g.add_metric(info[r.job_id] + [r.status], n)
-            if r.status in ("pending", "queued", "retrying"):
+            if r.status in WAITING:
                 depth[r.job_id] = depth.get(r.job_id, 0) + n
-            if r.status == "committed":
+            if r.status == ShardStatus.COMMITTED:
                 done[r.job_id] = [ok, failed, tin, real, padded, secs]
         for r in job_rows:
             lab = info[r.id]

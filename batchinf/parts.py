@@ -7,7 +7,7 @@ import os
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -18,6 +18,13 @@ ERROR_SCHEMA = pa.schema([
     ("record_id", pa.string()), ("source", pa.string()), ("ordinal", pa.int64()),
     ("error", pa.string()), ("message", pa.string()), ("attempts", pa.int32()),
 ])
+
+
+def error_row(record_id: str | None, source: str, ordinal: int, error: str, message: str,
+              attempts: int) -> dict[str, Any]:
+    """One row of ERROR_SCHEMA: the record (by id and by place), its error code and message."""
+    return {"record_id": record_id, "source": source, "ordinal": ordinal, "error": error, "message": message,
+            "attempts": attempts}
 
 
 def embedding_schema(dim: int) -> pa.Schema:

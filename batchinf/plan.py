@@ -12,31 +12,24 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import time
-from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
-from multiprocessing import get_context
 from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401 -- pa.compute
-from sqlalchemy import func, insert, select, update
-
 from batchinf import failpoints
 from batchinf.bundles import open_runtime
 from batchinf.errors import ManifestError
-from batchinf.jobs import input_pins, job_manifest, job_row, pin_inputs
-from batchinf.ledger.db import tx
-from batchinf.ledger.ops import now, record_event, transition_job
+from batchinf.ledger import jobs as job_repo
+from batchinf.ledger.events import now
+from batchinf.ledger.models import Job
 from batchinf.ledger.states import JobStatus, ShardStatus
-from batchinf.ledger.tables import job_inputs, jobs, record_errors, shards
 from batchinf.manifest import GenerateOptions
-from batchinf.parts import ERROR_SCHEMA, STAGE_ROW_GROUP, read_table, write_table
+from batchinf.parts import STAGE_ROW_GROUP, read_table, write_table
 from batchinf.records import InputRecord, read_records
 from batchinf.store import ObjectPin, get_store, join
+from batchinf.submit import pin_inputs
 
 ERROR_BUCKET = -1          # shard bucket for records that failed validation: nothing to compute
 TOKENIZE_CHUNK = 4096
@@ -188,10 +181,14 @@ def bucket_bounds(lengths: np.ndarray, max_records: int, max_buckets: int = 32) 
     return sorted({int(q) for q in qs})
 
 
-def shard_id(job_id: str, bucket: int, ordinal: int, members: np.ndarray) -> str:
-    h = hashlib.sha256(f"{job_id}|{bucket}|{ordinal}|".encode())
-    h.update(np.ascontiguousarray(members, dtype=np.int64).tobytes())
-    return "sh-" + h.hexdigest()[:29]
+def shard_id(seed: str, members: bytes = b"") -> str:
+    """A shard's deterministic id: a hash of what identifies it (job, bucket, ordinal and its
+    record set; or, for a split, the parent and the half)."""
+    return "sh-" + hashlib.sha256(seed.encode() + members).hexdigest()[:29]
+
+
+def shard_file(work_uri: str, bucket: int, ordinal: int) -> str:
+    return join(work_uri, "shards", f"b{bucket + 1:03d}-{ordinal:05d}.parquet")
 
 
 def cut(order: np.ndarray, tokens: np.ndarray, max_records: int, max_tokens: int) -> list[np.ndarray]:
@@ -208,25 +205,18 @@ def cut(order: np.ndarray, tokens: np.ndarray, max_records: int, max_tokens: int
     return runs
 
 
-def pin_job(job_id: str) -> None:
+def pin_job(job: Job) -> None:
     """submitted -> planning: pin every input object once (a second pinner changes nothing)."""
-    row = job_row(job_id)
-    pins = pin_inputs(job_manifest(row))
-    with tx() as conn:
-        if transition_job(conn, job_id, JobStatus.PLANNING, detail={"objects": len(pins)},
-                          started_at=now()):
-            conn.execute(insert(job_inputs), [
-                {"job_id": job_id, "idx": i, "uri": p.uri, "size": p.size, "etag": p.etag,
-                 "version_id": p.version_id} for i, p in enumerate(pins)])
+    job_repo.pin(job.id, pin_inputs(job.manifest))
     failpoints.hit("plan.after_pin")
 
 
-def object_tasks(job_id: str) -> list[ObjectTask]:
-    row = job_row(job_id)
-    m = job_manifest(row)
-    runtime = open_runtime(row.bundle_digest, with_model=False)   # verifies files + tokenizer
+def object_tasks(job: Job) -> list[ObjectTask]:
+    """One planning task per pinned input object."""
+    m = job.manifest
+    runtime = open_runtime(job.bundle_digest, with_model=False)   # verifies files + tokenizer
     if runtime.meta["task"] != m.task:
-        raise ManifestError(f"bundle {m.bundle} ({row.bundle_digest[:19]}…) is a {runtime.meta['task']} "
+        raise ManifestError(f"bundle {m.bundle} ({job.bundle_digest[:19]}…) is a {runtime.meta['task']} "
                             f"model; this job's task is {m.task}: choose a {m.task} bundle")
     field, kind = m.input.value_field(m.task)
     if isinstance(m.options, GenerateOptions):
@@ -234,48 +224,30 @@ def object_tasks(job_id: str) -> list[ObjectTask]:
     else:
         limit = runtime.meta["max_length"]
         max_length, truncate, options = min(m.options.max_length or limit, limit), m.options.truncate, None
-    return [ObjectTask(i, p, m.input.format, m.input.id_field, field, row.bundle_digest, max_length,
-                       truncate, join(row.work_uri, "plan", f"obj-{i:05d}.parquet"),
+    return [ObjectTask(o.idx, o.pin, m.input.format, m.input.id_field, field, job.bundle_digest, max_length,
+                       truncate, join(job.work_uri, "plan", f"obj-{o.idx:05d}.parquet"),
                        task=m.task, kind=kind, options=options)
-            for i, (p, _) in enumerate(input_pins(job_id))]
+            for o in job_repo.inputs(job.id)]
 
 
 def plan_one_object(job_id: str, idx: int) -> int:
-    """A planning task (distributed mode: one Celery task per input object): stage one object
-    and record its record count in the ledger."""
-    task = object_tasks(job_id)[idx]
-    n = plan_object(task)
-    with tx() as conn:
-        conn.execute(update(job_inputs).where(job_inputs.c.job_id == job_id, job_inputs.c.idx == idx)
-                     .values(records=n))
+    """A planning task (one per input object, on a worker): stage one object and record its
+    record count in the ledger. Does nothing once the job has left planning."""
+    job = job_repo.get(job_id)
+    if job.status != JobStatus.PLANNING:
+        return 0
+    n = plan_object(object_tasks(job)[idx])
+    job_repo.object_planned(job_id, idx, n)
     return n
 
 
-def plan_job(job_id: str, *, processes: int | None = None) -> None:
-    """Embedded planning: take a job from submitted (or a crashed planning) to running, with
-    the per-object tasks in a local process pool."""
-    t0 = time.perf_counter()
-    if job_row(job_id).status == JobStatus.SUBMITTED:
-        pin_job(job_id)
-    if job_row(job_id).status != JobStatus.PLANNING:
-        return
-    tasks = object_tasks(job_id)
-    workers = min(len(tasks), processes or os.cpu_count() or 1)
-    if workers > 1:
-        with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-            counts = list(pool.map(plan_object, tasks))
-    else:
-        counts = [plan_object(t) for t in tasks]
-    finish_plan(job_id, counts, started=t0)
-
-
-def finish_plan(job_id: str, counts: list[int], *, started: float | None = None) -> None:
-    """The global step over every staged object: drop duplicate ids, choose bucket bounds from
+def finish_plan(job: Job) -> None:
+    """The global step once every object is staged: drop duplicate ids, choose bucket bounds from
     the job's own length distribution, cut shards, and move the job to running."""
-    row = job_row(job_id)
-    m = job_manifest(row)
-    tasks = object_tasks(job_id)
+    m = job.manifest
+    tasks = object_tasks(job)
     pins = [t.pin for t in tasks]
+    counts = [o.records for o in job_repo.inputs(job.id)]
 
     # Global step: all records of the job, by (object, ordinal); token ids stay in Arrow.
     tables = [read_table(t.stage_uri) for t in tasks]
@@ -310,11 +282,11 @@ def finish_plan(job_id: str, counts: list[int], *, started: float | None = None)
         # Within a bucket: by length, ties by (object, ordinal) -- deterministic.
         members = members[np.lexsort((ordinal[members], src[members], n_tokens[members]))]
         for k, run in enumerate(cut(members, n_tokens, m.shards.max_records, m.shards.max_tokens)):
-            uri = join(row.work_uri, "shards", f"b{b + 1:03d}-{k:05d}.parquet")
+            uri = shard_file(job.work_uri, int(b), k)
             write_table(uri, full.take(pa.array(run)), row_group_size=STAGE_ROW_GROUP)
-            key = np.stack([src[run], ordinal[run]], axis=1)
+            key = np.ascontiguousarray(np.stack([src[run], ordinal[run]], axis=1), dtype=np.int64).tobytes()
             shard_rows.append({
-                "id": shard_id(job_id, int(b), k, key), "job_id": job_id, "bucket": int(b), "ordinal": k,
+                "id": shard_id(f"{job.id}|{int(b)}|{k}|", key), "job_id": job.id, "bucket": int(b), "ordinal": k,
                 "status": ShardStatus.PENDING.value, "attempt": 0, "num_records": len(run),
                 "num_tokens": int(n_tokens[run].sum()), "input_uri": uri, "updated_at": now()})
 
@@ -322,96 +294,5 @@ def finish_plan(job_id: str, counts: list[int], *, started: float | None = None)
                  "records": int(len(ordinal)), "invalid": int((~valid).sum()),
                  "truncated": int(np.asarray(table.column("truncated").to_numpy(zero_copy_only=False)).sum()),
                  "tokens": int(n_tokens.sum())}
-    with tx() as conn:
-        if conn.execute(select(jobs.c.status).where(jobs.c.id == job_id)).scalar() != JobStatus.PLANNING:
-            return   # another planner finished first
-        for i, n in enumerate(counts):
-            conn.execute(update(job_inputs).where(job_inputs.c.job_id == job_id, job_inputs.c.idx == i)
-                         .values(records=n))
-        if shard_rows:
-            conn.execute(insert(shards), shard_rows)
-        transition_job(conn, job_id, JobStatus.RUNNING, detail={"shards": len(shard_rows)},
-                       plan=json.dumps(plan_info), records_total=int(len(ordinal)),
-                       plan_seconds=(time.perf_counter() - started) if started is not None
-                       else now() - (row.started_at or now()))
-
-
-@contextmanager
-def failing_job_on_permanent_error(job_id: str, stage: str) -> Iterator[None]:
-    """Errors no retry can fix (missing input, bad bundle or manifest) fail the job with their
-    message; anything else propagates so the caller retries."""
-    from batchinf.errors import BundleError, InputError, StoreError
-    from batchinf.ledger.ops import fail_job
-
-    try:
-        yield
-    except (BundleError, InputError, ManifestError, StoreError) as exc:
-        fail_job(job_id, f"{stage} failed: {exc}")
-
-
-def plan_object_task(job_id: str, idx: int) -> None:
-    """Distributed planning task for one input object."""
-    if job_row(job_id).status == JobStatus.PLANNING:
-        with failing_job_on_permanent_error(job_id, "planning"):
-            plan_one_object(job_id, idx)
-
-
-def plan_or_fail(job_id: str, **kw: Any) -> None:
-    with failing_job_on_permanent_error(job_id, "planning"):
-        plan_job(job_id, **kw)
-
-
-def resolve_quarantined(job_id: str) -> int:
-    """Poison isolation. A quarantined shard (every attempt killed its worker) is split into two
-    child shards, recursively, until the killing record is alone; a one-record quarantined shard
-    becomes a `poison` error row. Every other record still gets its result. Returns the number of
-    shards resolved. Idempotent: a shard already split or recorded is skipped."""
-    job = job_row(job_id)
-    child = shards.alias("child")
-    with tx() as conn:
-        todo = conn.execute(select(shards).where(
-            shards.c.job_id == job_id, shards.c.status == ShardStatus.QUARANTINED.value,
-            shards.c.errors_uri.is_(None),
-            ~select(child.c.id).where(child.c.parent_id == shards.c.id).exists())).all()
-    for sh in todo:
-        staged = read_table(sh.input_uri)
-        if staged.num_rows == 1:
-            _record_poison(job, sh, staged)
-            continue
-        with tx() as conn:
-            top = conn.execute(select(func.max(shards.c.ordinal)).where(
-                shards.c.job_id == job_id, shards.c.bucket == sh.bucket)).scalar()
-        half = staged.num_rows // 2
-        rows = []
-        for k, part in enumerate((staged.slice(0, half), staged.slice(half))):
-            ordinal = top + 1 + k
-            uri = join(job.work_uri, "shards", f"b{sh.bucket + 1:03d}-{ordinal:05d}.parquet")
-            write_table(uri, part, row_group_size=STAGE_ROW_GROUP)
-            rows.append({"id": "sh-" + hashlib.sha256(f"{sh.id}|{k}".encode()).hexdigest()[:29],
-                         "job_id": job_id, "bucket": sh.bucket, "ordinal": ordinal, "parent_id": sh.id,
-                         "status": ShardStatus.PENDING.value, "attempt": 0, "num_records": part.num_rows,
-                         "num_tokens": int(pa.compute.sum(part.column("n_tokens")).as_py() or 0),
-                         "input_uri": uri, "updated_at": now()})
-        with tx() as conn:
-            if conn.execute(select(shards.c.id).where(shards.c.parent_id == sh.id)).first() is None:
-                conn.execute(insert(shards), rows)
-                record_event(conn, job_id, "shard", sh.status, None, shard_id=sh.id,
-                       detail={"split_into": [r["id"] for r in rows]})
-    return len(todo)
-
-
-def _record_poison(job: Any, sh: Any, staged: pa.Table) -> None:
-    r = staged.to_pylist()[0]
-    source = staged.column("source").cast(pa.string())[0].as_py()
-    row = {"record_id": r["record_id"], "source": source, "ordinal": r["ordinal"], "error": "poison",
-           "message": (f"record {r['record_id']!r} ({source} record {r['ordinal']}) killed the worker "
-                       f"process in each of {sh.attempt} attempts; quarantined"), "attempts": sh.attempt}
-    uri = join(job.work_uri, "attempts", sh.id, "poison", "errors.parquet")
-    sha = write_table(uri, pa.Table.from_pylist([row], schema=ERROR_SCHEMA))
-    with tx() as conn:
-        done = conn.execute(update(shards).where(shards.c.id == sh.id, shards.c.errors_uri.is_(None))
-                            .values(errors_uri=uri, errors_sha256=sha, error_rows=1, output_rows=0,
-                                    updated_at=now())).rowcount
-        if done:
-            conn.execute(insert(record_errors).values(job_id=job.id, shard_id=sh.id, **row))
-            record_event(conn, job.id, "shard", sh.status, sh.status, shard_id=sh.id, detail={"poison": r["record_id"]})
+    job_repo.start_running(job.id, shard_rows, json.dumps(plan_info), int(len(ordinal)),
+                           now() - (job.started_at or now()))

@@ -18,16 +18,13 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import yaml
-from sqlalchemy import func, insert, select, update
-from sqlalchemy.exc import IntegrityError
-
 from batchinf import metrics
 from batchinf.cron import parse_cron, zone
 from batchinf.errors import BatchinfError, LedgerError, ManifestError
-from batchinf.jobs import find_by_key, submit
-from batchinf.ledger.db import tx
-from batchinf.ledger.ops import now as clock
-from batchinf.ledger.tables import schedule_runs, schedules
+from batchinf.ledger.jobs import find_by_key
+from batchinf.submit import submit
+from batchinf.ledger import schedules as repo
+from batchinf.ledger.events import now as clock
 from batchinf.manifest import JobManifest, parse_manifest
 from batchinf.tenants import DEFAULT_TENANT, check_tenant
 
@@ -100,23 +97,9 @@ def add(name: str, cron: str, template_text: str, *, tz: str = "UTC", catchup: b
     zone(tz)
     template = load_template(template_text)
     _check_template(name, template)
-    t = clock()
-    try:
-        with tx() as conn:
-            conn.execute(insert(schedules).values(
-                name=name, tenant=tenant, cron=cron, timezone=tz, template=json.dumps(template),
-                catchup=catchup, paused=False, created_at=t, start_at=parse_start(start, tz)))
-    except IntegrityError:
-        raise LedgerError(f"schedule {name!r} exists; pick another name") from None
+    repo.add({"name": name, "tenant": tenant, "cron": cron, "timezone": tz, "template": json.dumps(template),
+              "catchup": catchup, "paused": False, "created_at": clock(), "start_at": parse_start(start, tz)})
     return get(name)
-
-
-def _row(name: str) -> Any:
-    with tx() as conn:
-        row = conn.execute(select(schedules).where(schedules.c.name == name)).first()
-    if row is None:
-        raise LedgerError(f"no schedule {name!r}; see `batchinf schedule list`")
-    return row
 
 
 def _describe(row: Any, runs: int, last_ds: str | None, now: datetime) -> dict[str, Any]:
@@ -137,23 +120,12 @@ def get(name: str, now: datetime | None = None) -> dict[str, Any]:
 def list_schedules(tenant: str | None = None, *, name: str | None = None,
                    now: datetime | None = None) -> list[dict[str, Any]]:
     now = now or datetime.now(UTC)
-    q = select(schedules).order_by(schedules.c.name)
-    if tenant is not None:
-        q = q.where(schedules.c.tenant == tenant)
-    if name is not None:
-        q = q.where(schedules.c.name == name)
-    with tx() as conn:
-        rows = conn.execute(q).all()
-        stats = {s: (n, last) for s, n, last in conn.execute(
-            select(schedule_runs.c.schedule, func.count(), func.max(schedule_runs.c.ds))
-            .group_by(schedule_runs.c.schedule)).all()}
-    return [_describe(r, *stats.get(r.name, (0, None)), now) for r in rows]
+    return [_describe(r, n, last, now) for r, n, last in repo.listing(tenant, name)]
 
 
 def set_paused(name: str, paused: bool) -> dict[str, Any]:
     get(name)
-    with tx() as conn:
-        conn.execute(update(schedules).where(schedules.c.name == name).values(paused=paused))
+    repo.set_paused(name, paused)
     return get(name)
 
 
@@ -189,15 +161,9 @@ def next_fire(row: Any, now: datetime) -> datetime | None:
     return None
 
 
-def _runs(name: str) -> dict[str, str]:
-    with tx() as conn:
-        return dict(conn.execute(select(schedule_runs.c.ds, schedule_runs.c.job_id)
-                                 .where(schedule_runs.c.schedule == name)).all())
-
-
 def submit_for(row: Any, ds: str) -> tuple[str, bool]:
     """The job of schedule `row` for logical date `ds`: created now, or the one that exists."""
-    existing = _runs(row.name).get(ds)
+    existing = repo.runs(row.name).get(ds)
     if existing:
         return existing, False
     m = render(row.name, json.loads(row.template), ds)
@@ -208,12 +174,7 @@ def submit_for(row: Any, ds: str) -> tuple[str, bool]:
         job_id, created = find_by_key(row.tenant, m.idempotency_key or ""), False
         if job_id is None:
             raise
-    try:
-        with tx() as conn:
-            conn.execute(insert(schedule_runs).values(schedule=row.name, ds=ds, job_id=job_id,
-                                                      created_at=clock()))
-    except IntegrityError:
-        pass                      # another scheduler recorded this date first; same job
+    repo.record_run(row.name, ds, job_id)
     if created:
         metrics.job_scheduled(row.name)
     return job_id, created
@@ -225,12 +186,9 @@ def tick(now: datetime | None = None) -> list[dict[str, Any]]:
     now = now or datetime.now(UTC)
     if now.tzinfo is None:
         raise ValueError("tick(now) needs an aware datetime")
-    with tx() as conn:
-        rows = conn.execute(select(schedules).where(schedules.c.paused.is_(False))
-                            .order_by(schedules.c.name)).all()
     out = []
-    for row in rows:
-        for ds in due_dates(row, now, set(_runs(row.name))):
+    for row, _, _ in repo.listing(unpaused=True):
+        for ds in due_dates(row, now, set(repo.runs(row.name))):
             out.append(_submit_logged(row, ds))
     return out
 
@@ -251,6 +209,6 @@ def backfill(name: str, first: date, last: date) -> list[dict[str, Any]]:
     dates that already have a job keep it (created: false)."""
     if last < first:
         raise ManifestError(f"--to {last} is before --from {first}")
-    row = _row(name)
+    row = repo.get(name)
     cron = parse_cron(row.cron)
     return [_submit_logged(row, d.isoformat()) for d in _days(first, last) if cron.matches_day(d)]

@@ -14,15 +14,13 @@ from datetime import datetime, timezone
 from typing import Any, Iterable
 
 import numpy as np
-from sqlalchemy import select
-
 from batchinf import failpoints
 from batchinf.errors import BatchinfError, VerificationError
-from batchinf.jobs import input_pins, job_manifest, job_row
-from batchinf.ledger.db import tx
-from batchinf.ledger.ops import now, transition_job
-from batchinf.ledger.states import SHARD_DONE, JobStatus
-from batchinf.ledger.tables import shards
+from batchinf.ledger import jobs as job_repo
+from batchinf.ledger import shards as shard_repo
+from batchinf.ledger.events import now
+from batchinf.ledger.models import Job, Shard
+from batchinf.ledger.states import SHARD_DONE, JobStatus, ShardStatus
 from batchinf.openai_batch import RenderContext, render_part, render_to_path
 from batchinf.parts import digest_of_uri, read_table, sha256_path
 from batchinf.store import get_store, join
@@ -69,13 +67,13 @@ def check_coverage(inputs: list[dict[str, Any]], parts: Iterable[tuple[str, str]
             raise VerificationError(f"record {missing[0]} of {src} is missing ({missing.size} missing)")
 
 
-def _committed_parts(rows: list[Any]) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+def _committed_parts(rows: list[Shard]) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
     """The committed shards' files, checked against the digests and row counts in the ledger,
     with the keys they get under the output prefix."""
     parts, sources = [], []
     numbers = {"results": 0, "errors": 0}
     for r in rows:   # committed shards, and quarantined ones holding a poison error row
-        if r.status not in ("committed", "quarantined"):
+        if r.status not in SHARD_DONE:
             continue
         for kind, src, sha, count in (("results", r.output_uri, r.output_sha256, r.output_rows),
                                       ("errors", r.errors_uri, r.errors_sha256, r.error_rows)):
@@ -119,69 +117,65 @@ def _finish_reasons(out: str, parts: list[dict[str, Any]]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def _openai_context(job: Any) -> RenderContext | None:
-    m = job_manifest(job)
-    if m.input.format != "openai-batch":
+def _openai_context(job: Job) -> RenderContext | None:
+    if job.manifest.input.format != "openai-batch":
         return None
     return RenderContext(job_id=job.id, created=int(job.created_at), model=job.bundle_ref, task=job.task)
 
 
-def publish_partial(job_id: str) -> dict[str, Any]:
+def _inputs(job: Job) -> list[dict[str, Any]]:
+    return [{**o.pin.to_dict(), "records": o.records} for o in job_repo.inputs(job.id)]
+
+
+def publish_partial(job: Job) -> dict[str, Any]:
     """cancelling -> cancelled (or expired, past its deadline): promote what was committed and
     describe in `_PARTIAL.json` which shards and records are done and which are not.
     `_MANIFEST.json` and `_SUCCESS` are never written for such a job."""
-    job = job_row(job_id)
-    with tx() as conn:
-        rows = conn.execute(select(shards).where(shards.c.job_id == job_id)
-                            .order_by(shards.c.bucket, shards.c.ordinal)).all()
+    rows = shard_repo.of_job(job.id)
     parts, sources = _committed_parts(rows)
     _promote(job.output_uri, parts, sources)
     ctx = _openai_context(job)
     if ctx is not None:     # the done records' OpenAI lines, as a cancelled OpenAI batch has
         parts += _render_openai(job.output_uri, parts, ctx)
     expired = job.deadline_at is not None and job.deadline_at <= now()
-    done = [r for r in rows if r.status == "committed"]
+    done = [r for r in rows if r.status == ShardStatus.COMMITTED]
     partial = {
         "job_id": job.id, "status": "expired" if expired else "cancelled", "reason": job.error,
         "bundle_digest": job.bundle_digest, "output_uri": job.output_uri,
-        "inputs": [{**p.to_dict(), "records": n} for p, n in input_pins(job_id)],
+        "inputs": _inputs(job),
         "parts": parts,
         "counts": {"records_total": job.records_total,
                    "records_done": sum(r.num_records for r in done),
                    "records_succeeded": sum(r.output_rows or 0 for r in done),
                    "records_failed": sum(r.error_rows or 0 for r in done),
-                   "records_not_done": sum(r.num_records for r in rows if r.status != "committed")},
+                   "records_not_done": sum(r.num_records for r in rows if r.status != ShardStatus.COMMITTED)},
         # records of a done shard are exactly the rows of its parts; a not-done shard's records
         # are listed (source, ordinal, record_id) in its staged file until the work prefix is removed
         "shards_done": [{"shard": r.id, "records": r.num_records} for r in done],
         "shards_not_done": [{"shard": r.id, "status": r.status, "records": r.num_records,
-                             "staged_records": r.input_uri} for r in rows if r.status != "committed"],
+                             "staged_records": r.input_uri} for r in rows if r.status != ShardStatus.COMMITTED],
         "created_at": datetime.now(timezone.utc).isoformat(),
     }
     if ctx is not None:
         partial["openai"] = ctx.to_dict()
     get_store(job.output_uri).put_bytes(join(job.output_uri, PARTIAL), json.dumps(partial, indent=1).encode())
-    with tx() as conn:
-        transition_job(conn, job_id, JobStatus.EXPIRED if expired else JobStatus.CANCELLED,
-                       detail={"parts": len(parts)}, finished_at=now())
+    job_repo.move(job.id, JobStatus.EXPIRED if expired else JobStatus.CANCELLED, detail={"parts": len(parts)},
+                  finished_at=now())
     return partial
 
 
-def publish(job_id: str) -> dict[str, Any]:
+def publish(job: Job) -> dict[str, Any]:
     """verifying -> succeeded. Safe to re-run after a crash at any point: promotion copies are
     idempotent and `_SUCCESS` is written only after `_MANIFEST.json`."""
     t0 = time.perf_counter()
-    job = job_row(job_id)
+    job_id = job.id
     if job.status != JobStatus.VERIFYING:
         raise VerificationError(f"job {job_id} is {job.status}, not verifying")
-    with tx() as conn:
-        rows = conn.execute(select(shards).where(shards.c.job_id == job_id)
-                            .order_by(shards.c.bucket, shards.c.ordinal)).all()
+    rows = shard_repo.of_job(job_id)
     not_done = [r.id for r in rows if r.status not in SHARD_DONE]
     if not_done:
         raise VerificationError(f"job {job_id}: shard {not_done[0]} is not committed")
-    pins = input_pins(job_id)
-    inputs = [{**p.to_dict(), "records": n} for p, n in pins]
+    inputs = _inputs(job)
     out = job.output_uri
     store = get_store(out)
     parts, sources = _committed_parts(rows)
@@ -190,7 +184,7 @@ def publish(job_id: str) -> dict[str, Any]:
     ctx = _openai_context(job)
     if ctx is not None:
         parts += _render_openai(out, parts, ctx)
-    plan = json.loads(job.plan or "{}")
+    plan = job.plan
     sums = {k: sum(getattr(r, k) or 0 for r in rows)
             for k in ("tokens_input", "tokens_output", "tokens_real", "tokens_padded",
                       "output_rows", "error_rows", "execute_seconds")}
@@ -218,9 +212,8 @@ def publish(job_id: str) -> dict[str, Any]:
     failpoints.hit("verify.before_publish")
     store.put_bytes(join(out, MANIFEST), json.dumps(manifest, indent=1).encode())
     store.put_bytes(join(out, SUCCESS), b"")
-    with tx() as conn:
-        transition_job(conn, job_id, JobStatus.SUCCEEDED, detail={"parts": len(parts)},
-                       finished_at=now(), verify_seconds=manifest["timings"]["verify"])
+    job_repo.move(job_id, JobStatus.SUCCEEDED, detail={"parts": len(parts)}, finished_at=now(),
+                  verify_seconds=manifest["timings"]["verify"])
     store.delete_prefix(job.work_uri)
     if not store.list(join(out, "_work/")):
         store.delete_prefix(join(out, "_work/"))

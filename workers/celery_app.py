@@ -11,6 +11,8 @@ import os
 from celery import Celery
 
 from batchinf.config import settings
+from batchinf.dispatch import Dispatcher
+from batchinf.ledger.models import Job
 
 QUEUE = os.environ.get("BATCHINF_QUEUE", "batchinf")
 # Above the longest shard: an unacked message of a live worker is not redelivered meanwhile.
@@ -43,6 +45,29 @@ def execute_shard(shard_id: str, speculative: bool = False) -> None:
 
 @app.task(name="batchinf.plan_object")
 def plan_object(job_id: str, idx: int) -> None:
-    from batchinf.plan import plan_object_task
+    from batchinf.plan import plan_one_object
 
-    plan_object_task(job_id, idx)
+    plan_one_object(job_id, idx)
+
+
+class CeleryDispatcher(Dispatcher):
+    """The controller's dispatcher: planning and shard messages through the broker. Messages may
+    be lost (a flushed or restarted broker), so the lifecycle sends stale ones again; a duplicate
+    does nothing, because a worker leases its shard in the ledger."""
+
+    resends_lost = True
+
+    def __init__(self, requeue_seconds: float = 30.0) -> None:
+        super().__init__()
+        self.requeue_seconds = requeue_seconds
+
+    def plan(self, job: Job, idxs: list[int]) -> None:
+        for idx in idxs:
+            plan_object.apply_async(args=[job.id, idx])
+
+    def send(self, shard_ids: list[str]) -> None:
+        for shard_id in shard_ids:
+            execute_shard.apply_async(args=[shard_id])
+
+    def _send_twin(self, shard_id: str) -> None:
+        execute_shard.apply_async(args=[shard_id], kwargs={"speculative": True})

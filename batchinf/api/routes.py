@@ -54,7 +54,7 @@ def _not_found(job_id: str) -> ApiError:
 
 
 def _load_job(job_id: str, tenant: str) -> dict[str, Any]:
-    from batchinf.jobs import status
+    from batchinf.ledger.status import status
 
     try:
         return status(job_id, tenant=tenant)
@@ -115,7 +115,8 @@ def _parse_body(raw: bytes, content_type: str) -> Any:
 
 
 def _submit(raw: Any, tenant: str) -> tuple[dict[str, Any], bool]:
-    from batchinf.jobs import status, submit
+    from batchinf.ledger.status import status
+    from batchinf.submit import submit
     from batchinf.manifest import parse_manifest
 
     job_id, created = submit(parse_manifest(raw), tenant=tenant)
@@ -126,7 +127,7 @@ def _submit(raw: Any, tenant: str) -> tuple[dict[str, Any], bool]:
 def list_jobs(request: Request, tenant: Tenant, status: JobState | None = None, name: Text = None,
               schedule: Text = None, limit: Limit = 50, cursor: Cursor = None) -> Any:
     """This tenant's jobs, newest first, filtered by status, name or schedule."""
-    from batchinf.jobs import page_jobs
+    from batchinf.ledger.status import page_jobs
 
     items, nxt = page_jobs(limit, tenant=tenant, status_is=status.value if status else None, name=name,
                            schedule=schedule, cursor=cursor)
@@ -144,7 +145,7 @@ def get_job(job_id: JobId, tenant: Tenant) -> Any:
             responses={**PAGED, **_errors(404)})
 def job_shards(request: Request, job_id: JobId, tenant: Tenant, status: ShardStatus | None = None,
                limit: Limit = 100, cursor: Cursor = None) -> Any:
-    from batchinf.jobs import page_shards
+    from batchinf.ledger.status import page_shards
 
     try:
         items, nxt = page_shards(job_id, tenant=tenant, limit=limit, cursor=cursor,
@@ -160,7 +161,7 @@ def job_errors(request: Request, job_id: JobId, tenant: Tenant,
                code: Annotated[str | None, Query(max_length=64, pattern=r"^[a-z_]+$")] = None,
                limit: Limit = 100, cursor: Cursor = None) -> Any:
     """Record errors committed so far (the rows of errors/part-*.parquet), optionally of one code."""
-    from batchinf.jobs import page_errors
+    from batchinf.ledger.status import page_errors
 
     try:
         items, nxt = page_errors(job_id, tenant=tenant, limit=limit, cursor=cursor, code=code)
@@ -177,7 +178,7 @@ def cancel_job(job_id: JobId, tenant: Tenant) -> Any:
     from batchinf.controller import cancel
 
     _load_job(job_id, tenant)
-    cancel(job_id)
+    cancel(job_id, finish=False)     # the driver running the job finishes it
     return _load_job(job_id, tenant)
 
 

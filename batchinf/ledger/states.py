@@ -1,12 +1,13 @@
 """Job and shard state machines as tables of allowed edges.
 
-Every transition goes through `ledger.ops.transition_job` / `transition_shard`, which enforce
+Every transition goes through `ledger.jobs.transition` / `ledger.shards.transition`, which enforce
 these tables with `UPDATE ... WHERE status IN (allowed sources)` and write one `job_events` row.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Iterable
 
 
 class JobStatus(StrEnum):
@@ -53,12 +54,14 @@ ATTEMPT_TRANSITIONS: dict[AttemptStatus, set[AttemptStatus]] = {
 ATTEMPT_LOSERS = frozenset({AttemptStatus.FAILED, AttemptStatus.LOST, AttemptStatus.SUPERSEDED})
 
 
+# Any non-final state may also fail or expire; any but cancelling may be cancelled.
+_STOPS = {JobStatus.FAILED, JobStatus.EXPIRED}
 JOB_TRANSITIONS: dict[JobStatus, set[JobStatus]] = {
-    JobStatus.SUBMITTED: {JobStatus.PLANNING},
-    JobStatus.PLANNING: {JobStatus.RUNNING},
-    JobStatus.RUNNING: {JobStatus.VERIFYING},
-    JobStatus.VERIFYING: {JobStatus.SUCCEEDED},
-    JobStatus.CANCELLING: {JobStatus.CANCELLED},
+    JobStatus.SUBMITTED: {JobStatus.PLANNING, JobStatus.CANCELLING, *_STOPS},
+    JobStatus.PLANNING: {JobStatus.RUNNING, JobStatus.CANCELLING, *_STOPS},
+    JobStatus.RUNNING: {JobStatus.VERIFYING, JobStatus.CANCELLING, *_STOPS},
+    JobStatus.VERIFYING: {JobStatus.SUCCEEDED, JobStatus.CANCELLING, *_STOPS},
+    JobStatus.CANCELLING: {JobStatus.CANCELLED, *_STOPS},
     JobStatus.SUCCEEDED: set(),
     JobStatus.FAILED: set(),
     JobStatus.CANCELLED: set(),
@@ -67,12 +70,7 @@ JOB_TRANSITIONS: dict[JobStatus, set[JobStatus]] = {
 
 JOB_TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED})
 JOB_ACTIVE = frozenset(JobStatus) - JOB_TERMINAL
-
-# Any non-final state may fail, be cancelled or expire.
-for _s in JOB_ACTIVE:
-    if _s is not JobStatus.CANCELLING:
-        JOB_TRANSITIONS[_s] |= {JobStatus.CANCELLING}
-    JOB_TRANSITIONS[_s] |= {JobStatus.FAILED, JobStatus.EXPIRED}
+JOB_PLANNING = frozenset({JobStatus.SUBMITTED, JobStatus.PLANNING})   # no shards yet
 
 SHARD_TRANSITIONS: dict[ShardStatus, set[ShardStatus]] = {
     ShardStatus.PENDING: {ShardStatus.QUEUED},
@@ -87,6 +85,13 @@ SHARD_TRANSITIONS: dict[ShardStatus, set[ShardStatus]] = {
 
 SHARD_TERMINAL = frozenset({ShardStatus.COMMITTED, ShardStatus.QUARANTINED, ShardStatus.FAILED})
 SHARD_DONE = frozenset({ShardStatus.COMMITTED, ShardStatus.QUARANTINED})  # count toward coverage
+SHARD_WAITING = frozenset({ShardStatus.PENDING, ShardStatus.QUEUED, ShardStatus.RETRYING})  # for a worker
+SHARD_IN_FLIGHT = frozenset({ShardStatus.QUEUED, ShardStatus.RUNNING})   # holding a dispatch slot
+
+
+def values(group: Iterable[StrEnum]) -> list[str]:
+    """The string values of a status group, for SQL `IN (...)`."""
+    return sorted(s.value for s in group)
 
 
 def job_sources(target: JobStatus) -> set[str]:

@@ -57,6 +57,8 @@ jobs = Table(
     Column("verify_seconds", Float, nullable=True),
     Column("lock_owner", String(200), nullable=True),      # controller holding the job's lease
     Column("lock_expires_at", Float, nullable=True),
+    Column("failed_attempts", Integer, nullable=False, default=0),   # attempts that raised: the retry budget
+    Column("step_failures", Integer, nullable=False, default=0),     # consecutive failed lifecycle steps
     UniqueConstraint("tenant", "idempotency_key", name="uq_jobs_tenant_idempotency"),
     Index("ix_jobs_status", "status"),
     Index("ix_jobs_tenant_created", "tenant", "created_at"),

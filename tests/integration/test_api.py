@@ -142,7 +142,7 @@ def test_submit_is_idempotent_and_bad_manifests_name_the_fix(svc: Service) -> No
         assert r.status_code == 422 and r.json()["message"].startswith("query.limit")
         r = c.get("/v1/jobs", params={"cursor": "bm9wZQ"})
         assert r.status_code == 400 and "cursor 'bm9wZQ' is not valid" in r.json()["message"]
-        from batchinf.jobs import encode_cursor
+        from batchinf.ledger.status import encode_cursor
         for crafted in (encode_cursor([1], [2]), encode_cursor("a", "b"), encode_cursor(1.0, "x", 3)):
             assert c.get("/v1/jobs", params={"cursor": crafted}).status_code == 400
             assert c.get(f"/v1/jobs/{first['job_id']}/errors", params={"cursor": crafted}).status_code == 400
@@ -322,7 +322,7 @@ def test_bundles_and_openapi_document(svc: Service) -> None:
                                  "/v1/jobs/{job_id}/errors", "/v1/jobs/{job_id}/cancel", "/v1/bundles",
                                  "/healthz", "/metrics"}
     from batchinf.api.schemas import JobStatus
-    from batchinf.jobs import status
+    from batchinf.ledger.status import status
 
     job = _submit(svc, "globex", _manifest(svc, "model", n=5))["job_id"]
     assert set(JobStatus.model_fields) == set(status(job))    # one status model, not a fork

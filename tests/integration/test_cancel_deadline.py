@@ -17,7 +17,9 @@ from sqlalchemy import select
 
 from batchinf.controller import cancel, drive
 from batchinf.errors import LedgerError
-from batchinf.jobs import job_row, status, submit
+from batchinf.ledger.jobs import get as job_row
+from batchinf.ledger.status import status
+from batchinf.submit import submit
 from batchinf.ledger.db import tx
 from batchinf.ledger.tables import shards
 from batchinf.manifest import parse_manifest

@@ -18,7 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import select
 
-from batchinf.jobs import status, submit
+from batchinf.ledger.status import status
+from batchinf.submit import submit
 from batchinf.ledger.db import tx
 from batchinf.ledger.states import JOB_TERMINAL
 from batchinf.ledger.tables import attempts, shards

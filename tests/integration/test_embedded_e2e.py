@@ -15,14 +15,19 @@ from batchinf.bundles import open_runtime
 from batchinf.controller import drive
 from batchinf.errors import StaleAttemptError, VerificationError
 from batchinf.execute import execute_shard
-from batchinf.jobs import job_row, status, submit
-from batchinf.ledger import ops
+from batchinf.ledger.jobs import get as job_row
+from batchinf.ledger.status import status
+from batchinf.submit import submit
+from batchinf.ledger import leases as lease_repo
+from batchinf.ledger import shards as shard_repo
+from batchinf.ledger import jobs as job_repo
 from batchinf.ledger.db import tx
 from batchinf.ledger.states import JobStatus, ShardStatus
 from batchinf.ledger.tables import job_events, shards
 from batchinf.manifest import parse_manifest
-from batchinf.plan import plan_job
-from batchinf.verify import MANIFEST, SUCCESS, publish, verify_output
+from tests.helpers.stages import plan_job
+from tests.helpers.stages import publish_job
+from batchinf.verify import MANIFEST, SUCCESS, verify_output
 from tests.helpers.corpus import BAD_LINES, manifest, write_jsonl
 
 pytestmark = pytest.mark.integration
@@ -106,17 +111,17 @@ def test_publish_refuses_a_missing_part(tmp_path: Path, tiny_bundle: str) -> Non
     plan_job(job_id)
     _execute_all(job_id)
     with tx() as conn:
-        ops.transition_job(conn, job_id, JobStatus.VERIFYING)
+        job_repo.transition(conn, job_id, JobStatus.VERIFYING)
         uri = conn.execute(select(shards.c.output_uri).where(shards.c.job_id == job_id)).scalars().first()
     Path(uri.removeprefix("file://")).unlink()
     with pytest.raises(VerificationError):
-        publish(job_id)
+        publish_job(job_id)
     assert not (out / SUCCESS).exists()
 
 
 def _execute_all(job_id: str) -> None:
-    ops.dispatch_ready(job_id)
-    while (lease := ops.claim_next([job_id], "test:1", 30)) is not None:
+    shard_repo.dispatch_ready(job_id)
+    while (lease := lease_repo.claim_next([job_id], "test:1", 30)) is not None:
         execute_shard(lease)
 
 
@@ -141,21 +146,21 @@ def test_rerunning_stages_duplicates_nothing(tmp_path: Path, tiny_bundle: str, m
 
     # execute: a duplicate delivery of a committed shard does nothing
     _execute_all(job_id)
-    assert ops.claim_shard(first[0], "test:2", 30) is None
-    ops.dispatch_ready(job_id)
-    assert ops.claim_next([job_id], "test:2", 30) is None
+    assert lease_repo.claim_shard(first[0], "test:2", 30) is None
+    shard_repo.dispatch_ready(job_id)
+    assert lease_repo.claim_next([job_id], "test:2", 30) is None
 
     # verify: crash just before publishing, then publish again: same parts, once
     with tx() as conn:
-        assert ops.transition_job(conn, job_id, JobStatus.VERIFYING)
+        assert job_repo.transition(conn, job_id, JobStatus.VERIFYING)
     monkeypatch.setenv("BATCHINF_FAILPOINTS", "verify.before_publish=raise")
     failpoints.reload()
     with pytest.raises(failpoints.FailpointError):
-        publish(job_id)
+        publish_job(job_id)
     assert not (out / SUCCESS).exists()
     monkeypatch.delenv("BATCHINF_FAILPOINTS")
     failpoints.reload()
-    m = publish(job_id)
+    m = publish_job(job_id)
     results, errors = read_output(out)
     assert len(results) + len(errors) == m["counts"]["records_total"] == 406
     assert len(list(out.glob("part-*.parquet"))) == sum(p["kind"] == "results" for p in m["parts"])
@@ -170,19 +175,19 @@ def test_stale_attempt_cannot_commit(tmp_path: Path, tiny_bundle: str) -> None:
     out = tmp_path / "out"
     job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "a.jsonl"), str(out))))
     plan_job(job_id)
-    ops.dispatch_ready(job_id)
-    zombie = ops.claim_next([job_id], "zombie:1", 30)
+    shard_repo.dispatch_ready(job_id)
+    zombie = lease_repo.claim_next([job_id], "zombie:1", 30)
     assert zombie is not None and zombie.attempt == 1
     # the zombie stops heartbeating; its lease expires and another worker takes the shard
     with tx() as conn:
         conn.execute(update(shards).where(shards.c.id == zombie.shard_id).values(lease_expires_at=0))
-    assert ops.expire_leases(job_id, max_attempts=3) == 1
+    assert lease_repo.expire_leases(job_id, max_attempts=3) == 1
     with tx() as conn:
         conn.execute(update(shards).where(shards.c.id == zombie.shard_id).values(not_before=0))
-    ops.dispatch_ready(job_id)
-    winner = ops.claim_next([job_id], "worker:2", 30)
+    shard_repo.dispatch_ready(job_id)
+    winner = lease_repo.claim_next([job_id], "worker:2", 30)
     assert winner is not None and winner.shard_id == zombie.shard_id and winner.attempt == 2
-    assert not ops.heartbeat(zombie, 30)
+    assert not lease_repo.heartbeat(zombie, 30)
     with pytest.raises(StaleAttemptError):
         execute_shard(zombie)
     assert not list((Path(job_row(job_id).work_uri.removeprefix("file://")) / "attempts" / zombie.shard_id).glob("a1"))
@@ -190,8 +195,8 @@ def test_stale_attempt_cannot_commit(tmp_path: Path, tiny_bundle: str) -> None:
     with tx() as conn:
         row = conn.execute(select(shards).where(shards.c.id == winner.shard_id)).one()
         assert row.status == ShardStatus.COMMITTED and "/a2/" in row.output_uri
-        assert ops.transition_job(conn, job_id, JobStatus.VERIFYING)
-    m = publish(job_id)
+        assert job_repo.transition(conn, job_id, JobStatus.VERIFYING)
+    m = publish_job(job_id)
     assert all(p["shard"] == winner.shard_id for p in m["parts"])
     assert verify_output(str(out))["ok"]
 
@@ -235,7 +240,7 @@ def test_parquet_input_with_bad_rows(tmp_path: Path, tiny_bundle: str) -> None:
 def test_a_page_of_statuses_equals_each_job_status_at_a_constant_query_count(tmp_path: Path, tiny_bundle: str) -> None:
     from sqlalchemy import event
 
-    from batchinf.jobs import page_jobs
+    from batchinf.ledger.status import page_jobs
     from batchinf.ledger.db import engine
 
     ids = []

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from batchinf.jobs import status, submit
+from batchinf.ledger.status import status
+from batchinf.submit import submit
 from batchinf.ledger.db import tx
 from batchinf.ledger.tables import attempts, job_events, shards
 from batchinf.manifest import parse_manifest

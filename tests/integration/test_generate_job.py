@@ -19,16 +19,19 @@ from batchinf.bundles import import_bundle, open_runtime
 from batchinf.controller import cancel, drive
 from batchinf.errors import VerificationError
 from batchinf.execute import execute_shard
-from batchinf.jobs import job_row, submit
-from batchinf.ledger import ops
+from batchinf.ledger.jobs import get as job_row
+from batchinf.submit import submit
+from batchinf.ledger import leases as lease_repo
+from batchinf.ledger import shards as shard_repo
 from batchinf.ledger.db import tx
 from batchinf.ledger.tables import attempts, shards
 from batchinf.manifest import parse_manifest
 from batchinf.parts import read_table
-from batchinf.plan import plan_job
+from tests.helpers.stages import plan_job
 from batchinf.runtime.generate import GenRequest, SamplingParams, derive_seed
 from batchinf.store import get_store, join
-from batchinf.verify import MANIFEST, PARTIAL, SUCCESS, publish, verify_output
+from tests.helpers.stages import publish_job
+from batchinf.verify import MANIFEST, PARTIAL, SUCCESS, verify_output
 from tests.helpers.corpus import texts as corpus_texts
 
 pytestmark = pytest.mark.integration
@@ -359,21 +362,21 @@ def test_retried_shards_reproduce_identical_bytes_with_sampling(tmp_path: Path, 
     torch.set_num_threads(1)           # as in the clean job's worker (drive threads=1)
     try:
         plan_job(job_id, processes=1)
-        ops.dispatch_ready(job_id)
+        shard_repo.dispatch_ready(job_id)
         monkeypatch.setenv("BATCHINF_FAILPOINTS", "execute.after_write=raise")
         failpoints.reload()
         failed = []
-        while (lease := ops.claim_next([job_id], "test:1", 60)) is not None:
+        while (lease := lease_repo.claim_next([job_id], "test:1", 60)) is not None:
             with pytest.raises(failpoints.FailpointError):
                 execute_shard(lease)
-            ops.fail_attempt(lease, "injected after write", max_attempts=3)
+            lease_repo.fail_attempt(lease, "injected after write", max_attempts=3)
             failed.append(lease.shard_id)
         monkeypatch.delenv("BATCHINF_FAILPOINTS")
         failpoints.reload()
         with tx() as conn:              # skip the retry backoff
             conn.execute(update(shards).where(shards.c.job_id == job_id).values(not_before=0))
-        ops.dispatch_ready(job_id)
-        while (lease := ops.claim_next([job_id], "test:1", 60)) is not None:
+        shard_repo.dispatch_ready(job_id)
+        while (lease := lease_repo.claim_next([job_id], "test:1", 60)) is not None:
             assert lease.attempt == 2
             execute_shard(lease)
     finally:
@@ -386,8 +389,8 @@ def test_retried_shards_reproduce_identical_bytes_with_sampling(tmp_path: Path, 
         if r.output_rows:
             first = get_store(work).get_bytes(join(work, "attempts", r.id, "a1", "part.parquet"))
             assert first == get_store(work).get_bytes(r.output_uri)
-    assert ops.verify_when_done(job_id)
-    publish(job_id)
+    assert shard_repo.verify_when_done(job_id)
+    publish_job(job_id)
     m_retried, _, _ = read_output(str(retried_out))
     assert results(m_retried) == results(m_clean) and len(results(m_clean)) >= 3
     a, b = parse_openai(clean_out, m_clean), parse_openai(retried_out, m_retried)

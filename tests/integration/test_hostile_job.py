@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from batchinf.controller import drive
-from batchinf.jobs import submit
+from batchinf.submit import submit
 from batchinf.manifest import parse_manifest
 from batchinf.verify import verify_output
 from tests.helpers.corpus import manifest

@@ -15,7 +15,7 @@ import pytest
 
 from batchinf.bundles import import_bundle
 from batchinf.controller import drive
-from batchinf.jobs import submit
+from batchinf.submit import submit
 from batchinf.manifest import parse_manifest
 from tests.helpers.corpus import manifest, texts
 

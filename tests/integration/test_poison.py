@@ -11,7 +11,7 @@ from sqlalchemy import select
 
 from batchinf.config import settings
 from batchinf.controller import drive
-from batchinf.jobs import submit
+from batchinf.submit import submit
 from batchinf.ledger.db import tx
 from batchinf.ledger.tables import attempts, jobs
 from batchinf.manifest import parse_manifest

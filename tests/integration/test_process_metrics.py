@@ -26,7 +26,7 @@ def _value(samples: dict, name: str, **labels: str) -> float:
 
 
 def test_controller_and_worker_serve_their_metrics(cluster: Cluster, tmp_path: Path, s3_bucket: str) -> None:  # noqa: F811
-    from batchinf.jobs import job_row
+    from batchinf.ledger.jobs import get as job_row
 
     job_id, good = _job(tmp_path, s3_bucket, n=100, max_records=50)
     cport, wport = _free_port(), _free_port()

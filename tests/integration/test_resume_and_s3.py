@@ -17,7 +17,8 @@ import yaml
 from sqlalchemy import func, select
 
 from batchinf.controller import drive
-from batchinf.jobs import job_row, submit
+from batchinf.ledger.jobs import get as job_row
+from batchinf.submit import submit
 from batchinf.ledger.db import tx
 from batchinf.ledger.tables import job_events, shards
 from batchinf.manifest import parse_manifest
@@ -92,8 +93,9 @@ def test_s3_inputs_pinned_by_version(tmp_path: Path, tiny_bundle: str, s3_bucket
     s3.upload_file(str(tmp_path / "b.jsonl"), bucket, "in/b.jsonl")
     job_id, _ = submit(parse_manifest(manifest(f"{s3_bucket}/in/", f"{s3_bucket}/out/")))
 
+    from batchinf.ledger.jobs import get as get_job
     from batchinf.plan import pin_job
-    pin_job(job_id)                                  # pins versions; planning reads later
+    pin_job(get_job(job_id))                                  # pins versions; planning reads later
     s3.put_object(Bucket=bucket, Key="in/b.jsonl", Body=b'{"id": "new", "text": "replaced"}\n')
     assert drive(job_id, workers=1, threads=1) == "succeeded"
 
@@ -124,8 +126,9 @@ def test_input_manifest_and_changed_object(tmp_path: Path, tiny_bundle: str, s3_
     m = manifest("", str(tmp_path / "out"))
     m["input"] = {"manifest": f"{bucket_uri}/inputs.jsonl", "format": "jsonl"}
     job_id, _ = submit(parse_manifest(m))
+    from batchinf.ledger.jobs import get as get_job
     from batchinf.plan import pin_job
-    pin_job(job_id)
+    pin_job(get_job(job_id))
     s3.put_object(Bucket=bucket, Key="data/a.jsonl", Body=b'{"id": "z", "text": "changed"}\n')
     assert drive(job_id, workers=1, threads=1) == "failed"
     err = job_row(job_id).error

@@ -261,7 +261,9 @@ def _manifest(tmp: Path, key: str, out: str):  # noqa: ANN202
 
 def test_alias_moved_after_submit_does_not_change_job(bi_home: Path, tiny_model_dir: Path,
                                                       tmp_path: Path) -> None:
-    from batchinf.jobs import job_row, status, submit
+    from batchinf.ledger.jobs import get as job_row
+    from batchinf.ledger.status import status
+    from batchinf.submit import submit
 
     first = import_bundle(tiny_model_dir, "tiny", alias="prod").digest
     job1, created = submit(_manifest(tmp_path, "k1", "out1"))

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchinf.controller import share_slots
-from batchinf.ledger.ops import Demand
+from batchinf.lifecycle import share_slots
+from batchinf.ledger.models import Demand
 
 
 def _d(job: str, priority: int = 0, in_flight: int = 0, ready: int = 0, deadline: float | None = None,
@@ -49,7 +49,7 @@ def test_shares_respect_the_limit_and_the_demand(limit: int, specs: list[tuple[i
 
 
 def test_a_job_still_planning_keeps_the_slots_it_outranks_free() -> None:
-    from batchinf.ledger.ops import UNPLANNED_DEMAND
+    from batchinf.ledger.shards import UNPLANNED_DEMAND
 
     backfill = _d("backfill", in_flight=2, ready=100)
     planning = _d("urgent", priority=5, ready=UNPLANNED_DEMAND)

@@ -8,7 +8,11 @@ import pytest
 from sqlalchemy import func, insert, select, update
 
 from batchinf.errors import StaleAttemptError
-from batchinf.ledger import ops
+from batchinf.ledger import leases as lease_repo
+from batchinf.ledger import shards as shard_repo
+from batchinf.ledger import jobs as job_repo
+from batchinf.ledger import models
+from batchinf.ledger import events
 from batchinf.ledger.db import retrying, tx
 from batchinf.ledger.states import (
     ATTEMPT_LOSERS,
@@ -40,7 +44,7 @@ def test_state_groups_cover_the_enums() -> None:
 
 
 def _job(n_shards: int = 3, job_id: str = "job-1") -> str:
-    t = ops.now()
+    t = events.now()
     with tx() as conn:
         if conn.execute(select(bundles.c.digest)).first() is None:
             conn.execute(insert(bundles).values(digest="sha256:" + "0" * 64, name="b", uri="file:///b",
@@ -56,17 +60,17 @@ def _job(n_shards: int = 3, job_id: str = "job-1") -> str:
     return job_id
 
 
-def _result() -> ops.ShardResult:
-    return ops.ShardResult("file:///o", "a" * 64, 1, "file:///e", "b" * 64, 0, 5, 0, 5, 8, 0.1, [])
+def _result() -> models.ShardResult:
+    return models.ShardResult("file:///o", "a" * 64, 1, "file:///e", "b" * 64, 0, 5, 0, 5, 8, 0.1, [])
 
 
 def test_job_transitions_follow_the_table(ledger: str) -> None:
     job_id = _job()
     with tx() as conn:
-        assert not ops.transition_job(conn, job_id, JobStatus.SUCCEEDED)   # running -/-> succeeded
-        assert ops.transition_job(conn, job_id, JobStatus.VERIFYING)
-        assert ops.transition_job(conn, job_id, JobStatus.SUCCEEDED)
-        assert not ops.transition_job(conn, job_id, JobStatus.FAILED)      # terminal stays terminal
+        assert not job_repo.transition(conn, job_id, JobStatus.SUCCEEDED)   # running -/-> succeeded
+        assert job_repo.transition(conn, job_id, JobStatus.VERIFYING)
+        assert job_repo.transition(conn, job_id, JobStatus.SUCCEEDED)
+        assert not job_repo.transition(conn, job_id, JobStatus.FAILED)      # terminal stays terminal
         events = conn.execute(select(job_events.c.from_status, job_events.c.to_status)
                               .where(job_events.c.kind == "job")).all()
     assert [tuple(e) for e in events] == [("running", "verifying"), ("verifying", "succeeded")]
@@ -74,29 +78,29 @@ def test_job_transitions_follow_the_table(ledger: str) -> None:
 
 def test_claim_heartbeat_commit_with_fencing(ledger: str) -> None:
     job_id = _job(n_shards=2)
-    assert ops.claim_next([job_id], "w:1", 30) is None                   # nothing queued yet
-    assert len(ops.dispatch_ready(job_id)) == 2
-    a = ops.claim_next([job_id], "w:1", 30)
-    b = ops.claim_next([job_id], "w:2", 30)
+    assert lease_repo.claim_next([job_id], "w:1", 30) is None                   # nothing queued yet
+    assert len(shard_repo.dispatch_ready(job_id)) == 2
+    a = lease_repo.claim_next([job_id], "w:1", 30)
+    b = lease_repo.claim_next([job_id], "w:2", 30)
     assert a and b and a.shard_id != b.shard_id and a.attempt == b.attempt == 1
-    assert ops.claim_next([job_id], "w:3", 30) is None
-    assert ops.claim_shard(a.shard_id, "w:3", 30) is None                # duplicate delivery
-    assert ops.heartbeat(a, 30)
-    ops.commit_attempt(a, _result())
+    assert lease_repo.claim_next([job_id], "w:3", 30) is None
+    assert lease_repo.claim_shard(a.shard_id, "w:3", 30) is None                # duplicate delivery
+    assert lease_repo.heartbeat(a, 30)
+    lease_repo.commit_attempt(a, _result())
     with pytest.raises(StaleAttemptError):
-        ops.commit_attempt(a, _result())                                 # commits once
+        lease_repo.commit_attempt(a, _result())                                 # commits once
     with tx() as conn:
         row = conn.execute(select(shards).where(shards.c.id == a.shard_id)).one()
         att = conn.execute(select(attempts.c.status).where(attempts.c.shard_id == a.shard_id)).scalars().all()
     assert row.status == "committed" and row.output_sha256 == "a" * 64 and att == ["committed"]
 
 
-def _claim_again(job_id: str, attempt: int) -> ops.Lease:
-    ops.dispatch_ready(job_id)
+def _claim_again(job_id: str, attempt: int) -> models.Lease:
+    shard_repo.dispatch_ready(job_id)
     with tx() as conn:   # skip backoff
         conn.execute(update(shards).values(not_before=0))
-    ops.dispatch_ready(job_id)
-    lease = ops.claim_next([job_id], "w:1", 30)
+    shard_repo.dispatch_ready(job_id)
+    lease = lease_repo.claim_next([job_id], "w:1", 30)
     assert lease is not None and lease.attempt == attempt
     return lease
 
@@ -109,8 +113,8 @@ def test_lost_leases_retry_then_quarantine(ledger: str) -> None:
         lease = _claim_again(job_id, attempt)
         with tx() as conn:
             conn.execute(update(shards).values(lease_expires_at=0))
-        assert ops.expire_leases(job_id, max_attempts=2) == 1
-        assert not ops.heartbeat(lease, 30)
+        assert lease_repo.expire_leases(job_id, max_attempts=2) == 1
+        assert not lease_repo.heartbeat(lease, 30)
     with tx() as conn:
         assert conn.execute(select(shards.c.status)).scalar() == "quarantined"
         assert conn.execute(select(jobs.c.status)).scalar() == "running"
@@ -120,7 +124,7 @@ def test_raising_attempts_fail_the_shard_and_job(ledger: str) -> None:
     job_id = _job(n_shards=1)
     for attempt in (1, 2):
         lease = _claim_again(job_id, attempt)
-        ops.fail_attempt(lease, "OSError: disk full", max_attempts=2)
+        lease_repo.fail_attempt(lease, "OSError: disk full", max_attempts=2)
     with tx() as conn:
         assert conn.execute(select(shards.c.status)).scalar() == "failed"
         assert conn.execute(select(jobs.c.status)).scalar() == "failed"
@@ -129,12 +133,12 @@ def test_raising_attempts_fail_the_shard_and_job(ledger: str) -> None:
 
 def test_concurrent_claims_never_share_a_shard(ledger: str) -> None:
     job_id = _job(n_shards=20)
-    ops.dispatch_ready(job_id)
+    shard_repo.dispatch_ready(job_id)
     got: list[str] = []
     lock = threading.Lock()
 
     def worker(n: int) -> None:
-        while (lease := retrying(ops.claim_next, [job_id], f"w:{n}", 30)) is not None:
+        while (lease := retrying(lease_repo.claim_next, [job_id], f"w:{n}", 30)) is not None:
             with lock:
                 got.append(lease.shard_id)
 
@@ -150,51 +154,51 @@ def test_concurrent_claims_never_share_a_shard(ledger: str) -> None:
 
 def test_nothing_commits_after_cancel(ledger: str) -> None:
     job_id = _job(n_shards=2)
-    ops.dispatch_ready(job_id)
-    lease = ops.claim_next([job_id], "w:1", 30)
-    assert lease is not None and ops.leases_held(job_id) == 1
-    assert ops.request_cancel(job_id, "cancelled by request")
-    assert not ops.request_cancel(job_id, "again")            # cancelling -/-> cancelling
-    assert not ops.heartbeat(lease, 30)                       # the worker learns at its heartbeat
+    shard_repo.dispatch_ready(job_id)
+    lease = lease_repo.claim_next([job_id], "w:1", 30)
+    assert lease is not None and lease_repo.leases_held(job_id) == 1
+    assert job_repo.request_cancel(job_id, "cancelled by request")
+    assert not job_repo.request_cancel(job_id, "again")            # cancelling -/-> cancelling
+    assert not lease_repo.heartbeat(lease, 30)                       # the worker learns at its heartbeat
     with pytest.raises(StaleAttemptError):
-        ops.commit_attempt(lease, _result())
-    assert ops.claim_next([job_id], "w:2", 30) is None        # nothing new starts
-    ops.release_leases(job_id)
+        lease_repo.commit_attempt(lease, _result())
+    assert lease_repo.claim_next([job_id], "w:2", 30) is None        # nothing new starts
+    lease_repo.release_leases(job_id)
     with tx() as conn:
         assert conn.execute(select(shards.c.status).where(shards.c.id == lease.shard_id)).scalar() == "retrying"
         assert conn.execute(select(jobs.c.status)).scalar() == "cancelling"
 
 
-def _committed(job_id: str, lease: ops.Lease, seconds: float) -> None:
-    ops.commit_attempt(lease, ops.ShardResult("file:///o", "a" * 64, 1, "file:///e", "b" * 64, 0,
+def _committed(job_id: str, lease: models.Lease, seconds: float) -> None:
+    lease_repo.commit_attempt(lease, models.ShardResult("file:///o", "a" * 64, 1, "file:///e", "b" * 64, 0,
                                               5, 0, 5, 8, seconds, []))
 
 
-def _straggling_job() -> tuple[str, ops.Lease]:
+def _straggling_job() -> tuple[str, models.Lease]:
     """Four shards: three commit in ~1 s, the fourth's attempt has run for 100 s."""
     job_id = _job(n_shards=4)
-    ops.dispatch_ready(job_id)
-    leases = [ops.claim_next([job_id], "w:1", 300) for _ in range(4)]
+    shard_repo.dispatch_ready(job_id)
+    leases = [lease_repo.claim_next([job_id], "w:1", 300) for _ in range(4)]
     for lease in leases[:3]:
         _committed(job_id, lease, 1.0)
     slow = leases[3]
     with tx() as conn:
-        conn.execute(update(attempts).where(attempts.c.shard_id == slow.shard_id).values(started_at=ops.now() - 100))
+        conn.execute(update(attempts).where(attempts.c.shard_id == slow.shard_id).values(started_at=events.now() - 100))
     return job_id, slow
 
 
 def test_stragglers_get_one_speculative_attempt_on_another_worker(ledger: str) -> None:
     job_id, slow = _straggling_job()
-    assert ops.stragglers(job_id, factor=3, min_seconds=1000) == []      # not slow enough yet
-    assert ops.stragglers(job_id, factor=3, min_seconds=5) == [slow.shard_id]
-    assert ops.claim_speculative(slow.shard_id, "w:1") is None            # not on the same worker
-    twin = ops.claim_speculative(slow.shard_id, "w:2")
+    assert shard_repo.stragglers(job_id, factor=3, min_seconds=1000) == []      # not slow enough yet
+    assert shard_repo.stragglers(job_id, factor=3, min_seconds=5) == [slow.shard_id]
+    assert lease_repo.claim_speculative(slow.shard_id, "w:1") is None            # not on the same worker
+    twin = lease_repo.claim_speculative(slow.shard_id, "w:2")
     assert twin is not None and twin.attempt == slow.attempt + 1
-    assert ops.claim_speculative(slow.shard_id, "w:3") is None            # one twin at most
-    assert ops.stragglers(job_id, factor=3, min_seconds=5) == []
-    assert ops.heartbeat(slow, 30) and ops.heartbeat(twin, 30)
+    assert lease_repo.claim_speculative(slow.shard_id, "w:3") is None            # one twin at most
+    assert shard_repo.stragglers(job_id, factor=3, min_seconds=5) == []
+    assert lease_repo.heartbeat(slow, 30) and lease_repo.heartbeat(twin, 30)
     _committed(job_id, twin, 2.0)                                         # the twin wins
-    assert not ops.heartbeat(slow, 30)                                    # the original stops...
+    assert not lease_repo.heartbeat(slow, 30)                                    # the original stops...
     with pytest.raises(StaleAttemptError):
         _committed(job_id, slow, 100.0)                                   # ...and can never commit
     with tx() as conn:
@@ -207,34 +211,34 @@ def test_stragglers_get_one_speculative_attempt_on_another_worker(ledger: str) -
 
 def test_the_original_may_still_win(ledger: str) -> None:
     job_id, slow = _straggling_job()
-    twin = ops.claim_speculative(slow.shard_id, "w:2")
+    twin = lease_repo.claim_speculative(slow.shard_id, "w:2")
     _committed(job_id, slow, 100.0)                                       # first commit wins
-    assert not ops.heartbeat(twin, 30)
+    assert not lease_repo.heartbeat(twin, 30)
     with pytest.raises(StaleAttemptError):
         _committed(job_id, twin, 1.0)
 
 
 def test_lost_original_hands_the_shard_to_its_live_twin(ledger: str) -> None:
     job_id, slow = _straggling_job()
-    twin = ops.claim_speculative(slow.shard_id, "w:2")
+    twin = lease_repo.claim_speculative(slow.shard_id, "w:2")
     with tx() as conn:
         conn.execute(update(shards).where(shards.c.id == slow.shard_id).values(lease_expires_at=0))
-    assert ops.expire_leases(job_id, max_attempts=3) == 1
+    assert lease_repo.expire_leases(job_id, max_attempts=3) == 1
     with tx() as conn:
         row = conn.execute(select(shards).where(shards.c.id == slow.shard_id)).one()
     assert row.status == "running" and row.attempt == twin.attempt and row.lease_owner == "w:2"
-    assert not ops.heartbeat(slow, 30) and ops.heartbeat(twin, 30)
+    assert not lease_repo.heartbeat(slow, 30) and lease_repo.heartbeat(twin, 30)
     _committed(job_id, twin, 2.0)
 
 
 def test_a_silent_twin_is_lost_and_the_original_carries_on(ledger: str) -> None:
     job_id, slow = _straggling_job()
-    twin = ops.claim_speculative(slow.shard_id, "w:2")
+    twin = lease_repo.claim_speculative(slow.shard_id, "w:2")
     with tx() as conn:
         conn.execute(update(attempts).where(attempts.c.shard_id == twin.shard_id,
                                             attempts.c.number == twin.attempt).values(heartbeat_at=0))
-    assert ops.expire_leases(job_id, max_attempts=3) == 0
-    assert not ops.heartbeat(twin, 30) and ops.heartbeat(slow, 30)
+    assert lease_repo.expire_leases(job_id, max_attempts=3) == 0
+    assert not lease_repo.heartbeat(twin, 30) and lease_repo.heartbeat(slow, 30)
     _committed(job_id, slow, 100.0)
 
 
@@ -246,11 +250,11 @@ def test_job_retry_budget_bounds_retries_across_shards(ledger: str, monkeypatch:
     monkeypatch.setenv("BATCHINF_JOB_RETRY_BUDGET", "3")
     settings.cache_clear()
     job_id = _job(n_shards=5)
-    ops.dispatch_ready(job_id)
+    shard_repo.dispatch_ready(job_id)
     for n in range(4):
-        lease = ops.claim_next([job_id], "w:1", 30)
+        lease = lease_repo.claim_next([job_id], "w:1", 30)
         assert lease is not None
-        ops.fail_attempt(lease, "TransientError: S3 503 SlowDown", max_attempts=10)
+        lease_repo.fail_attempt(lease, "TransientError: S3 503 SlowDown", max_attempts=10)
     with tx() as conn:
         job = conn.execute(select(jobs.c.status, jobs.c.error)).one()
     assert job.status == "failed" and "retry budget is spent (3 failed attempts" in job.error
@@ -259,7 +263,7 @@ def test_job_retry_budget_bounds_retries_across_shards(ledger: str, monkeypatch:
 
 def test_dispatch_demand_counts_ready_and_in_flight(ledger: str) -> None:
     job_id = _job(n_shards=5)
-    ops.dispatch_ready(job_id, limit=2)
-    assert ops.claim_next([job_id], "w:1", 30) is not None
-    (d,) = ops.dispatch_demand()
+    shard_repo.dispatch_ready(job_id, limit=2)
+    assert lease_repo.claim_next([job_id], "w:1", 30) is not None
+    (d,) = shard_repo.dispatch_demand()
     assert (d.job_id, d.in_flight, d.ready, d.priority) == (job_id, 2, 3, 0)

@@ -35,11 +35,11 @@ def test_migration_0004_up_down_up(backend: str, tmp_path: Path) -> None:
         return names | {f"schedules.{c}" for c in cols}
 
     assert not {"api_tokens", "schedule_runs", "schedules.start_at"} & tables()
-    assert db.upgrade(url) == "0004"
+    assert db.upgrade(url, "0004") == "0004"
     assert {"api_tokens", "schedule_runs", "schedules.start_at"} <= tables()
     command.downgrade(db.alembic_config(sa_url), "0003")
     assert not {"api_tokens", "schedule_runs", "schedules.start_at"} & tables()
-    assert db.upgrade(url) == "0004"
+    assert db.upgrade(url, "0004") == "0004"
 
 
 def test_tokens_are_stored_hashed_and_revocable(ledger: str) -> None:

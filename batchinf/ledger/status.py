@@ -1,85 +1,25 @@
-"""Submitting jobs, pinning their inputs, and the one status model every surface reads."""
+"""The status repository: the one status model every surface reads (`run/submit/status/jobs
+--json`, `GET /v1/jobs/{id}`), keyset pages of jobs, shards and errors, and the ledger's
+aggregates for metrics. Every query here costs one statement per aggregate for a whole page."""
 
 from __future__ import annotations
 
 import base64
 import json
-import secrets
+import time
 from typing import Any
 
-from sqlalchemy import func, insert, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import func, select
 
-from batchinf.bundles import get_info, resolve_ref
 from batchinf.config import settings
-from batchinf.errors import BatchinfError, InputError, LedgerError, ManifestError
+from batchinf.errors import BatchinfError, LedgerError
 from batchinf.ledger.db import tx
-from batchinf.ledger.ops import now
-from batchinf.ledger.states import JOB_ACTIVE, JOB_TERMINAL, SHARD_DONE, ShardStatus
-from batchinf.ledger.tables import attempts, job_inputs, jobs, record_errors, shards
-from batchinf.manifest import JobManifest, manifest_from_dict
-from batchinf.store import ObjectPin, get_store, join, normalize_uri
+from batchinf.ledger.events import now
+from batchinf.ledger.states import JOB_ACTIVE, JOB_TERMINAL, SHARD_DONE, SHARD_WAITING, ShardStatus, values
+from batchinf.ledger.tables import attempts, jobs, record_errors, schedule_runs, shards
 
 
-def submit(manifest: JobManifest, *, tenant: str = "default", schedule: str | None = None) -> tuple[str, bool]:
-    """Create the job, or return the existing one for the same idempotency key.
-
-    Returns (job_id, created). The bundle reference is resolved to a digest here, once: moving an
-    alias later never changes what this job runs."""
-    key = manifest.idempotency_key or manifest.content_key()
-    existing = find_by_key(tenant, key)
-    if existing:
-        return existing, False
-    digest = resolve_ref(manifest.bundle)
-    bundle_task = get_info(digest).task
-    if bundle_task != manifest.task:
-        raise ManifestError(f"bundle {manifest.bundle} is a {bundle_task} model and this job's task is "
-                            f"{manifest.task}; choose a {manifest.task} bundle or set task: {bundle_task}")
-    input_uri = normalize_uri(manifest.input.uri or manifest.input.manifest or "")
-    output_uri = normalize_uri(manifest.output_uri).rstrip("/") + "/"
-    _check_output_free(output_uri, tenant)
-    t = now()
-    job_id = "job-" + secrets.token_hex(8)
-    try:
-        with tx() as conn:
-            conn.execute(insert(jobs).values(
-                id=job_id, tenant=tenant, name=manifest.name, idempotency_key=key, status="submitted",
-                task=manifest.task, manifest=json.dumps(manifest.to_dict()), bundle_ref=manifest.bundle,
-                bundle_digest=digest, input_uri=input_uri, output_uri=output_uri,
-                work_uri=join(output_uri, "_work", job_id) + "/", priority=manifest.priority,
-                deadline_at=(t + manifest.deadline_seconds) if manifest.deadline_seconds else None,
-                schedule=schedule, created_at=t, updated_at=t))
-    except IntegrityError:
-        existing = find_by_key(tenant, key)
-        if existing:
-            return existing, False
-        raise
-    return job_id, True
-
-
-def _check_output_free(output_uri: str, tenant: str) -> None:
-    """Two jobs never share an output prefix: their parts would mix. (Another tenant's job is not
-    named.)"""
-    with tx() as conn:
-        other = conn.execute(select(jobs.c.id, jobs.c.tenant).where(
-            jobs.c.output_uri == output_uri, jobs.c.status.in_([s.value for s in JOB_ACTIVE]))).first()
-    if other:
-        which = f"active job {other.id}" if other.tenant == tenant else "another tenant's active job"
-        raise ManifestError(f"output {output_uri} is in use by {which}; choose another "
-                            "output.uri or cancel that job")
-    if get_store(output_uri).exists(join(output_uri, "_SUCCESS")):
-        raise ManifestError(f"output {output_uri} already holds a published job (_SUCCESS exists); "
-                            "choose a new output.uri or delete the old output first")
-
-
-def find_by_key(tenant: str, key: str) -> str | None:
-    with tx() as conn:
-        return conn.execute(select(jobs.c.id).where(jobs.c.tenant == tenant,
-                                                    jobs.c.idempotency_key == key)).scalar()
-
-
-def job_row(job_id: str, *, tenant: str | None = None) -> Any:
-    """The job's ledger row; with `tenant`, another tenant's job is as missing as a missing one."""
+def _job_row(job_id: str, tenant: str | None) -> Any:
     q = select(jobs).where(jobs.c.id == job_id)
     if tenant is not None:
         q = q.where(jobs.c.tenant == tenant)
@@ -90,59 +30,11 @@ def job_row(job_id: str, *, tenant: str | None = None) -> Any:
     return row
 
 
-def job_manifest(row: Any) -> JobManifest:
-    return manifest_from_dict(json.loads(row.manifest))
-
-
-def pin_inputs(manifest: JobManifest) -> list[ObjectPin]:
-    """List the input once and pin key, size, ETag and version of every object it will read."""
-    spec = manifest.input
-    if spec.uri:
-        uri = normalize_uri(spec.uri)
-        pins = get_store(uri).list(uri)
-        if not pins:
-            raise InputError(f"input {uri} has no objects; check input.uri (a prefix ends with /)")
-        return pins
-    return _pins_from_input_manifest(normalize_uri(spec.manifest or ""))
-
-
-def _pins_from_input_manifest(uri: str) -> list[ObjectPin]:
-    """A JSONL list of objects: {"uri": ...} or S3 Inventory style {"bucket", "key"}, each with an
-    optional "version_id" (or "VersionId")."""
-    pins = []
-    for n, line in enumerate(get_store(uri).get_bytes(uri).decode("utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            entry = json.loads(line)
-            if "uri" in entry:
-                obj = normalize_uri(entry["uri"])
-            else:
-                bucket = entry.get("bucket") or entry["Bucket"]
-                obj = f"s3://{bucket}/{entry.get('key') or entry['Key']}"
-            version = entry.get("version_id") or entry.get("VersionId")
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-            raise ManifestError(f"input manifest {uri} line {n}: expected a JSON object with uri, or "
-                                f"bucket and key, and optional version_id ({exc})") from exc
-        pins.append(get_store(obj).head(obj, version_id=version))
-    if not pins:
-        raise InputError(f"input manifest {uri} lists no objects")
-    return pins
-
-
-def input_pins(job_id: str) -> list[tuple[ObjectPin, int | None]]:
-    with tx() as conn:
-        rows = conn.execute(select(job_inputs).where(job_inputs.c.job_id == job_id)
-                            .order_by(job_inputs.c.idx)).all()
-    return [(ObjectPin(uri=r.uri, size=r.size, etag=r.etag, version_id=r.version_id), r.records)
-            for r in rows]
-
-
 def status(job_id: str, *, tenant: str | None = None) -> dict[str, Any]:
     """The status object of `run/submit/status/jobs --json` and the REST API (one model for all).
 
     With `tenant`, a job of another tenant is reported exactly like a missing one."""
-    return statuses([job_row(job_id, tenant=tenant)])[0]
+    return statuses([_job_row(job_id, tenant)])[0]
 
 
 def statuses(rows: list[Any]) -> list[dict[str, Any]]:
@@ -184,7 +76,7 @@ def _status(row: Any, counts: dict[str, int], agg: tuple[Any, ...], worker_secon
     t = now()
     elapsed = ((row.finished_at or t) - row.started_at) if row.started_at else None
     rps = done / elapsed if elapsed else None
-    active = row.status not in {s.value for s in JOB_TERMINAL}
+    active = row.status not in values(JOB_TERMINAL)
     eta = None
     if active and rps and row.records_total is not None:
         eta = max(0.0, (row.records_total - done) / rps)
@@ -197,11 +89,11 @@ def _status(row: Any, counts: dict[str, int], agg: tuple[Any, ...], worker_secon
         "schedule": row.schedule, "idempotency_key": row.idempotency_key, "priority": row.priority,
         "shards": {"total": total,
                    "done": sum(counts.get(s.value, 0) for s in SHARD_DONE),
-                   "committed": counts.get("committed", 0),
-                   "running": counts.get("running", 0),
-                   "pending": sum(counts.get(s, 0) for s in ("pending", "queued", "retrying")),
-                   "quarantined": counts.get("quarantined", 0),
-                   "failed": counts.get("failed", 0)},
+                   "committed": counts.get(ShardStatus.COMMITTED, 0),
+                   "running": counts.get(ShardStatus.RUNNING, 0),
+                   "pending": sum(counts.get(s, 0) for s in SHARD_WAITING),
+                   "quarantined": counts.get(ShardStatus.QUARANTINED, 0),
+                   "failed": counts.get(ShardStatus.FAILED, 0)},
         "counts": {"records_total": row.records_total,
                    "records_done": done,
                    "records_succeeded": ok,
@@ -281,7 +173,7 @@ SHARD_FIELDS = ("id", "bucket", "ordinal", "parent_id", "status", "attempt", "nu
 def page_shards(job_id: str, *, tenant: str | None = None, limit: int = 100, cursor: str | None = None,
                 status_is: str | None = None) -> tuple[list[dict[str, Any]], str | None]:
     """A job's shards in (bucket, ordinal) order, one page at a time."""
-    job_row(job_id, tenant=tenant)
+    _job_row(job_id, tenant)
     q = (select(*(shards.c[f] for f in SHARD_FIELDS)).where(shards.c.job_id == job_id)
          .order_by(shards.c.bucket, shards.c.ordinal))
     if status_is is not None:
@@ -297,7 +189,7 @@ def page_shards(job_id: str, *, tenant: str | None = None, limit: int = 100, cur
 def page_errors(job_id: str, *, tenant: str | None = None, limit: int = 100, cursor: str | None = None,
                 code: str | None = None) -> tuple[list[dict[str, Any]], str | None]:
     """A job's record errors (as committed by their shards), in commit order, one page at a time."""
-    job_row(job_id, tenant=tenant)
+    _job_row(job_id, tenant)
     e = record_errors.c
     q = (select(e.id, e.shard_id, e.record_id, e.source, e.ordinal, e.error, e.message, e.attempts)
          .where(e.job_id == job_id).order_by(e.id))
@@ -308,3 +200,39 @@ def page_errors(job_id: str, *, tenant: str | None = None, limit: int = 100, cur
     rows, more = _fetch_page(q, limit)
     return ([{k: v for k, v in r._mapping.items() if k != "id"} for r in rows],
             encode_cursor(rows[-1].id) if more else None)
+
+
+def metrics_snapshot(window_seconds: float) -> dict[str, list[Any]]:
+    """The ledger's aggregates for the Prometheus collector, one statement each: jobs by tenant and
+    status; recent jobs (active, or finished within `window_seconds`) and their shard sums by
+    status; committed-shard sums per bundle; attempts by status; retries; quarantined shards;
+    error rows by code; schedule runs."""
+    s = shards.c
+    sums = (func.count(), func.coalesce(func.sum(s.num_records), 0), func.coalesce(func.sum(s.output_rows), 0),
+            func.coalesce(func.sum(s.error_rows), 0), func.coalesce(func.sum(s.tokens_input), 0),
+            func.coalesce(func.sum(s.tokens_real), 0), func.coalesce(func.sum(s.tokens_padded), 0),
+            func.coalesce(func.sum(s.execute_seconds), 0.0))
+    recent = (jobs.c.status.in_(values(JOB_ACTIVE))
+              | (func.coalesce(jobs.c.finished_at, jobs.c.updated_at) >= time.time() - window_seconds))
+    with tx() as conn:
+        job_rows = conn.execute(select(jobs.c.id, jobs.c.tenant, jobs.c.name, jobs.c.bundle_digest,
+                                       jobs.c.status, jobs.c.records_total).where(recent)).all()
+        ids = [r.id for r in job_rows]
+        return {
+            "by_status": conn.execute(select(jobs.c.tenant, jobs.c.status, func.count())
+                                      .group_by(jobs.c.tenant, jobs.c.status)).all(),
+            "jobs": job_rows,
+            "per_job": conn.execute(select(s.job_id, s.status, *sums).where(s.job_id.in_(ids))
+                                    .group_by(s.job_id, s.status)).all() if ids else [],
+            "per_bundle": conn.execute(select(jobs.c.bundle_digest, *sums).join(jobs, jobs.c.id == s.job_id)
+                                       .where(s.status == ShardStatus.COMMITTED.value)
+                                       .group_by(jobs.c.bundle_digest)).all(),
+            "attempts": conn.execute(select(attempts.c.status, func.count()).group_by(attempts.c.status)).all(),
+            "retries": [conn.execute(select(func.count()).where(attempts.c.number > 1)).scalar()],
+            "quarantined": [conn.execute(select(func.count()).where(
+                s.status == ShardStatus.QUARANTINED.value)).scalar()],
+            "errors": conn.execute(select(record_errors.c.error, func.count())
+                                   .group_by(record_errors.c.error)).all(),
+            "schedule_runs": conn.execute(select(schedule_runs.c.schedule, func.count())
+                                          .group_by(schedule_runs.c.schedule)).all(),
+        }

@@ -1,0 +1,53 @@
+"""The attempt repository: outcomes of attempts (over ATTEMPT_TRANSITIONS) and sweeping losers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection, select, update
+
+from batchinf.ledger import events
+from batchinf.ledger.db import tx
+from batchinf.ledger.events import now
+from batchinf.ledger.states import ATTEMPT_LOSERS, AttemptStatus, ShardStatus, attempt_sources, values
+from batchinf.ledger.tables import attempts, shards
+
+
+def end_attempt(conn: Connection, shard_id: str, number: int | None, to: AttemptStatus, *,
+                detail: dict[str, Any] | None = None, **fields: Any) -> int:
+    """Move attempt `number` of the shard (every attempt when None) to `to`, from the states
+    ATTEMPT_TRANSITIONS allows; returns how many moved. A finished attempt never changes outcome.
+    Each move writes an `attempt` event, except the winner's: the shard's `committed` event
+    records it with its attempt number."""
+    cond = [attempts.c.shard_id == shard_id, attempts.c.status.in_(attempt_sources(to))]
+    if number is not None:
+        cond.append(attempts.c.number == number)
+    moving = conn.execute(select(attempts.c.number, attempts.c.status).where(*cond)).all()
+    if not moving:
+        return 0
+    if to is not AttemptStatus.SWEPT:
+        fields.setdefault("finished_at", now())
+    conn.execute(update(attempts).where(*cond).values(status=to.value, **fields))
+    if to is not AttemptStatus.COMMITTED:
+        job_id = conn.execute(select(shards.c.job_id).where(shards.c.id == shard_id)).scalar()
+        for n, frm in moving:
+            info = {"attempt": n, **({"error": str(fields["error"])[:500]} if fields.get("error") else {}),
+                    **(detail or {})}
+            events.record(conn, job_id, "attempt", frm, to.value, shard_id=shard_id, detail=info)
+    return len(moving)
+
+
+def losers(job_id: str) -> list[tuple[str, int]]:
+    """(shard, attempt) of attempts that lost (failed, lost, superseded) on committed shards: no
+    zombie can still be writing their files."""
+    with tx() as conn:
+        return [tuple(r) for r in conn.execute(
+            select(attempts.c.shard_id, attempts.c.number).join(shards, shards.c.id == attempts.c.shard_id)
+            .where(shards.c.job_id == job_id, shards.c.status == ShardStatus.COMMITTED.value,
+                   attempts.c.status.in_(values(ATTEMPT_LOSERS)))).all()]
+
+
+def swept(shard_id: str, number: int) -> None:
+    """The attempt's files are deleted."""
+    with tx() as conn:
+        end_attempt(conn, shard_id, number, AttemptStatus.SWEPT)

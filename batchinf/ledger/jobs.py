@@ -1,0 +1,175 @@
+"""The job repository: every read and write of `jobs` and `job_inputs`. Each public function is
+one transaction unless it takes a `conn`; reads return `Job` / `InputObject`."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from sqlalchemy import Connection, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from batchinf.errors import LedgerError
+from batchinf.ledger import events
+from batchinf.ledger.db import tx
+from batchinf.ledger.events import now
+from batchinf.ledger.models import InputObject, Job
+from batchinf.ledger.states import JOB_ACTIVE, JobStatus, job_sources, values
+from batchinf.ledger.tables import job_inputs, jobs, shards
+from batchinf.store import ObjectPin
+
+
+def transition(conn: Connection, job_id: str, to: JobStatus, *, detail: Any = None, **fields: Any) -> bool:
+    """Move a job to `to` if the state table allows it from its current state; False if not."""
+    frm = conn.execute(select(jobs.c.status).where(jobs.c.id == job_id)).scalar()
+    if frm is None:
+        raise LedgerError(f"no job {job_id!r}")
+    res = conn.execute(update(jobs).where(jobs.c.id == job_id, jobs.c.status.in_(job_sources(to)))
+                       .values(status=to.value, updated_at=now(), **fields))
+    if res.rowcount != 1:
+        return False
+    events.record(conn, job_id, "job", frm, to.value, detail=detail)
+    return True
+
+
+def move(job_id: str, to: JobStatus, *, detail: Any = None, **fields: Any) -> bool:
+    with tx() as conn:
+        return transition(conn, job_id, to, detail=detail, **fields)
+
+
+def fail(job_id: str, reason: str) -> bool:
+    return move(job_id, JobStatus.FAILED, detail=reason, error=reason, finished_at=now())
+
+
+def request_cancel(job_id: str, reason: str) -> bool:
+    """Any active job -> cancelling. Dispatch stops, running attempts stop at their next
+    heartbeat, nothing commits any more; the driver running the job then writes _PARTIAL.json."""
+    return move(job_id, JobStatus.CANCELLING, detail=reason, error=reason)
+
+
+def cancel_if_past_deadline(job: Job) -> bool:
+    if job.deadline_at is None or job.deadline_at > now():
+        return False
+    return request_cancel(job.id, "deadline passed before the job completed")
+
+
+def create(values: dict[str, Any]) -> tuple[str, bool]:
+    """Insert a submitted job; (id, True), or (the existing job's id, False) when its
+    (tenant, idempotency_key) was taken meanwhile."""
+    try:
+        with tx() as conn:
+            conn.execute(insert(jobs).values(status=JobStatus.SUBMITTED.value, **values))
+    except IntegrityError:
+        existing = find_by_key(values["tenant"], values["idempotency_key"])
+        if existing:
+            return existing, False
+        raise
+    return values["id"], True
+
+
+def get(job_id: str, *, tenant: str | None = None) -> Job:
+    """The job; with `tenant`, another tenant's job is as missing as a missing one."""
+    q = select(jobs).where(jobs.c.id == job_id)
+    if tenant is not None:
+        q = q.where(jobs.c.tenant == tenant)
+    with tx() as conn:
+        row = conn.execute(q).first()
+    if row is None:
+        raise LedgerError(f"no job {job_id!r}; see `batchinf jobs`")
+    return Job.from_row(row)
+
+
+def find_by_key(tenant: str, key: str) -> str | None:
+    with tx() as conn:
+        return conn.execute(select(jobs.c.id).where(jobs.c.tenant == tenant,
+                                                    jobs.c.idempotency_key == key)).scalar()
+
+
+def active_output_user(output_uri: str) -> tuple[str, str] | None:
+    """(job id, tenant) of an active job writing to exactly this output prefix."""
+    with tx() as conn:
+        row = conn.execute(select(jobs.c.id, jobs.c.tenant).where(
+            jobs.c.output_uri == output_uri, jobs.c.status.in_(values(JOB_ACTIVE)))).first()
+    return (row.id, row.tenant) if row else None
+
+
+def active_ids() -> list[str]:
+    """Active jobs, highest priority first, then oldest."""
+    with tx() as conn:
+        return conn.execute(select(jobs.c.id).where(jobs.c.status.in_(values(JOB_ACTIVE)))
+                            .order_by(jobs.c.priority.desc(), jobs.c.created_at)).scalars().all()
+
+
+def lock(job_id: str, owner: str, seconds: float) -> bool:
+    """Take (or extend) the controller lease on a job: two controllers never step one job at once."""
+    t = now()
+    with tx() as conn:
+        return conn.execute(update(jobs).where(
+            jobs.c.id == job_id,
+            (jobs.c.lock_owner.is_(None)) | (jobs.c.lock_owner == owner) | (jobs.c.lock_expires_at < t))
+            .values(lock_owner=owner, lock_expires_at=t + seconds)).rowcount == 1
+
+
+def unlock(job_id: str, owner: str) -> None:
+    with tx() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == job_id, jobs.c.lock_owner == owner)
+                     .values(lock_owner=None, lock_expires_at=None))
+
+
+def step_failed(job_id: str) -> int:
+    """Count one more consecutive failed lifecycle step of the job; returns the count."""
+    with tx() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == job_id).values(step_failures=jobs.c.step_failures + 1))
+        return conn.execute(select(jobs.c.step_failures).where(jobs.c.id == job_id)).scalar() or 0
+
+
+def step_succeeded(job_id: str) -> None:
+    with tx() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == job_id, jobs.c.step_failures > 0).values(step_failures=0))
+
+
+# --- inputs and planning -------------------------------------------------------------------------
+
+
+def pin(job_id: str, pins: list[ObjectPin]) -> bool:
+    """submitted -> planning with the pinned objects, in one transaction (a second pinner changes
+    nothing)."""
+    with tx() as conn:
+        if not transition(conn, job_id, JobStatus.PLANNING, detail={"objects": len(pins)}, started_at=now()):
+            return False
+        conn.execute(insert(job_inputs), [
+            {"job_id": job_id, "idx": i, "uri": p.uri, "size": p.size, "etag": p.etag,
+             "version_id": p.version_id} for i, p in enumerate(pins)])
+        return True
+
+
+def inputs(job_id: str) -> list[InputObject]:
+    with tx() as conn:
+        rows = conn.execute(select(job_inputs).where(job_inputs.c.job_id == job_id)
+                            .order_by(job_inputs.c.idx)).all()
+    return [InputObject.from_row(r) for r in rows]
+
+
+def plan_sent(job_id: str, idxs: Iterable[int]) -> None:
+    """Planning tasks for these objects were sent now (a lost one is sent again later)."""
+    with tx() as conn:
+        conn.execute(update(job_inputs).where(job_inputs.c.job_id == job_id, job_inputs.c.idx.in_(list(idxs)))
+                     .values(dispatched_at=now()))
+
+
+def object_planned(job_id: str, idx: int, records: int) -> None:
+    with tx() as conn:
+        conn.execute(update(job_inputs).where(job_inputs.c.job_id == job_id, job_inputs.c.idx == idx)
+                     .values(records=records))
+
+
+def start_running(job_id: str, shard_rows: list[dict[str, Any]], plan: str, records_total: int,
+                  plan_seconds: float) -> bool:
+    """planning -> running with the planned shards, in one transaction; False when another
+    planner finished first."""
+    with tx() as conn:
+        if conn.execute(select(jobs.c.status).where(jobs.c.id == job_id)).scalar() != JobStatus.PLANNING:
+            return False
+        if shard_rows:
+            conn.execute(insert(shards), shard_rows)
+        return transition(conn, job_id, JobStatus.RUNNING, detail={"shards": len(shard_rows)}, plan=plan,
+                          records_total=records_total, plan_seconds=plan_seconds)

@@ -1,0 +1,274 @@
+"""Leases, heartbeats and the fenced commit: every write an attempt makes to the ledger.
+
+Invariants enforced here:
+- a shard's `attempt` column is the fencing token: only the attempt holding it may extend the
+  lease or fail the shard, so a zombie attempt can never overwrite a newer one;
+- a straggler may also have one speculative attempt running beside the holder; whichever of the
+  two commits first wins (the commit is conditional on the shard still running and the attempt
+  row still `running`), and the other is marked `superseded`, stops at its next heartbeat and
+  loses its files. An attempt that is lost, failed or superseded can never commit.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from sqlalchemy import Connection, and_, func, insert, select, update
+
+from batchinf.config import settings
+from batchinf.errors import StaleAttemptError
+from batchinf.ledger import events
+from batchinf.ledger import jobs as job_repo
+from batchinf.ledger.attempts import end_attempt
+from batchinf.ledger.db import tx
+from batchinf.ledger.events import now
+from batchinf.ledger.models import Lease, ShardResult
+from batchinf.ledger.shards import transition as transition_shard
+from batchinf.ledger.states import AttemptStatus, JobStatus, ShardStatus, values
+from batchinf.ledger.tables import attempts, jobs, record_errors, shards
+from batchinf.retry import compute_backoff
+
+
+def _next_attempt(shard_id: str) -> Any:
+    """max(attempt number) + 1 over every attempt of the shard, speculative ones included."""
+    return (select(func.coalesce(func.max(attempts.c.number), 0) + 1)
+            .where(attempts.c.shard_id == shard_id).scalar_subquery())
+
+
+def _take(conn: Connection, shard_id: str, job_id: str, worker: str, lease_seconds: float) -> Lease | None:
+    t = now()
+    number = conn.execute(update(shards)
+                          .where(shards.c.id == shard_id, shards.c.status == ShardStatus.QUEUED.value)
+                          .values(status=ShardStatus.RUNNING.value, attempt=_next_attempt(shard_id),
+                                  lease_owner=worker, lease_expires_at=t + lease_seconds, updated_at=t)
+                          .returning(shards.c.attempt)).scalar()
+    if number is None:
+        return None
+    conn.execute(insert(attempts).values(shard_id=shard_id, number=number, worker=worker,
+                                         status=AttemptStatus.RUNNING.value, started_at=t, heartbeat_at=t))
+    events.record(conn, job_id, "shard", ShardStatus.QUEUED.value, ShardStatus.RUNNING.value,
+                  shard_id=shard_id, detail={"attempt": number, "worker": worker})
+    return Lease(shard_id, job_id, number, worker)
+
+
+def _claim(q: Any, worker: str, lease_seconds: float) -> Lease | None:
+    with tx() as conn:
+        if conn.dialect.name == "postgresql":
+            q = q.with_for_update(of=shards, skip_locked=True)
+        row = conn.execute(q).first()
+        return _take(conn, row.id, row.job_id, worker, lease_seconds) if row else None
+
+
+def _queued_of_running_jobs() -> Any:
+    return (select(shards.c.id, shards.c.job_id).join(jobs, jobs.c.id == shards.c.job_id)
+            .where(shards.c.status == ShardStatus.QUEUED.value, jobs.c.status == JobStatus.RUNNING.value))
+
+
+def claim_next(job_ids: Iterable[str] | None, worker: str, lease_seconds: float) -> Lease | None:
+    """Lease the next queued shard (of the given jobs, or any running job), highest priority first."""
+    q = (_queued_of_running_jobs()
+         .order_by(jobs.c.priority.desc(), jobs.c.created_at, shards.c.bucket.desc(), shards.c.ordinal).limit(1))
+    if job_ids is not None:
+        q = q.where(shards.c.job_id.in_(list(job_ids)))
+    return _claim(q, worker, lease_seconds)
+
+
+def claim_shard(shard_id: str, worker: str, lease_seconds: float) -> Lease | None:
+    """Lease one named shard; None when it is not queued (duplicate delivery, already leased or
+    committed) or its job is not running."""
+    return _claim(_queued_of_running_jobs().where(shards.c.id == shard_id), worker, lease_seconds)
+
+
+def claim_speculative(shard_id: str, worker: str) -> Lease | None:
+    """Start a speculative attempt beside the running one, on another worker; None when the
+    shard is not running, already has a twin, or `worker` is the one running it."""
+    with tx() as conn:
+        q = (select(shards.c.job_id).join(jobs, jobs.c.id == shards.c.job_id)
+             .where(shards.c.id == shard_id, shards.c.status == ShardStatus.RUNNING.value,
+                    jobs.c.status == JobStatus.RUNNING.value))
+        if conn.dialect.name == "postgresql":
+            q = q.with_for_update(of=shards)
+        job_id = conn.execute(q).scalar()
+        if job_id is None:
+            return None
+        live = conn.execute(select(attempts.c.worker).where(
+            attempts.c.shard_id == shard_id, attempts.c.status == AttemptStatus.RUNNING.value)).scalars().all()
+        if len(live) != 1 or live[0] == worker:
+            return None
+        number = conn.execute(select(_next_attempt(shard_id))).scalar()
+        t = now()
+        conn.execute(insert(attempts).values(shard_id=shard_id, number=number, worker=worker,
+                                             status=AttemptStatus.RUNNING.value, started_at=t, heartbeat_at=t))
+        events.record(conn, job_id, "attempt", None, AttemptStatus.RUNNING.value, shard_id=shard_id,
+                      detail={"attempt": number, "worker": worker, "speculative": True})
+        return Lease(shard_id, job_id, number, worker)
+
+
+def _live(lease: Lease) -> Any:
+    """SQL condition: the shard is still running and this attempt may still commit it."""
+    return and_(shards.c.id == lease.shard_id, shards.c.status == ShardStatus.RUNNING.value,
+                select(attempts.c.number).where(
+                    attempts.c.shard_id == lease.shard_id, attempts.c.number == lease.attempt,
+                    attempts.c.status == AttemptStatus.RUNNING.value).exists())
+
+
+def heartbeat(lease: Lease, lease_seconds: float) -> bool:
+    """Extend the lease; False when the attempt can no longer commit (fenced off, superseded,
+    or its job stopped): the worker then stops working on it."""
+    t = now()
+    with tx() as conn:
+        if conn.execute(select(jobs.c.status).where(jobs.c.id == lease.job_id)).scalar() != JobStatus.RUNNING:
+            return False
+        if conn.execute(select(shards.c.id).where(_live(lease))).first() is None:
+            return False
+        conn.execute(update(shards).where(shards.c.id == lease.shard_id, shards.c.attempt == lease.attempt)
+                     .values(lease_expires_at=t + lease_seconds))
+        conn.execute(update(attempts)
+                     .where(attempts.c.shard_id == lease.shard_id, attempts.c.number == lease.attempt)
+                     .values(heartbeat_at=t))
+        return True
+
+
+def commit_attempt(lease: Lease, result: ShardResult) -> None:
+    """Checkpoint: the shard becomes committed with this attempt's outputs, in one transaction,
+    only if the attempt may still commit it (see `_live`) and the job is still running (so
+    nothing commits after a cancel or deadline). The winner becomes the fencing token; a
+    speculative twin still running is superseded. Raises StaleAttemptError otherwise."""
+    with tx() as conn:
+        q = select(jobs.c.status).where(jobs.c.id == lease.job_id)
+        if conn.dialect.name == "postgresql":
+            q = q.with_for_update()      # serializes with the job's cancel/expire transition
+        if conn.execute(q).scalar() != JobStatus.RUNNING:
+            raise StaleAttemptError(f"job {lease.job_id} is no longer running; attempt {lease.attempt} "
+                                    f"of shard {lease.shard_id} is discarded")
+        ok = transition_shard(
+            conn, lease.shard_id, ShardStatus.COMMITTED, where=_live(lease),
+            detail={"attempt": lease.attempt, "rows": result.output_rows, "errors": result.error_rows},
+            attempt=lease.attempt, lease_owner=None, lease_expires_at=None, last_error=None,
+            output_uri=result.output_uri, output_sha256=result.output_sha256,
+            output_rows=result.output_rows, errors_uri=result.errors_uri,
+            errors_sha256=result.errors_sha256, error_rows=result.error_rows,
+            tokens_input=result.tokens_input, tokens_output=result.tokens_output,
+            tokens_real=result.tokens_real, tokens_padded=result.tokens_padded,
+            execute_seconds=result.execute_seconds)
+        if not ok:
+            raise StaleAttemptError(f"attempt {lease.attempt} of shard {lease.shard_id} lost its lease; "
+                                    "another attempt owns the shard")
+        end_attempt(conn, lease.shard_id, lease.attempt, AttemptStatus.COMMITTED)
+        end_attempt(conn, lease.shard_id, None, AttemptStatus.SUPERSEDED,   # a twin lost the race
+                    error=f"attempt {lease.attempt} committed first")
+        if result.errors:
+            conn.execute(insert(record_errors),
+                         [dict(e, job_id=lease.job_id, shard_id=lease.shard_id) for e in result.errors])
+
+
+def _retry_budget_spent(conn: Connection, job_id: str) -> int | None:
+    """Count one more failed attempt of the job; the budget when that spends it, else None. A
+    storage outage then fails the job after a bounded number of retries instead of every shard
+    retrying against it (a retry storm)."""
+    conn.execute(update(jobs).where(jobs.c.id == job_id).values(failed_attempts=jobs.c.failed_attempts + 1))
+    failed = conn.execute(select(jobs.c.failed_attempts).where(jobs.c.id == job_id)).scalar()
+    budget = settings().job_retry_budget
+    if budget <= 0:
+        budget = max(10, conn.execute(select(func.count()).select_from(shards)
+                                      .where(shards.c.job_id == job_id)).scalar())
+    return budget if failed > budget else None
+
+
+def _end_lease(conn: Connection, shard_id: str, attempt: int, error: str, max_attempts: int,
+               outcome: AttemptStatus) -> ShardStatus | None:
+    """An attempt that raised (FAILED) or lost its worker (LOST) ends. For the attempt holding the
+    shard: retry later; out of attempts, a shard whose every attempt lost its worker is quarantined
+    (a record in it kills workers), one whose attempts raised fails, and fails its job. A
+    speculative attempt just ends: the attempt holding the shard carries on."""
+    job_id, holder = conn.execute(select(shards.c.job_id, shards.c.attempt).where(shards.c.id == shard_id)).one()
+    if holder != attempt:
+        end_attempt(conn, shard_id, attempt, outcome, error=error[:4000])
+        return None
+    if outcome is AttemptStatus.FAILED and (budget := _retry_budget_spent(conn, job_id)) is not None:
+        error = (f"the job's retry budget is spent ({budget} failed attempts; set "
+                 f"BATCHINF_JOB_RETRY_BUDGET to allow more); last error: {error}")
+        max_attempts = 0
+    target = ShardStatus.RETRYING
+    if attempt >= max_attempts:
+        others = conn.execute(select(attempts.c.status).where(
+            attempts.c.shard_id == shard_id, attempts.c.number != attempt)).scalars().all()
+        killed = outcome is AttemptStatus.LOST and all(
+            s in values({AttemptStatus.LOST, AttemptStatus.SWEPT, AttemptStatus.SUPERSEDED}) for s in others)
+        target = ShardStatus.QUARANTINED if killed else ShardStatus.FAILED
+    if not transition_shard(conn, shard_id, target, fence=attempt, detail={"attempt": attempt, "error": error[:2000]},
+                            lease_owner=None, lease_expires_at=None, last_error=error[:4000],
+                            not_before=now() + compute_backoff(attempt)):
+        return None
+    end_attempt(conn, shard_id, attempt, outcome, error=error[:4000])
+    if target is ShardStatus.FAILED:
+        reason = f"shard {shard_id} failed {attempt} attempts; last error: {error[:1000]}"
+        job_repo.transition(conn, job_id, JobStatus.FAILED, detail=reason, error=reason, finished_at=now())
+    return target
+
+
+def fail_attempt(lease: Lease, error: str, max_attempts: int) -> ShardStatus | None:
+    """The attempt raised: retry later, or fail the shard (and its job) when attempts run out."""
+    with tx() as conn:
+        return _end_lease(conn, lease.shard_id, lease.attempt, error, max_attempts, AttemptStatus.FAILED)
+
+
+def expire_leases(job_id: str | None, max_attempts: int, *, dead_owners: Iterable[str] = ()) -> int:
+    """Running shards whose lease expired (or whose owner is known dead) go to retrying, unless a
+    live speculative attempt runs beside the lost one: that attempt then holds the shard. Silent
+    speculative attempts are marked lost. Returns how many leases expired."""
+    t = now()
+    dead = list(dead_owners)
+    lease_seconds = settings().lease_seconds
+    with tx() as conn:
+        cond = [shards.c.status == ShardStatus.RUNNING.value]
+        if job_id is not None:
+            cond.append(shards.c.job_id == job_id)
+        silent = attempts.c.heartbeat_at < t - lease_seconds
+        if dead:
+            silent = silent | attempts.c.worker.in_(dead)
+        twins = conn.execute(select(attempts.c.shard_id, attempts.c.number, attempts.c.worker)
+                             .join(shards, shards.c.id == attempts.c.shard_id)
+                             .where(*cond, attempts.c.status == AttemptStatus.RUNNING.value,
+                                    attempts.c.number != shards.c.attempt, silent)).all()
+        for r in twins:
+            _end_lease(conn, r.shard_id, r.number, f"lease lost (speculative attempt on {r.worker} "
+                       "stopped heartbeating)", max_attempts, AttemptStatus.LOST)
+        expired = shards.c.lease_expires_at < t
+        if dead:
+            expired = expired | shards.c.lease_owner.in_(dead)
+        rows = conn.execute(select(shards.c.id, shards.c.job_id, shards.c.attempt, shards.c.lease_owner)
+                            .where(*cond, expired)).all()
+        for r in rows:
+            error = f"lease lost (worker {r.lease_owner} stopped heartbeating)"
+            twin = conn.execute(select(attempts.c.number, attempts.c.worker, attempts.c.heartbeat_at).where(
+                attempts.c.shard_id == r.id, attempts.c.number != r.attempt,
+                attempts.c.status == AttemptStatus.RUNNING.value)).first()
+            if twin is None:
+                _end_lease(conn, r.id, r.attempt, error, max_attempts, AttemptStatus.LOST)
+                continue
+            end_attempt(conn, r.id, r.attempt, AttemptStatus.LOST, error=error, detail={"holder_now": twin.number})
+            conn.execute(update(shards).where(shards.c.id == r.id, shards.c.attempt == r.attempt).values(
+                attempt=twin.number, lease_owner=twin.worker,
+                lease_expires_at=(twin.heartbeat_at or t) + lease_seconds, updated_at=t))
+    return len(rows)
+
+
+def release_leases(job_id: str) -> None:
+    """A stopped job's running shards give up their leases (their attempts are lost)."""
+    with tx() as conn:
+        rows = conn.execute(select(attempts.c.shard_id, attempts.c.number)
+                            .join(shards, shards.c.id == attempts.c.shard_id)
+                            .where(shards.c.job_id == job_id, shards.c.status == ShardStatus.RUNNING.value,
+                                   attempts.c.status == AttemptStatus.RUNNING.value)
+                            .order_by(attempts.c.number.desc())).all()   # twins before holders
+        for r in rows:
+            _end_lease(conn, r.shard_id, r.number, "job stopped", r.number + 1, AttemptStatus.LOST)
+
+
+def leases_held(job_id: str) -> int:
+    """Running shards of the job whose lease has not expired yet."""
+    with tx() as conn:
+        return conn.execute(select(func.count()).select_from(shards).where(
+            shards.c.job_id == job_id, shards.c.status == ShardStatus.RUNNING.value,
+            shards.c.lease_expires_at >= now())).scalar()

@@ -1,0 +1,149 @@
+"""What the ledger's reads return: frozen domain objects, never rows. A `Job` carries its
+manifest parsed once, so the stages that take it never re-read or re-parse the job."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from typing import Any
+
+from batchinf.manifest import JobManifest, manifest_from_dict
+from batchinf.store import ObjectPin
+
+
+def _from_mapping(cls: type, m: Any) -> Any:
+    return cls(**{f.name: m[f.name] for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str
+    tenant: str
+    name: str
+    idempotency_key: str | None
+    status: str
+    task: str
+    manifest: JobManifest
+    bundle_ref: str
+    bundle_digest: str
+    input_uri: str
+    output_uri: str
+    work_uri: str
+    priority: int
+    deadline_at: float | None
+    schedule: str | None
+    error: str | None
+    plan: dict[str, Any]              # bucket bounds and planning stats
+    records_total: int | None
+    created_at: float
+    updated_at: float
+    started_at: float | None
+    finished_at: float | None
+    plan_seconds: float | None
+    verify_seconds: float | None
+    failed_attempts: int
+    step_failures: int
+
+    @classmethod
+    def from_row(cls, row: Any) -> Job:
+        m = dict(row._mapping)
+        m["manifest"] = manifest_from_dict(json.loads(m["manifest"]))
+        m["plan"] = json.loads(m["plan"] or "{}")
+        return _from_mapping(cls, m)
+
+
+@dataclass(frozen=True)
+class InputObject:
+    """One pinned input object of a job, in pinned order."""
+    idx: int
+    pin: ObjectPin
+    records: int | None          # filled by planning
+    dispatched_at: float | None  # last planning task sent (distributed)
+
+    @classmethod
+    def from_row(cls, row: Any) -> InputObject:
+        return cls(row.idx, ObjectPin(uri=row.uri, size=row.size, etag=row.etag, version_id=row.version_id),
+                   row.records, row.dispatched_at)
+
+
+@dataclass(frozen=True)
+class Shard:
+    id: str
+    job_id: str
+    bucket: int
+    ordinal: int
+    parent_id: str | None
+    status: str
+    attempt: int
+    num_records: int
+    num_tokens: int
+    input_uri: str
+    lease_owner: str | None
+    lease_expires_at: float | None
+    output_uri: str | None
+    output_sha256: str | None
+    output_rows: int | None
+    errors_uri: str | None
+    errors_sha256: str | None
+    error_rows: int | None
+    tokens_input: int | None
+    tokens_output: int | None
+    tokens_real: int | None
+    tokens_padded: int | None
+    execute_seconds: float | None
+    last_error: str | None
+    updated_at: float
+
+    @classmethod
+    def from_row(cls, row: Any) -> Shard:
+        return _from_mapping(cls, row._mapping)
+
+
+@dataclass(frozen=True)
+class Lease:
+    shard_id: str
+    job_id: str
+    attempt: int          # fencing token
+    worker: str
+
+
+@dataclass(frozen=True)
+class ShardResult:
+    output_uri: str
+    output_sha256: str
+    output_rows: int
+    errors_uri: str
+    errors_sha256: str
+    error_rows: int
+    tokens_input: int
+    tokens_output: int
+    tokens_real: int
+    tokens_padded: int
+    execute_seconds: float
+    errors: list[dict]    # record error rows: record_id, source, ordinal, error, message, attempts
+
+
+@dataclass(frozen=True)
+class Demand:
+    """A running job's claim on dispatch slots (see lifecycle.share_slots)."""
+    job_id: str
+    priority: int
+    deadline_at: float | None
+    created_at: float
+    in_flight: int        # queued or running shards
+    ready: int            # shards that could be queued now
+
+
+@dataclass(frozen=True)
+class BundleInfo:
+    digest: str
+    name: str
+    uri: str
+    task: str
+    family: str
+    created_at: float
+    aliases: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"digest": self.digest, "name": self.name, "uri": self.uri, "task": self.task,
+                "family": self.family, "created_at": self.created_at, "aliases": list(self.aliases)}

@@ -1,0 +1,214 @@
+"""The shard repository: shard transitions, dispatch, tail detection and quarantine bookkeeping.
+(Leases, heartbeats and commits are in `leases.py`.)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection, and_, func, insert, select, update
+
+from batchinf.errors import LedgerError
+from batchinf.ledger import events
+from batchinf.ledger.db import tx
+from batchinf.ledger.events import now
+from batchinf.ledger.jobs import transition as transition_job
+from batchinf.ledger.models import Demand, Shard
+from batchinf.ledger.states import (JOB_PLANNING, SHARD_DONE, SHARD_IN_FLIGHT, SHARD_WAITING, AttemptStatus,
+                                    JobStatus, ShardStatus, shard_sources, values)
+from batchinf.ledger.tables import attempts, jobs, record_errors, shards
+
+
+def transition(conn: Connection, shard_id: str, to: ShardStatus, *, fence: int | None = None,
+               where: Any = None, detail: Any = None, **fields: Any) -> bool:
+    """Move a shard to `to`; with `fence`, only if that attempt still holds the fencing token;
+    with `where`, only if that extra condition holds too (checked in the same UPDATE)."""
+    row = conn.execute(select(shards.c.job_id, shards.c.status).where(shards.c.id == shard_id)).first()
+    if row is None:
+        raise LedgerError(f"no shard {shard_id!r}")
+    cond = [shards.c.id == shard_id, shards.c.status.in_(shard_sources(to))]
+    if fence is not None:
+        cond.append(shards.c.attempt == fence)
+    if where is not None:
+        cond.append(where)
+    if conn.execute(update(shards).where(*cond).values(status=to.value, updated_at=now(), **fields)).rowcount != 1:
+        return False
+    events.record(conn, row.job_id, "shard", row.status, to.value, shard_id=shard_id, detail=detail)
+    return True
+
+
+def get(shard_id: str) -> Shard:
+    with tx() as conn:
+        row = conn.execute(select(shards).where(shards.c.id == shard_id)).first()
+    if row is None:
+        raise LedgerError(f"no shard {shard_id!r}")
+    return Shard.from_row(row)
+
+
+def of_job(job_id: str) -> list[Shard]:
+    """Every shard of the job in (bucket, ordinal) order."""
+    with tx() as conn:
+        rows = conn.execute(select(shards).where(shards.c.job_id == job_id)
+                            .order_by(shards.c.bucket, shards.c.ordinal)).all()
+    return [Shard.from_row(r) for r in rows]
+
+
+def counts(conn: Connection, job_id: str) -> dict[str, int]:
+    rows = conn.execute(select(shards.c.status, func.count()).where(shards.c.job_id == job_id)
+                        .group_by(shards.c.status)).all()
+    return {status: n for status, n in rows}
+
+
+def _ready(t: float) -> Any:
+    return ((shards.c.status == ShardStatus.PENDING.value)
+            | and_(shards.c.status == ShardStatus.RETRYING.value, func.coalesce(shards.c.not_before, 0) <= t))
+
+
+def dispatch_ready(job_id: str, limit: int | None = None) -> list[str]:
+    """pending and retrying-past-backoff shards become queued; returns their ids (bounded by limit)."""
+    with tx() as conn:
+        q = (select(shards.c.id).where(shards.c.job_id == job_id, _ready(now()))
+             .order_by(shards.c.bucket.desc(), shards.c.ordinal))
+        if limit is not None:
+            q = q.limit(limit)
+        return [sid for sid in conn.execute(q).scalars().all() if transition(conn, sid, ShardStatus.QUEUED)]
+
+
+UNPLANNED_DEMAND = 1 << 30   # a job still planning claims every slot it outranks: kept free for it
+
+
+def dispatch_demand() -> list[Demand]:
+    """Each active job's slots in use and shards ready to dispatch. A job still being planned
+    counts as wanting every slot, so lower-priority jobs do not fill the fleet meanwhile."""
+    flying = shards.c.status.in_(values(SHARD_IN_FLIGHT))
+    planning = values(JOB_PLANNING)
+    with tx() as conn:
+        rows = conn.execute(
+            select(jobs.c.id, jobs.c.status, jobs.c.priority, jobs.c.deadline_at, jobs.c.created_at,
+                   func.count(shards.c.id).filter(flying).label("in_flight"),
+                   func.count(shards.c.id).filter(_ready(now())).label("ready"))
+            .outerjoin(shards, shards.c.job_id == jobs.c.id)
+            .where(jobs.c.status.in_([JobStatus.RUNNING.value, *planning]))
+            .group_by(jobs.c.id, jobs.c.status, jobs.c.priority, jobs.c.deadline_at, jobs.c.created_at)).all()
+    return [Demand(r.id, r.priority, r.deadline_at, r.created_at, r.in_flight,
+                   UNPLANNED_DEMAND if r.status in planning else r.ready) for r in rows]
+
+
+def mark_dispatched(shard_ids: list[str]) -> None:
+    if shard_ids:
+        with tx() as conn:
+            conn.execute(update(shards).where(shards.c.id.in_(shard_ids)).values(dispatched_at=now()))
+
+
+def stale_queued(job_id: str, older_than: float) -> list[str]:
+    """Queued shards whose last message is older than `older_than` seconds: the message may be
+    lost (broker flushed or restarted), so it is sent again. A duplicate is harmless."""
+    with tx() as conn:
+        return conn.execute(select(shards.c.id).where(
+            shards.c.job_id == job_id, shards.c.status == ShardStatus.QUEUED.value,
+            func.coalesce(shards.c.dispatched_at, 0) < now() - older_than)).scalars().all()
+
+
+def open_count(job_id: str) -> int:
+    """Shards of the job that are not done."""
+    with tx() as conn:
+        return sum(n for st, n in counts(conn, job_id).items() if st not in SHARD_DONE)
+
+
+def stragglers(job_id: str, factor: float, min_seconds: float) -> list[str]:
+    """Running shards that deserve a speculative attempt: the job is in its tail (nothing left
+    to dispatch), the shard has no twin yet, and its attempt has run longer than `min_seconds`
+    and `factor` times the median execute time of committed shards in its bucket (of the whole
+    job while its bucket has fewer than 3)."""
+    if factor <= 0:
+        return []
+    t = now()
+    with tx() as conn:
+        if any(counts(conn, job_id).get(s, 0) for s in SHARD_WAITING):
+            return []
+        done = conn.execute(select(shards.c.bucket, shards.c.execute_seconds).where(
+            shards.c.job_id == job_id, shards.c.status == ShardStatus.COMMITTED.value,
+            shards.c.execute_seconds.is_not(None))).all()
+        running = conn.execute(select(shards.c.id, shards.c.bucket, attempts.c.started_at)
+                               .join(attempts, and_(attempts.c.shard_id == shards.c.id,
+                                                    attempts.c.number == shards.c.attempt))
+                               .where(shards.c.job_id == job_id,
+                                      shards.c.status == ShardStatus.RUNNING.value)).all()
+        twinned = set(conn.execute(select(attempts.c.shard_id).join(shards, shards.c.id == attempts.c.shard_id)
+                                   .where(shards.c.job_id == job_id, shards.c.status == ShardStatus.RUNNING.value,
+                                          attempts.c.status == AttemptStatus.RUNNING.value,
+                                          attempts.c.number != shards.c.attempt)).scalars())
+    if len(done) < 3:
+        return []
+
+    def median(xs: list[float]) -> float:
+        return sorted(xs)[len(xs) // 2]
+
+    overall = median([d.execute_seconds for d in done])
+    out = []
+    for r in running:
+        same = [d.execute_seconds for d in done if d.bucket == r.bucket]
+        typical = median(same) if len(same) >= 3 else overall
+        if r.id not in twinned and t - r.started_at > max(min_seconds, factor * typical):
+            out.append(r.id)
+    return out
+
+
+def _unresolved_quarantined(job_id: str) -> Any:
+    child = shards.alias("child")
+    return (select(shards).where(
+        shards.c.job_id == job_id, shards.c.status == ShardStatus.QUARANTINED.value,
+        shards.c.errors_uri.is_(None), ~select(child.c.id).where(child.c.parent_id == shards.c.id).exists()))
+
+
+def unresolved_quarantined(job_id: str) -> list[Shard]:
+    """Quarantined shards not yet split into children or recorded as one poison row."""
+    with tx() as conn:
+        return [Shard.from_row(r) for r in conn.execute(_unresolved_quarantined(job_id)).all()]
+
+
+def next_ordinal(job_id: str, bucket: int) -> int:
+    with tx() as conn:
+        return (conn.execute(select(func.max(shards.c.ordinal)).where(
+            shards.c.job_id == job_id, shards.c.bucket == bucket)).scalar() or 0) + 1
+
+
+def split(parent: Shard, children: list[dict[str, Any]]) -> bool:
+    """Add the child shards of a quarantined shard, once (False when they exist already)."""
+    with tx() as conn:
+        if conn.execute(select(shards.c.id).where(shards.c.parent_id == parent.id)).first() is not None:
+            return False
+        conn.execute(insert(shards), [dict(c, job_id=parent.job_id, parent_id=parent.id, attempt=0,
+                                           status=ShardStatus.PENDING.value, updated_at=now()) for c in children])
+        events.record(conn, parent.job_id, "shard", parent.status, None, shard_id=parent.id,
+                      detail={"split_into": [c["id"] for c in children]})
+        return True
+
+
+def record_poison(shard: Shard, row: dict[str, Any], errors_uri: str, errors_sha256: str) -> bool:
+    """A one-record quarantined shard keeps its record as one `poison` error row, once."""
+    with tx() as conn:
+        done = conn.execute(update(shards).where(shards.c.id == shard.id, shards.c.errors_uri.is_(None))
+                            .values(errors_uri=errors_uri, errors_sha256=errors_sha256, error_rows=1,
+                                    output_rows=0, updated_at=now())).rowcount
+        if done:
+            conn.execute(insert(record_errors).values(job_id=shard.job_id, shard_id=shard.id, **row))
+            events.record(conn, shard.job_id, "shard", shard.status, shard.status, shard_id=shard.id,
+                          detail={"poison": row["record_id"]})
+        return bool(done)
+
+
+def verify_when_done(job_id: str) -> bool:
+    """running -> verifying once no shard is left open; True when the job moved."""
+    with tx() as conn:
+        if any(n for st, n in counts(conn, job_id).items() if st not in SHARD_DONE):
+            return False
+        if conn.execute(_unresolved_quarantined(job_id)).first() is not None:
+            return False
+        return transition_job(conn, job_id, JobStatus.VERIFYING)
+
+
+def lease_owners(job_id: str) -> list[str]:
+    """Workers holding leases on the job's running shards."""
+    with tx() as conn:
+        return [o for o in conn.execute(select(shards.c.lease_owner).distinct().where(
+            shards.c.job_id == job_id, shards.c.status == ShardStatus.RUNNING.value)).scalars() if o]

@@ -1,0 +1,159 @@
+"""One lifecycle for every driver: a table from job status to the step that advances it.
+
+The embedded driver (`controller.drive`, one job on this machine) and the distributed
+`controller.Controller` (every job of a shared ledger) both call `step`; they differ only in the
+`Dispatcher` that delivers work. Every step reads the job's state from the ledger and is safe to
+re-run after a crash. A step that raises is charged to its job alone (`retry.classify`):
+permanent errors fail the job at once with their message; others are retried on the next tick
+and fail the job after `BATCHINF_MAX_STEP_FAILURES` consecutive failures.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from batchinf import metrics
+from batchinf.config import settings
+from batchinf.dispatch import Dispatcher
+from batchinf.ledger import attempts as attempt_repo
+from batchinf.ledger import jobs as job_repo
+from batchinf.ledger import leases
+from batchinf.ledger import shards as shard_repo
+from batchinf.ledger.events import now
+from batchinf.ledger.models import Demand, Job
+from batchinf.ledger.states import JobStatus
+from batchinf.plan import finish_plan, pin_job
+from batchinf.quarantine import resolve_quarantined
+from batchinf.retry import Outcome, classify
+from batchinf.store import get_store, join
+from batchinf.verify import publish, publish_partial
+
+log = logging.getLogger("batchinf.lifecycle")
+
+
+def _plan(job: Job, d: Dispatcher, slots: int | None) -> None:
+    """Stage every input object (one planning task each), then run the global step."""
+    objects = job_repo.inputs(job.id)
+    if all(o.records is not None for o in objects):
+        finish_plan(job)
+        return
+    due = [o.idx for o in objects if o.records is None
+           and (o.dispatched_at is None or o.dispatched_at < now() - d.requeue_seconds)]
+    if due:
+        job_repo.plan_sent(job.id, due)
+        d.plan(job, due)
+
+
+def _run(job: Job, d: Dispatcher, slots: int | None) -> None:
+    """The running tick: recover lost leases and poison shards, verify when all is done, else
+    dispatch up to `slots` shards (None: no limit), re-send lost messages, ask for twins of
+    stragglers, and delete the files of attempts that lost."""
+    s = settings()
+    metrics.leases_expired(leases.expire_leases(job.id, s.max_attempts, dead_owners=d.dead_workers(job)))
+    resolve_quarantined(job)
+    if shard_repo.verify_when_done(job.id):
+        return
+    fresh = shard_repo.dispatch_ready(job.id, limit=slots) if slots != 0 else []
+    resend = [x for x in shard_repo.stale_queued(job.id, d.requeue_seconds) if x not in fresh] \
+        if d.resends_lost else []
+    if fresh or resend:
+        d.send(fresh + resend)
+        shard_repo.mark_dispatched(fresh + resend)
+        metrics.shards_sent(len(fresh), len(resend))
+    for shard_id in shard_repo.stragglers(job.id, s.speculate_factor, s.speculate_min_seconds):
+        d.speculate(shard_id)
+    d.keep_up(job, shard_repo.open_count(job.id))
+    _sweep(job)
+
+
+def _sweep(job: Job) -> None:
+    """Delete the files of attempts that lost (their worker died or was fenced off) once their
+    shard is committed, so no zombie can still be writing them."""
+    for shard_id, number in attempt_repo.losers(job.id):
+        base = join(job.work_uri, "attempts", shard_id, f"a{number}")
+        get_store(base).delete_prefix(base)
+        attempt_repo.swept(shard_id, number)
+
+
+def _stop(job: Job, d: Dispatcher, slots: int | None) -> None:
+    """cancelling -> cancelled/expired once no attempt can still commit: leases released,
+    committed parts promoted, `_PARTIAL.json` written."""
+    if d.quiesce(job):
+        leases.release_leases(job.id)
+        publish_partial(job)
+
+
+Step = Callable[[Job, Dispatcher, "int | None"], None]
+STEPS: dict[JobStatus, tuple[str, Step]] = {
+    JobStatus.SUBMITTED: ("pinning inputs", lambda job, d, slots: pin_job(job)),
+    JobStatus.PLANNING: ("planning", _plan),
+    JobStatus.RUNNING: ("running", _run),
+    JobStatus.VERIFYING: ("verification", lambda job, d, slots: publish(job)),
+    JobStatus.CANCELLING: ("cancelling", _stop),
+}
+
+
+def step(job_id: str, dispatcher: Dispatcher, slots: int | None = None) -> bool:
+    """Advance one job by one step; False when the step failed (it is charged to the job)."""
+    job = job_repo.get(job_id)
+    if job_repo.cancel_if_past_deadline(job):
+        job = job_repo.get(job_id)
+    if job.status not in STEPS:
+        return True
+    stage, fn = STEPS[JobStatus(job.status)]
+    try:
+        fn(job, dispatcher, slots)
+    except Exception as exc:  # noqa: BLE001 -- one job's failure never stops the others
+        _charge(job, stage, exc)
+        return False
+    if job.step_failures:
+        job_repo.step_succeeded(job.id)
+    return True
+
+
+def _charge(job: Job, stage: str, exc: Exception) -> None:
+    """A failed step: fail the job now (permanent), or count it and fail the job once it has
+    failed `max_step_failures` times in a row. A stopping job ends stopped, never stuck."""
+    message = f"{stage} failed: {exc}"
+    try:
+        if classify(exc) is Outcome.FAIL_JOB:
+            _give_up(job, message)
+            return
+        failures = job_repo.step_failed(job.id)
+        log.warning("job %s: %s (%d in a row): %s: %s", job.id, stage, failures, type(exc).__name__, exc)
+        if failures >= settings().max_step_failures:
+            _give_up(job, f"{stage} failed {failures} times in a row; last error: {type(exc).__name__}: {exc}")
+    except Exception as again:  # noqa: BLE001 -- the ledger itself is down: the next tick retries
+        log.warning("job %s: %s: %s (and recording it failed: %s)", job.id, stage, exc, again)
+
+
+def _give_up(job: Job, reason: str) -> None:
+    log.error("job %s: %s", job.id, reason)
+    if job.status == JobStatus.CANCELLING:
+        expired = job.deadline_at is not None and job.deadline_at <= now()
+        job_repo.move(job.id, JobStatus.EXPIRED if expired else JobStatus.CANCELLED,
+                      detail=reason, error=f"{job.error}; {reason}", finished_at=now())
+    else:
+        job_repo.fail(job.id, reason)
+
+
+def share_slots(max_in_flight: int, demand: list[Demand]) -> dict[str, int]:
+    """Fair share of the fleet's free dispatch slots: `max_in_flight` shards may be queued or
+    running across all jobs; free slots go to jobs by priority, then earliest deadline, and
+    round-robin between jobs that tie, each up to what it has ready. A big low-priority backfill
+    therefore holds at most the slots it already has when an urgent job arrives, and gets no new
+    ones while the urgent job is being planned or has shards ready."""
+    free = max(0, max_in_flight - sum(d.in_flight for d in demand))
+    shares = {d.job_id: 0 for d in demand}
+    by_class: dict[tuple[int, float], list[Demand]] = {}
+    for d in demand:
+        by_class.setdefault((-d.priority, d.deadline_at or float("inf")), []).append(d)
+    for key in sorted(by_class):
+        group = sorted(by_class[key], key=lambda d: d.created_at)
+        while free and any(shares[d.job_id] < d.ready for d in group):
+            for d in group:
+                if free and shares[d.job_id] < d.ready:
+                    shares[d.job_id] += 1
+                    free -= 1
+    return shares

@@ -1,0 +1,27 @@
+"""Run single lifecycle stages by job id, as the drivers would, but letting their errors
+propagate (the drivers charge them to the job instead)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from batchinf.dispatch import plan_objects_here
+from batchinf.ledger import jobs
+from batchinf.ledger.states import JobStatus
+from batchinf.plan import finish_plan, pin_job
+from batchinf.verify import publish
+
+
+def plan_job(job_id: str, processes: int = 1) -> None:
+    """submitted (or a crashed planning) -> running."""
+    if jobs.get(job_id).status == JobStatus.SUBMITTED:
+        pin_job(jobs.get(job_id))
+    job = jobs.get(job_id)
+    if job.status != JobStatus.PLANNING:
+        return
+    plan_objects_here(job, [o.idx for o in jobs.inputs(job_id) if o.records is None], processes)
+    finish_plan(jobs.get(job_id))
+
+
+def publish_job(job_id: str) -> dict[str, Any]:
+    return publish(jobs.get(job_id))
