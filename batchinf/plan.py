@@ -119,7 +119,7 @@ def record_params(opts: GenerateOptions, record_id: str, over: dict[str, Any] | 
     """A record's sampling params: the job's options, overridden by the record's own (an
     openai-batch body). The seed is the body's if it gives one (same seed, same answer, as
     OpenAI promises), else derived from the job seed and the record id."""
-    from batchinf.runtime.generate import derive_seed
+    from batchinf.runtime.sampling import derive_seed
 
     over = over or {}
     return {"max_tokens": over.get("max_tokens", opts.max_tokens),

@@ -140,7 +140,7 @@ def publish_partial(job: Job) -> dict[str, Any]:
     expired = job.deadline_at is not None and job.deadline_at <= now()
     done = [r for r in rows if r.status == ShardStatus.COMMITTED]
     partial = {
-        "job_id": job.id, "status": "expired" if expired else "cancelled", "reason": job.error,
+        "job_id": job.id, "status": (JobStatus.EXPIRED if expired else JobStatus.CANCELLED).value, "reason": job.error,
         "bundle_digest": job.bundle_digest, "output_uri": job.output_uri,
         "inputs": _inputs(job),
         "parts": parts,

@@ -8,7 +8,6 @@ from urllib.parse import urlencode
 
 import yaml
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
-from sqlalchemy import text
 
 from batchinf import metrics
 from batchinf.api.auth import Tenant, check_metrics_token
@@ -193,11 +192,10 @@ def bundles(tenant: Tenant) -> Any:
 @router.get("/healthz", response_model=Health, tags=["service"], responses=_errors(503))
 def healthz() -> Any:
     """Liveness and ledger reachability; needs no token."""
-    from batchinf.ledger.db import tx
+    from batchinf.ledger.db import ping
 
     try:
-        with tx() as conn:
-            conn.execute(text("SELECT 1"))
+        ping()
     except Exception as exc:  # noqa: BLE001 -- any ledger failure is "unavailable"
         raise ApiError(503, "unavailable", f"ledger unreachable: {type(exc).__name__}") from None
     return {"status": "ok", "ledger": "ok"}

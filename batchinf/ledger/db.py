@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from sqlalchemy import Connection, Engine, create_engine, event, inspect
+from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from batchinf.config import settings
@@ -90,18 +89,10 @@ def tx(url: str | None = None) -> Iterator[Connection]:
         raise
 
 
-def retrying(fn, *args, attempts: int = 10, base: float = 0.2, cap: float = 5.0, **kwargs):  # noqa: ANN001, ANN201
-    """Call fn, retrying TransientError with capped exponential backoff and full jitter."""
-    import random
-
-    for i in range(attempts):
-        try:
-            return fn(*args, **kwargs)
-        except TransientError:
-            if i == attempts - 1:
-                raise
-            time.sleep(random.uniform(0, min(cap, base * 2**i)))
-    raise AssertionError("unreachable")
+def ping() -> None:
+    """One round trip to the ledger; raises when it is unreachable."""
+    with tx() as conn:
+        conn.execute(text("SELECT 1"))
 
 
 def alembic_config(url: str):  # noqa: ANN201

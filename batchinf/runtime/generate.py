@@ -22,38 +22,22 @@ spent about 11% of its step in `cat` in the same profile.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import torch
 from tokenizers import Tokenizer
 
+from batchinf.runtime.chat_template import compile_template, token_text
+from batchinf.runtime.sampling import SamplingParams, sample
+
 PREFILL_CHUNK_TOKENS = 4096     # padded positions per prefill forward pass
 PREFILL_PAD_SLACK = 1.25        # a prefill group's padded positions stay within this × its real tokens
 PREFIX_MIN_TOKENS = 16          # a request sharing fewer leading tokens with any slot is prefilled in full
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    max_tokens: int = 256
-    temperature: float = 0.0        # 0 -> greedy
-    top_k: int = 0                  # 0 -> off
-    top_p: float = 1.0
-    stop_token_ids: tuple[int, ...] = ()   # in addition to the bundle's eos ids
-    stop: tuple[str, ...] = ()             # stop strings: text is cut before the first match
-    seed: int = 0                          # per record: derive_seed(job_seed, record_id)
-
-
-def derive_seed(job_seed: int, record_id: str) -> int:
-    """A record's sampling seed: stable across processes and retries, 63-bit."""
-    h = hashlib.sha256(f"{int(job_seed)}\x00{record_id}".encode()).digest()
-    return int.from_bytes(h[:8], "big") >> 1
 
 
 @dataclass
@@ -89,34 +73,6 @@ class GenStats:                     # accumulated per runtime call; used for tok
     @property
     def computed_positions(self) -> int:    # positions computed, padding and idle rows included
         return self.prefill_positions + self.decode_slot_steps
-
-
-# --- chat templates (rendered like transformers' apply_chat_template) ----------------------------
-
-
-def _compile_template(source: str) -> Any:
-    import jinja2
-    from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message: str) -> None:
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
-               sort_keys: bool = False) -> str:
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env.from_string(source)
-
-
-def _token_text(value: Any) -> str | None:
-    if isinstance(value, dict):     # {"content": "<s>", "__type": "AddedToken", ...}
-        return value.get("content")
-    return value
 
 
 # --- the runtime ---------------------------------------------------------------------------------
@@ -159,8 +115,8 @@ class GenerateRuntime:
         source = cfg.get("chat_template")
         if isinstance(source, list):    # [{"name": "default", "template": ...}, ...]
             source = next((t["template"] for t in source if t.get("name") == "default"), None)
-        self._template = _compile_template(source) if source else None
-        self._template_vars = {k: _token_text(cfg.get(k)) for k in
+        self._template = compile_template(source) if source else None
+        self._template_vars = {k: token_text(cfg.get(k)) for k in
                                ("bos_token", "eos_token", "pad_token", "unk_token")}
         self._dtype = dtype_override or meta.get("dtype", "float32")
         self.model: Any = None
@@ -452,19 +408,3 @@ def common_prefix(a: list[int], b: list[int], limit: int) -> int:
         else:
             hi = mid - 1
     return lo
-
-
-def sample(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator) -> int:
-    """One token from logits [V] with temperature, top-k and top-p (as transformers' warpers)."""
-    x = logits.float() / p.temperature
-    if p.top_k > 0 and p.top_k < x.numel():
-        kth = torch.topk(x, p.top_k).values[-1]
-        x = x.masked_fill(x < kth, float("-inf"))
-    if p.top_p < 1.0:
-        sorted_x, order = torch.sort(x)                              # ascending
-        cum = sorted_x.softmax(-1).cumsum(-1)
-        drop = cum <= 1 - p.top_p
-        drop[-1] = False                                             # keep at least the top token
-        x = x.masked_fill(drop.scatter(0, order, drop), float("-inf"))
-    probs = x.softmax(-1)
-    return int(torch.multinomial(probs, 1, generator=gen))

@@ -13,7 +13,8 @@ from batchinf.ledger import shards as shard_repo
 from batchinf.ledger import jobs as job_repo
 from batchinf.ledger import models
 from batchinf.ledger import events
-from batchinf.ledger.db import retrying, tx
+from batchinf.ledger.db import tx
+from batchinf.retry import retrying
 from batchinf.ledger.states import (
     ATTEMPT_LOSERS,
     ATTEMPT_TRANSITIONS,

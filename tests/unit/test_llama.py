@@ -11,13 +11,13 @@ import torch
 
 from batchinf.errors import BundleError
 from batchinf.runtime import bundle as rb
+from batchinf.runtime.sampling import derive_seed
 from batchinf.runtime.generate import (
     GenerateRuntime,
     GenRequest,
     GenStats,
     SamplingParams,
     common_prefix,
-    derive_seed,
 )
 from batchinf.runtime.llama import Fill, KVCache, load_llama, pack_weights
 from tests.helpers.tiny_llama import FAMILIES, make_tiny_llama
