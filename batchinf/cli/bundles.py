@@ -1,0 +1,93 @@
+"""`batchinf bundle`: import a model directory or a GGUF file, list, verify, alias."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from batchinf.cli.common import emit, friendly, json_option
+
+
+@click.group("bundle")
+def bundle() -> None:
+    """Model bundles: import, list, verify, alias."""
+
+
+@bundle.command("import")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.option("--name", required=True)
+@click.option("--alias", default=None)
+@click.option("--max-length", type=int, default=None, help="Default: the model's own setting.")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32",
+              show_default=True, help="Compute dtype on CUDA (CPU always runs float32).")
+@json_option
+@friendly
+def bundle_import(directory: str, name: str, alias: str | None, max_length: int | None, dtype: str,
+                  as_json: bool) -> None:
+    """Import a model directory as a bundle; prints its digest."""
+    from batchinf.bundles import import_bundle
+
+    info = import_bundle(directory, name, alias=alias, max_length=max_length, dtype=dtype)
+    emit(info.to_dict(), as_json, lambda i: click.echo(i["digest"]))
+
+
+@bundle.command("import-gguf")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--name", required=True)
+@click.option("--alias", default=None)
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True,
+              help="Stored weights and CUDA compute dtype (CPU always runs float32).")
+@json_option
+@friendly
+def bundle_import_gguf(file: str, name: str, alias: str | None, dtype: str, as_json: bool) -> None:
+    """Convert a GGUF Llama-family model (dequantised) into a bundle; prints its digest."""
+    from batchinf.bundles import import_gguf
+
+    info = import_gguf(file, name, alias=alias, dtype=dtype)
+    emit(info.to_dict(), as_json, lambda i: click.echo(i["digest"]))
+
+
+@bundle.command("list")
+@json_option
+@friendly
+def bundle_list(as_json: bool) -> None:
+    """List imported bundles and their aliases."""
+    from batchinf.bundles import list_bundles
+
+    def human(rows: list[dict[str, Any]]) -> None:
+        t = Table("name", "digest", "task", "aliases")
+        for b in rows:
+            t.add_row(b["name"], b["digest"], b["task"], ", ".join(b["aliases"]))
+        Console().print(t)
+
+    emit([b.to_dict() for b in list_bundles()], as_json, human)
+
+
+@bundle.command("verify")
+@click.argument("ref")
+@json_option
+@friendly
+def bundle_verify(ref: str, as_json: bool) -> None:
+    """Check every file digest and fixture of a bundle (NAME, NAME@ALIAS or sha256:HEX)."""
+    from batchinf.bundles import verify_bundle
+
+    emit(verify_bundle(ref), as_json, lambda r: click.echo(f"ok {r['digest']}"))
+
+
+@bundle.command("alias")
+@click.argument("ref")
+@click.argument("digest")
+@json_option
+@friendly
+def bundle_alias(ref: str, digest: str, as_json: bool) -> None:
+    """Point NAME@ALIAS at DIGEST. Jobs already submitted keep the digest they resolved."""
+    from batchinf.bundles import set_alias
+
+    set_alias(ref, digest)
+    emit({"alias": ref, "digest": digest}, as_json, lambda r: click.echo(f"{r['alias']} -> {r['digest']}"))
+
+
+COMMANDS = [bundle]

@@ -1,0 +1,90 @@
+"""What every command module shares: the stderr console, `emit` (--json or a human rendering),
+`friendly` (deliberate errors as one line, exit 2), the shared options, progress bars and the
+human job status."""
+
+from __future__ import annotations
+
+import json
+import sys
+from functools import wraps
+from typing import Any, Callable, TypeVar
+
+import click
+from rich.console import Console
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
+
+from batchinf.errors import BatchinfError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+console = Console(stderr=True)
+
+
+def emit(obj: Any, as_json: bool, human: Callable[[Any], None]) -> None:
+    """Print a command's result: as JSON on stdout with --json, else through `human`."""
+    if as_json:
+        click.echo(json.dumps(obj, indent=1, default=str))
+    else:
+        human(obj)
+
+
+def friendly(fn: F) -> F:
+    """Errors batchinf raises on purpose print as one line naming the fix, never a traceback."""
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except BatchinfError as exc:
+            console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+            sys.exit(2)
+    return wrapper  # type: ignore[return-value]
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+tenant_option = click.option("--tenant", envvar="BATCHINF_TENANT", default="default", show_default=True,
+                             help="Tenant the job belongs to (env BATCHINF_TENANT).")
+tenant_filter = click.option("--tenant", envvar="BATCHINF_TENANT", default=None,
+                             help="Only this tenant's jobs (env BATCHINF_TENANT; default: all).")
+metrics_port_option = click.option("--metrics-port", type=int, default=None,
+                                   help="Serve this process's Prometheus metrics on this port.")
+
+
+def progress(as_json: bool) -> Progress:
+    """A records progress bar on stderr; silent with --json or when stderr is not a terminal."""
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("records"), TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
+                    TimeRemainingColumn(), console=console, disable=as_json or not console.is_terminal)
+
+
+def ticker(bar_progress: Progress, job_id: str) -> Callable[[], dict[str, Any]]:
+    """Refresh the progress bar from the ledger's status model; returns that status."""
+    from batchinf.ledger.status import status
+
+    bar = bar_progress.add_task(job_id, total=None, rate="")
+
+    def tick() -> dict[str, Any]:
+        s = status(job_id)
+        bar_progress.update(bar, total=s["counts"]["records_total"], completed=s["counts"]["records_done"],
+                            description=f"{job_id} {s['status']}")
+        speed = bar_progress.tasks[0].speed
+        bar_progress.update(bar, rate=f"{speed:,.0f}/s" if speed else "")
+        return s
+    return tick
+
+
+def print_status(s: dict[str, Any]) -> None:
+    """One job's status object (`batchinf.ledger.status.status`) as a few lines on stderr."""
+    c, sh = s["counts"], s["shards"]
+    from batchinf.ledger.states import JobStatus
+
+    color = {JobStatus.SUCCEEDED: "green", JobStatus.FAILED: "red"}.get(s["status"], "yellow")
+    console.print(f"[bold]{s['job_id']}[/bold] {s['name']}: [{color}]{s['status']}[/{color}]", highlight=False)
+    console.print(f"  records  {c['records_succeeded']} ok, {c['records_failed']} errors, "
+                  f"{c['records_total'] if c['records_total'] is not None else '?'} total", highlight=False)
+    console.print(f"  shards   {sh['committed']}/{sh['total']} committed, {sh['running']} running, "
+                  f"{sh['pending']} pending", highlight=False)
+    console.print(f"  bundle   {s['bundle']} ({s['bundle_digest'][:19]}…)", highlight=False)
+    console.print(f"  output   {s['output_uri']}", highlight=False)
+    if s.get("error"):
+        console.print(f"  [red]error[/red]    {s['error']}", highlight=False)

@@ -1,0 +1,72 @@
+"""The service surface: `serve` (the REST API) and `token create|list|revoke` (its bearer tokens)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from batchinf.cli.common import emit, friendly, json_option
+
+
+@click.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8080, show_default=True, type=int)
+@click.option("--log-level", default="info", show_default=True)
+@friendly
+def serve(host: str, port: int, log_level: str) -> None:
+    """The REST API over the ledger (OpenAPI document at /openapi.json, docs at /docs)."""
+    import uvicorn
+
+    from batchinf.api import create_app
+
+    uvicorn.run(create_app(), host=host, port=port, log_level=log_level, access_log=False)
+
+
+@click.group("token")
+def token() -> None:
+    """API bearer tokens: each belongs to one tenant; only its sha256 is stored."""
+
+
+@token.command("create")
+@click.option("--tenant", required=True, help="The tenant whose jobs the token reaches.")
+@click.option("--name", default=None, help="A label to recognise the token by.")
+@json_option
+@friendly
+def token_create(tenant: str, name: str | None, as_json: bool) -> None:
+    """Create a token and print it once; it cannot be shown again."""
+    from batchinf.tenants import create_token
+
+    emit(create_token(tenant, name), as_json, lambda t: (
+        click.echo(t["token"]),
+        click.echo(f"{t['id']} for tenant {t['tenant']}: store it now, it is not shown again", err=True)))
+
+
+@token.command("list")
+@click.option("--tenant", default=None)
+@json_option
+@friendly
+def token_list(tenant: str | None, as_json: bool) -> None:
+    """Tokens (ids, tenants, use and revocation times; never the tokens themselves)."""
+    from batchinf.tenants import list_tokens
+
+    def human(rows: list[dict[str, Any]]) -> None:
+        for r in rows:
+            state = "revoked" if r["revoked_at"] else "active"
+            click.echo(f"{r['id']}  {r['tenant']}  {state}  {r['name'] or ''}")
+
+    emit(list_tokens(tenant), as_json, human)
+
+
+@token.command("revoke")
+@click.argument("token_id")
+@json_option
+@friendly
+def token_revoke(token_id: str, as_json: bool) -> None:
+    """Revoke a token by its id (from `token list`); requests with it get 401 from then on."""
+    from batchinf.tenants import revoke_token
+
+    emit(revoke_token(token_id), as_json, lambda r: click.echo(f"{r['id']} revoked"))
+
+
+COMMANDS = [serve, token]
