@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from typing import Any, Iterable
 
 import numpy as np
+import pyarrow as pa
 from batchinf import failpoints
 from batchinf.errors import BatchinfError, VerificationError
 from batchinf.ledger import jobs as job_repo
@@ -33,7 +34,7 @@ PARTIAL = "_PARTIAL.json"
 def _digest(uri: str) -> tuple[str, int]:
     try:
         return digest_of_uri(uri)
-    except (OSError, BatchinfError) as exc:
+    except (OSError, BatchinfError, pa.ArrowException) as exc:   # a truncated or edited Parquet file
         raise VerificationError(f"part {uri} cannot be read: {exc}") from exc
 
 
