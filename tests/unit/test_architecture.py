@@ -1,0 +1,123 @@
+"""The structure drawn from the imports: who may import whom. Only `ledger/` touches SQL; status
+literals live in `ledger/states.py`; layers only import downwards; `workers/` and the CLI sit on
+top and nothing in the library imports them."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from batchinf.ledger.states import AttemptStatus, JobStatus, ShardStatus
+from tests.helpers.imports import ROOT, import_graph, modules
+
+# Lowest first; a module may import its own layer or lower ones. The first matching prefix wins.
+LAYERS: list[tuple[str, ...]] = [
+    ("batchinf.errors", "batchinf.config", "batchinf.checks", "batchinf.failpoints", "batchinf.digests",
+     "batchinf.cron"),
+    ("batchinf.store", "batchinf.manifest", "batchinf.formats", "batchinf.runtime", "batchinf.retry"),
+    ("batchinf.parts", "batchinf.openai_output"),
+    ("batchinf.ledger",),
+    ("batchinf.bundles", "batchinf.tenants", "batchinf.submit", "batchinf.metrics"),
+    ("batchinf.plan", "batchinf.execute", "batchinf.verify", "batchinf.schedules"),
+    ("batchinf.quarantine", "batchinf.dispatch"),
+    ("batchinf.lifecycle",),
+    ("batchinf.controller",),
+    ("batchinf.api",),
+    ("batchinf.cli", "batchinf.__main__", "batchinf", "workers", "migrations"),
+]
+
+
+def layer(module: str) -> int:
+    best = None
+    for i, prefixes in enumerate(LAYERS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and (best is None or len(p) > best[1]):
+                best = (i, len(p))
+    assert best is not None, f"{module} is in no layer: add it to LAYERS"
+    return best[0]
+
+
+def test_layers_only_import_downwards() -> None:
+    graph = import_graph()
+    upward = sorted(f"{a} ({layer(a)}) imports {b} ({layer(b)})"
+                    for a, targets in graph.items() for b in targets if layer(b) > layer(a))
+    assert not upward, "upward imports:\n" + "\n".join(upward)
+
+
+def test_no_import_cycles() -> None:
+    graph = import_graph()
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                cycles.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_only_the_ledger_runs_sql() -> None:
+    """Outside ledger/ nothing imports the tables or SQLAlchemy (its exception classes aside) or
+    opens a ledger transaction: the ledger's repositories are the only way in."""
+    offenders = sorted(f"{a} imports {b}" for a, targets in import_graph(external=True).items()
+                       if not a.startswith("batchinf.ledger")
+                       for b in targets if b.startswith(("batchinf.ledger.tables", "sqlalchemy")) and b != "sqlalchemy.exc")
+    offenders += sorted(f"{m}:{node.lineno} opens a ledger transaction" for m, path in modules()
+                        if not m.startswith("batchinf.ledger") for node in ast.walk(ast.parse(path.read_text()))
+                        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "tx")
+    assert not offenders, "SQL outside ledger/:\n" + "\n".join(offenders)
+
+
+def test_library_never_imports_workers_cli_or_tests() -> None:
+    graph = import_graph(external=True)
+    bad = sorted(f"{a} imports {b}" for a, targets in graph.items()
+                 if a.startswith("batchinf") and not a.startswith(("batchinf.cli", "batchinf.__main__"))
+                 for b in targets if b.split(".")[0] in ("workers", "tests") or b.startswith("batchinf.cli"))
+    assert not bad, "\n".join(bad)
+
+
+STATUS_WORDS = {s.value for enum in (JobStatus, ShardStatus, AttemptStatus) for s in enum}
+
+
+def test_status_literals_live_in_states() -> None:
+    """No module outside ledger/states.py compares a status against a string literal."""
+    found = []
+    for module, path in modules():
+        if module == "batchinf.ledger.states":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                consts = [c for c in [node.left, *node.comparators] if isinstance(c, (ast.Tuple, ast.List, ast.Set))]
+                values = [e for c in consts for e in c.elts] + [node.left, *node.comparators]
+                hits = {v.value for v in values if isinstance(v, ast.Constant) and v.value in STATUS_WORDS}
+                if hits:
+                    found.append(f"{module}:{node.lineno} compares with {sorted(hits)}")
+    assert not found, "\n".join(found)
+
+
+def test_no_module_is_too_long() -> None:
+    long = [f"{m}: {n} lines" for m, p in modules() if (n := len(p.read_text().splitlines())) > 450]
+    assert not long, "\n".join(long)
+
+
+def test_nothing_refers_to_documents_outside_the_repository() -> None:
+    refs = [str(p.relative_to(ROOT)) for p in (*ROOT.glob("batchinf/**/*.py"), *ROOT.glob("workers/*.py"),
+                                                *ROOT.glob("manifests/**/*"))
+            if p.is_file() and "DESIGN.md" in p.read_text(errors="replace")]
+    assert not refs, f"these cite DESIGN.md, which is not in the repository: {refs}"
+
+
+def test_the_architecture_map_in_readme_names_every_module() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Architecture"):]
+    missing = [m for m, p in modules() if m.startswith("batchinf.") and m.count(".") == 1
+               and Path(p).name != "__init__.py" and f"`{m.split('.')[1]}" not in section]
+    assert not missing, f"README's architecture section does not mention: {missing}"
