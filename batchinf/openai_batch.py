@@ -23,7 +23,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from batchinf.parts import open_parquet, sha256_path
+from batchinf.digests import sha256_file
+from batchinf.parts import open_parquet
 from batchinf.records import (
     InputRecord,
     check_messages,
@@ -241,7 +242,7 @@ def render_to_path(part_uri: str, kind: str, ctx: RenderContext, path: str) -> t
             for row in rb.to_pylist():
                 f.write(_dumps(line(row, ctx)))
                 lines += 1
-    return sha256_path(path), lines
+    return sha256_file(path), lines
 
 
 def render_part(part_uri: str, kind: str, ctx: RenderContext, dest_uri: str) -> tuple[str, int]:
