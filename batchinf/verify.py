@@ -24,7 +24,7 @@ from batchinf.ledger.ops import now, transition_job
 from batchinf.ledger.states import SHARD_DONE, JobStatus
 from batchinf.ledger.tables import shards
 from batchinf.digests import sha256_file as sha256_path
-from batchinf.openai_batch import RenderContext, render_part, render_to_path
+from batchinf.openai_output import RenderContext, render_part, render_to_path
 from batchinf.parts import digest_of_uri, read_table
 from batchinf.store import get_store, join
 
