@@ -35,7 +35,7 @@ from batchinf.ledger.states import JobStatus, ShardStatus
 from batchinf.ledger.tables import job_inputs, jobs, record_errors, shards
 from batchinf.manifest import GenerateOptions
 from batchinf.parts import ERROR_SCHEMA, STAGE_ROW_GROUP, read_table, write_table
-from batchinf.records import InputRecord, read_records
+from batchinf.formats import InputRecord, read_records
 from batchinf.store import ObjectPin, get_store, join
 
 ERROR_BUCKET = -1          # shard bucket for records that failed validation: nothing to compute

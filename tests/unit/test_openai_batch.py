@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from batchinf.digests import sha256_file
-from batchinf.openai_batch import read_openai_batch
+from batchinf.formats.openai_batch import read_openai_batch
 from batchinf.openai_output import RenderContext, error_line, render_part, result_line
 from batchinf.parts import ERROR_SCHEMA, GENERATION_SCHEMA
 

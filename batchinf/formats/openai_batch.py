@@ -1,25 +1,22 @@
-"""OpenAI batch input files: request lines in, records out (responses: openai_output.py).
+"""OpenAI batch input files: request lines in, records out (the `openai-batch` input format).
 
 One request per line, `{"custom_id", "method": "POST", "url", "body"}` for
 `/v1/chat/completions` (body.messages), `/v1/completions` (body.prompt, one string) and
-`/v1/embeddings` (body.input, one string). The custom_id is the record id. Sampling fields of the
-body (max_tokens / max_completion_tokens, temperature, top_p, top_k, seed, stop) override the
-job's options for that line. Anything batchinf cannot honour becomes the line's error row,
-saying why and what to do -- never a silently different answer.
+`/v1/embeddings` (body.input, one string). The custom_id is the record id; a line's url must suit
+the job's task (chat and completions: generate; embeddings: embed). Sampling fields of the body
+(max_tokens / max_completion_tokens, temperature, top_p, top_k, seed, stop) override the job's
+options for that line and are checked like the manifest's options. Body keys
+that do not change the answer (IGNORED) are accepted and ignored; anything batchinf cannot honour
+(_NOT_SUPPORTED, unknown keys) becomes the line's error row, saying why and what to do -- never
+a silently different answer. The response lines are rendered by batchinf.openai_output.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Iterator
 
-from batchinf.records import (
-    InputRecord,
-    check_messages,
-    json_objects,
-    record_id_of,
-    unicode_problem,
-)
+from batchinf.formats.jsonl import json_objects
+from batchinf.formats.record import InputRecord, check_messages, record_id_of, unicode_problem
 
 CHAT, COMPLETIONS, EMBEDDINGS = "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
 ENDPOINT_TASK = {CHAT: "generate", COMPLETIONS: "generate", EMBEDDINGS: "embed"}
@@ -66,6 +63,7 @@ def _error(ordinal: int, rid: str | None, code: str, message: str) -> InputRecor
 
 
 def parse_line(obj: dict[str, Any], ordinal: int, where: str, task: str) -> InputRecord:
+    """One request line (a JSON object) as a record, or its error row; `where` names the line."""
     rid = record_id_of(obj.get("custom_id"))
     if rid is None:
         raw = obj.get("custom_id")
