@@ -5,7 +5,7 @@ One request per line, `{"custom_id", "method": "POST", "url", "body"}` for
 `/v1/embeddings` (body.input, one string). The custom_id is the record id; a line's url must suit
 the job's task (chat and completions: generate; embeddings: embed). Sampling fields of the body
 (max_tokens / max_completion_tokens, temperature, top_p, top_k, seed, stop) override the job's
-options for that line and are checked like the manifest's options. Body keys
+options for that line and are checked like the manifest's options (batchinf.checks). Body keys
 that do not change the answer (IGNORED) are accepted and ignored; anything batchinf cannot honour
 (_NOT_SUPPORTED, unknown keys) becomes the line's error row, saying why and what to do -- never
 a silently different answer. The response lines are rendered by batchinf.openai_output.
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, BinaryIO, Iterator
 
+from batchinf.checks import integer_problem, number_problem, stop_strings
 from batchinf.formats.jsonl import json_objects
 from batchinf.formats.record import InputRecord, check_messages, record_id_of, unicode_problem
 
@@ -119,40 +120,27 @@ def parse_line(obj: dict[str, Any], ordinal: int, where: str, task: str) -> Inpu
 
 
 def _sampling(body: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
-    """Per-line overrides of the job's generate options, checked like the manifest's."""
+    """Per-line overrides of the job's generate options, checked like the manifest's:
+    (overrides, None), or (what was read so far, what is wrong)."""
     p: dict[str, Any] = {}
-
-    def number(key: str, lo: float, hi: float, lo_open: bool = False) -> str | None:
-        v = body[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v > lo if lo_open else v >= lo) or v > hi:
-            return f"body.{key} must be a number in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {v!r}"
-        p[key] = float(v)
-        return None
-
-    def integer(key: str, lo: int, hi: int) -> str | None:
-        v = body[key]
-        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-            return f"body.{key} must be an integer in [{lo}, {hi}], got {v!r}"
-        return None
-
     for key in ("max_tokens", "max_completion_tokens"):
         if body.get(key) is not None:
-            if (err := integer(key, 1, 1 << 31)):
+            if (err := integer_problem(body[key], f"body.{key}", 1, 1 << 31)):
                 return p, err
             p["max_tokens"] = body[key]
     for key, lo, hi, lo_open in (("temperature", 0, 2, False), ("top_p", 0, 1, True)):
-        if body.get(key) is not None and (err := number(key, lo, hi, lo_open)):
-            return p, err
+        if body.get(key) is not None:
+            if (err := number_problem(body[key], f"body.{key}", lo, hi, lo_open=lo_open)):
+                return p, err
+            p[key] = float(body[key])
     for key, hi in (("top_k", 1 << 31), ("seed", (1 << 63) - 1)):
         if body.get(key) is not None:
-            if (err := integer(key, 0, hi)):
+            if (err := integer_problem(body[key], f"body.{key}", 0, hi)):
                 return p, err
             p[key] = body[key]
-    stop = body.get("stop")
-    if stop is not None:
-        stop = [stop] if isinstance(stop, str) else stop
-        if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-            return p, f"body.stop must be a non-empty string or a list of them, got {body['stop']!r:.60}"
-        p["stop"] = stop
+    if body.get("stop") is not None:
+        stop, err = stop_strings(body["stop"], "body.stop")
+        if err:
+            return p, err
+        p["stop"] = list(stop)
     return p, None
-
