@@ -14,6 +14,7 @@ class Settings:
     database_url: str               # BATCHINF_DATABASE_URL; default SQLite under home
     broker_url: str                 # BATCHINF_BROKER_URL (distributed mode)
     bundle_store: str               # BATCHINF_BUNDLE_STORE: where imported bundles live
+    max_expansion: int              # BATCHINF_MAX_EXPANSION: a compressed input may expand this many times
     lease_seconds: float            # a shard lease not heartbeated for this long is expired
     heartbeat_seconds: float
     max_attempts: int               # attempts per shard before it fails
@@ -40,6 +41,7 @@ def settings() -> Settings:
         database_url=os.environ.get("BATCHINF_DATABASE_URL") or f"sqlite:///{home / 'ledger.db'}",
         broker_url=os.environ.get("BATCHINF_BROKER_URL", "redis://127.0.0.1:6379/0"),
         bundle_store=os.environ.get("BATCHINF_BUNDLE_STORE") or (home / "bundles").as_uri(),
+        max_expansion=int(os.environ.get("BATCHINF_MAX_EXPANSION", 200)),
         lease_seconds=_float("BATCHINF_LEASE_SECONDS", 60.0),
         heartbeat_seconds=_float("BATCHINF_HEARTBEAT_SECONDS", 5.0),
         max_attempts=int(os.environ.get("BATCHINF_MAX_ATTEMPTS", 3)),

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tempfile
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from batchinf.digests import sha256_file
 from batchinf.store import get_store, split_uri
 
 ERROR_SCHEMA = pa.schema([
@@ -45,14 +44,6 @@ GENERATION_SCHEMA = pa.schema([
 ])
 
 
-def sha256_path(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 STAGE_ROW_GROUP = 1024   # rows per row group in staged files: what a worker holds at once
 
 
@@ -62,7 +53,7 @@ def write_table(uri: str, table: pa.Table, row_group_size: int | None = None) ->
     os.close(fd)
     try:
         pq.write_table(table, tmp, compression="zstd", row_group_size=row_group_size)
-        digest = sha256_path(tmp)
+        digest = sha256_file(tmp)
         get_store(uri).put_file(uri, tmp)
         return digest
     finally:
@@ -87,7 +78,7 @@ class PartWriter:
     def finish(self, uri: str) -> tuple[str, int]:
         self.writer.close()
         try:
-            digest = sha256_path(self.path)
+            digest = sha256_file(self.path)
             get_store(uri).put_file(uri, self.path)
             return digest, self.rows
         finally:
@@ -100,31 +91,32 @@ class PartWriter:
 
 
 @contextmanager
-def open_parquet(uri: str) -> Iterator[pq.ParquetFile]:
-    """A ParquetFile for random access: local files in place, remote ones via a temp copy."""
+def local_copy(uri: str, suffix: str = ".parquet") -> Iterator[str]:
+    """A local path with the object's bytes: a file:// object's own path, or a temporary copy of
+    a remote one (removed on exit). Read-only use: the path may be the stored object itself."""
     scheme, _, path = split_uri(uri)
     if scheme == "file":
-        yield pq.ParquetFile(path)
+        yield path
         return
-    with tempfile.NamedTemporaryFile(suffix=".parquet") as tmp:
+    with tempfile.NamedTemporaryFile(suffix=suffix) as tmp:
         get_store(uri).download_file(uri, tmp.name)
-        yield pq.ParquetFile(tmp.name)
+        yield tmp.name
+
+
+@contextmanager
+def open_parquet(uri: str) -> Iterator[pq.ParquetFile]:
+    """A ParquetFile for random access: local files in place, remote ones via a temp copy."""
+    with local_copy(uri) as path:
+        yield pq.ParquetFile(path)
 
 
 def read_table(uri: str, columns: list[str] | None = None) -> pa.Table:
-    scheme, _, path = split_uri(uri)
-    if scheme == "file":
+    """The whole Parquet object (or the given columns) as one table."""
+    with local_copy(uri) as path:
         return pq.read_table(path, columns=columns)
-    with tempfile.NamedTemporaryFile(suffix=".parquet") as tmp:
-        get_store(uri).download_file(uri, tmp.name)
-        return pq.read_table(tmp.name, columns=columns)
 
 
 def digest_of_uri(uri: str) -> tuple[str, int]:
     """(sha256, rows) of a Parquet object as stored."""
-    scheme, _, path = split_uri(uri)
-    if scheme == "file":
-        return sha256_path(path), pq.ParquetFile(path).metadata.num_rows
-    with tempfile.NamedTemporaryFile(suffix=".parquet") as tmp:
-        get_store(uri).download_file(uri, tmp.name)
-        return sha256_path(tmp.name), pq.ParquetFile(tmp.name).metadata.num_rows
+    with local_copy(uri) as path:
+        return sha256_file(path), pq.ParquetFile(path).metadata.num_rows

@@ -26,8 +26,8 @@ from batchinf.ledger.events import now
 from batchinf.ledger.models import Job
 from batchinf.ledger.states import JobStatus, ShardStatus
 from batchinf.manifest import GenerateOptions
+from batchinf.formats import InputRecord, read_records
 from batchinf.parts import STAGE_ROW_GROUP, read_table, write_table
-from batchinf.records import InputRecord, read_records
 from batchinf.store import ObjectPin, get_store, join
 from batchinf.submit import pin_inputs
 

@@ -17,13 +17,14 @@ import numpy as np
 import pyarrow as pa
 from batchinf import failpoints
 from batchinf.errors import BatchinfError, VerificationError
+from batchinf.digests import sha256_file
 from batchinf.ledger import jobs as job_repo
 from batchinf.ledger import shards as shard_repo
 from batchinf.ledger.events import now
 from batchinf.ledger.models import Job, Shard
 from batchinf.ledger.states import SHARD_DONE, JobStatus, ShardStatus
-from batchinf.openai_batch import RenderContext, render_part, render_to_path
-from batchinf.parts import digest_of_uri, read_table, sha256_path
+from batchinf.openai_output import RenderContext, render_part, render_to_path
+from batchinf.parts import digest_of_uri, read_table
 from batchinf.store import get_store, join
 
 MANIFEST = "_MANIFEST.json"
@@ -266,7 +267,7 @@ def _verify_openai(output_uri: str, manifest: dict[str, Any]) -> None:
                 store.download_file(uri, local)
             except Exception as exc:
                 raise VerificationError(f"{uri} cannot be read: {exc}") from exc
-            if sha256_path(local) != p["sha256"]:
+            if sha256_file(local) != p["sha256"]:
                 raise VerificationError(f"{p['key']}: sha256 differs from the manifest's")
             want, _ = render_to_path(join(output_uri, p["from"]), parquet[p["from"]]["kind"], ctx,
                                      local + ".want")

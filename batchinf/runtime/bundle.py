@@ -1,4 +1,4 @@
-"""Model bundles (DESIGN.md §6): import, content digest, verification, loading.
+"""Model bundles: import, content digest, verification, loading.
 
 A bundle is a directory of HF-format files plus `bundle.json`, whose canonical JSON's sha256 is
 the bundle digest. `bundle.json` pins every file's sha256 and carries fixtures (texts with their
@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from batchinf.digests import sha256_file
 from batchinf.errors import BundleError
 
 BUNDLE_FORMAT = 1
@@ -28,14 +29,6 @@ FIXTURE_TEXTS = [
     "Ünïcödé, emoji 🚀 and CJK 中文 survive tokenization.",
     " ".join(["A long fixture that runs past the maximum length of the bundle."] * 60),
 ]
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def canonical(meta: dict[str, Any]) -> bytes:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
+from batchinf.digests import sha256_fileobj
 from batchinf.errors import InputError, StoreError
 from batchinf.store.base import ObjectPin, Store, as_path, changed_error, missing_error, split_uri
 
@@ -35,17 +35,13 @@ def _path(uri: str) -> Path:
     return Path(os.path.normpath(path))
 
 
-def _sha256(f: BinaryIO) -> str:
-    return hashlib.file_digest(f, "sha256").hexdigest()  # streams in chunks
-
-
 def _pin(path: Path) -> ObjectPin:
     uri = "file://" + str(path)
     with _os_errors("head", uri):
         if not path.is_file():
             raise missing_error(uri)
         with open(path, "rb") as f:
-            return ObjectPin(uri=uri, size=os.fstat(f.fileno()).st_size, etag=_sha256(f))
+            return ObjectPin(uri=uri, size=os.fstat(f.fileno()).st_size, etag=sha256_fileobj(f))
 
 
 def _atomic_write(path: Path, uri: str, write: Callable[[BinaryIO], object]) -> None:
@@ -98,7 +94,7 @@ class LocalStore(Store):
             raise StoreError(f"local open {pin.uri} failed: {exc}") from exc
         with f:
             with _os_errors("read", pin.uri):
-                digest = _sha256(f)
+                digest = sha256_fileobj(f)
                 f.seek(0)
             if digest != pin.etag:
                 raise changed_error(pin, digest)

@@ -14,19 +14,21 @@ import subprocess
 import sys
 import zlib
 from pathlib import Path
+from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchinf import records
-from batchinf.records import read_records
+from batchinf.config import settings
+from batchinf.formats import InputRecord, compression, read_records
+from batchinf.formats.record import MAX_LINE_BYTES
 
 LINES = [json.dumps({"id": f"r{i}", "text": f"record number {i}"}) for i in range(50)]
 PLAIN = ("\n".join(LINES) + "\n").encode()
 
 
-def _read(data: bytes, uri: str, fmt: str = "jsonl") -> list[records.InputRecord]:
+def _read(data: bytes, uri: str, fmt: str = "jsonl") -> list[InputRecord]:
     return list(read_records(io.BytesIO(data), fmt, uri, "id", "text"))
 
 
@@ -60,9 +62,18 @@ def _bomb(real_lines: int, blank_mib: int) -> bytes:
     return b"".join(parts)
 
 
-def test_decompression_bomb_becomes_one_error_for_the_rest_of_the_object(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(records, "MIN_EXPANSION_BYTES", 1 << 20)
-    monkeypatch.setattr(records, "MAX_EXPANSION", 100)
+@pytest.fixture
+def max_expansion_100(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """BATCHINF_MAX_EXPANSION=100 for one test; settings() is re-read before and after it."""
+    monkeypatch.setenv("BATCHINF_MAX_EXPANSION", "100")
+    settings.cache_clear()
+    yield
+    settings.cache_clear()
+
+
+def test_decompression_bomb_becomes_one_error_for_the_rest_of_the_object(monkeypatch: pytest.MonkeyPatch,
+                                                                         max_expansion_100: None) -> None:
+    monkeypatch.setattr(compression, "MIN_EXPANSION_BYTES", 1 << 20)
     data = _bomb(5, 64)
     got = _read(data, "s3://b/bomb.jsonl.gz")
     assert [r.record_id for r in got[:5]] == [f"r{i}" for i in range(5)] and all(r.error is None for r in got[:5])
@@ -88,7 +99,7 @@ def test_compressed_parquet_is_refused_with_the_fix() -> None:
 
 PEAK_SCRIPT = """
 import resource, sys
-from batchinf.records import read_records
+from batchinf.formats import read_records
 path, fmt = sys.argv[1], sys.argv[2]
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 n = errors = 0
@@ -130,7 +141,7 @@ def test_bomb_is_bounded_in_memory_without_patched_limits(tmp_path: Path) -> Non
     path.write_bytes(_bomb(3, 400))
     records_read, errors, growth = _peak(path, "jsonl")
     assert (records_read, errors) == (4, 1)       # 3 records, then the rest of the object as one error
-    assert growth < 2.5 * (records.MAX_LINE_BYTES >> 20), f"grew by {growth} MiB"
+    assert growth < 2.5 * (MAX_LINE_BYTES >> 20), f"grew by {growth} MiB"
 
 
 def test_huge_plain_line_is_skipped_within_a_memory_cap(tmp_path: Path) -> None:
@@ -141,4 +152,18 @@ def test_huge_plain_line_is_skipped_within_a_memory_cap(tmp_path: Path) -> None:
         f.write(PLAIN.replace(b'"r', b'"s'))
     records_read, errors, growth = _peak(path, "jsonl")
     assert (records_read, errors) == (101, 1)
-    assert growth < 2.5 * (records.MAX_LINE_BYTES >> 20), f"grew by {growth} MiB for a 400 MiB line"
+    assert growth < 2.5 * (MAX_LINE_BYTES >> 20), f"grew by {growth} MiB for a 400 MiB line"
+
+
+def test_expansion_limit_is_read_from_settings_when_reading(monkeypatch: pytest.MonkeyPatch) -> None:
+    """BATCHINF_MAX_EXPANSION is read per object (settings()), not frozen at import time."""
+    monkeypatch.setattr(compression, "MIN_EXPANSION_BYTES", 1 << 20)
+    data = _bomb(2, 8)
+    for multiple in ("1", "7"):
+        monkeypatch.setenv("BATCHINF_MAX_EXPANSION", multiple)
+        settings.cache_clear()
+        try:
+            got = _read(data, "s3://b/bomb.jsonl.gz")
+        finally:
+            settings.cache_clear()
+        assert got[-1].error == "object_too_large" and f"({multiple}x its compressed size" in got[-1].message

@@ -12,14 +12,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchinf.openai_batch import (
-    RenderContext,
-    error_line,
-    read_openai_batch,
-    render_part,
-    result_line,
-)
-from batchinf.parts import ERROR_SCHEMA, GENERATION_SCHEMA, sha256_path
+from batchinf.digests import sha256_file
+from batchinf.formats.openai_batch import read_openai_batch
+from batchinf.openai_output import RenderContext, error_line, render_part, result_line
+from batchinf.parts import ERROR_SCHEMA, GENERATION_SCHEMA
 
 URI = "file:///data/batch.jsonl"
 CHAT, COMPLETIONS, EMBEDDINGS = "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
@@ -188,7 +184,7 @@ def test_render_part_writes_one_parsable_line_per_row(tmp_path: Path) -> None:
     dest = "file://" + str(tmp_path / "openai" / "part-00000.jsonl")
     sha, n = render_part("file://" + str(tmp_path / "part.parquet"), "results", CTX, dest)
     out = tmp_path / "openai" / "part-00000.jsonl"
-    assert n == 5 and sha == sha256_path(out)
+    assert n == 5 and sha == sha256_file(out)
     lines = out.read_bytes().splitlines()
     assert len(lines) == 5
     parsed = [json.loads(x) for x in lines]

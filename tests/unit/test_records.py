@@ -9,7 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchinf.records import InputRecord, read_jsonl, read_parquet, read_records
+from batchinf.formats import InputRecord, read_records
+from batchinf.formats.jsonl import read_jsonl
+from batchinf.formats.parquet import read_parquet
 
 URI = "file:///data/in.jsonl"
 
@@ -268,7 +270,7 @@ def test_read_parquet_missing_id_column() -> None:
 def test_overlong_jsonl_line_is_an_error_row_and_reading_goes_on() -> None:
     import io
 
-    from batchinf.records import read_jsonl
+    from batchinf.formats.jsonl import read_jsonl
 
     data = (b'{"id": "a", "text": "short"}\n' + b'{"id": "b", "text": "' + b"x" * 500 + b'"}\n'
             + b'{"id": "c", "text": "after"}\n' + b'{"id": "d", "text": "' + b"y" * 300)

@@ -1,37 +1,23 @@
-"""The OpenAI batch file format (DESIGN.md §4-5): request lines in, response lines out.
+"""OpenAI batch input files: request lines in, records out (the `openai-batch` input format).
 
-Input: one request per line, `{"custom_id", "method": "POST", "url", "body"}` for
+One request per line, `{"custom_id", "method": "POST", "url", "body"}` for
 `/v1/chat/completions` (body.messages), `/v1/completions` (body.prompt, one string) and
-`/v1/embeddings` (body.input, one string). The custom_id is the record id. Sampling fields of the
-body (max_tokens / max_completion_tokens, temperature, top_p, top_k, seed, stop) override the
-job's options for that line. Anything batchinf cannot honour becomes the line's error row,
-saying why and what to do -- never a silently different answer.
-
-Output: `<output>/openai/part-NNNNN.jsonl`, rendered at publish from the committed Parquet parts
-(one JSONL file per part, its rows in the part's order), so the two can never disagree. The
-bytes are deterministic: ids derive from the job id, the custom_id and the line's place,
-`created` is the job's creation time, so re-publishing gives identical files.
+`/v1/embeddings` (body.input, one string). The custom_id is the record id; a line's url must suit
+the job's task (chat and completions: generate; embeddings: embed). Sampling fields of the body
+(max_tokens / max_completion_tokens, temperature, top_p, top_k, seed, stop) override the job's
+options for that line and are checked like the manifest's options (batchinf.checks). Body keys
+that do not change the answer (IGNORED) are accepted and ignored; anything batchinf cannot honour
+(_NOT_SUPPORTED, unknown keys) becomes the line's error row, saying why and what to do -- never
+a silently different answer. The response lines are rendered by batchinf.openai_output.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import tempfile
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Iterator
 
-from batchinf.parts import open_parquet, sha256_path
-from batchinf.records import (
-    InputRecord,
-    check_messages,
-    json_objects,
-    record_id_of,
-    unicode_problem,
-)
-from batchinf.store import get_store
+from batchinf.checks import integer_problem, number_problem, stop_strings
+from batchinf.formats.jsonl import json_objects
+from batchinf.formats.record import InputRecord, check_messages, record_id_of, unicode_problem
 
 CHAT, COMPLETIONS, EMBEDDINGS = "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
 ENDPOINT_TASK = {CHAT: "generate", COMPLETIONS: "generate", EMBEDDINGS: "embed"}
@@ -78,6 +64,7 @@ def _error(ordinal: int, rid: str | None, code: str, message: str) -> InputRecor
 
 
 def parse_line(obj: dict[str, Any], ordinal: int, where: str, task: str) -> InputRecord:
+    """One request line (a JSON object) as a record, or its error row; `where` names the line."""
     rid = record_id_of(obj.get("custom_id"))
     if rid is None:
         raw = obj.get("custom_id")
@@ -133,124 +120,27 @@ def parse_line(obj: dict[str, Any], ordinal: int, where: str, task: str) -> Inpu
 
 
 def _sampling(body: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
-    """Per-line overrides of the job's generate options, checked like the manifest's."""
+    """Per-line overrides of the job's generate options, checked like the manifest's:
+    (overrides, None), or (what was read so far, what is wrong)."""
     p: dict[str, Any] = {}
-
-    def number(key: str, lo: float, hi: float, lo_open: bool = False) -> str | None:
-        v = body[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v > lo if lo_open else v >= lo) or v > hi:
-            return f"body.{key} must be a number in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {v!r}"
-        p[key] = float(v)
-        return None
-
-    def integer(key: str, lo: int, hi: int) -> str | None:
-        v = body[key]
-        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-            return f"body.{key} must be an integer in [{lo}, {hi}], got {v!r}"
-        return None
-
     for key in ("max_tokens", "max_completion_tokens"):
         if body.get(key) is not None:
-            if (err := integer(key, 1, 1 << 31)):
+            if (err := integer_problem(body[key], f"body.{key}", 1, 1 << 31)):
                 return p, err
             p["max_tokens"] = body[key]
     for key, lo, hi, lo_open in (("temperature", 0, 2, False), ("top_p", 0, 1, True)):
-        if body.get(key) is not None and (err := number(key, lo, hi, lo_open)):
-            return p, err
+        if body.get(key) is not None:
+            if (err := number_problem(body[key], f"body.{key}", lo, hi, lo_open=lo_open)):
+                return p, err
+            p[key] = float(body[key])
     for key, hi in (("top_k", 1 << 31), ("seed", (1 << 63) - 1)):
         if body.get(key) is not None:
-            if (err := integer(key, 0, hi)):
+            if (err := integer_problem(body[key], f"body.{key}", 0, hi)):
                 return p, err
             p[key] = body[key]
-    stop = body.get("stop")
-    if stop is not None:
-        stop = [stop] if isinstance(stop, str) else stop
-        if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-            return p, f"body.stop must be a non-empty string or a list of them, got {body['stop']!r:.60}"
-        p["stop"] = stop
+    if body.get("stop") is not None:
+        stop, err = stop_strings(body["stop"], "body.stop")
+        if err:
+            return p, err
+        p["stop"] = list(stop)
     return p, None
-
-
-# --- output --------------------------------------------------------------------------------------
-
-INPUT_ERROR_STATUS = 400     # the line itself cannot be run
-SERVER_ERROR_CODES = {"inference_error": 500, "poison": 500}
-
-
-@dataclass(frozen=True)
-class RenderContext:
-    job_id: str
-    created: int        # the job's creation time (UNIX seconds)
-    model: str          # the bundle reference the job was submitted with
-    task: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"job_id": self.job_id, "created": self.created, "model": self.model, "task": self.task}
-
-
-def _hash(ctx: RenderContext, custom_id: str | None, source: str, ordinal: int) -> str:
-    """Per line: the job, the custom_id and the line's place (two lines may share a custom_id)."""
-    return hashlib.sha256(f"{ctx.job_id}\0{custom_id}\0{source}\0{ordinal}".encode()).hexdigest()
-
-
-def result_line(row: dict[str, Any], ctx: RenderContext) -> dict[str, Any]:
-    h = _hash(ctx, row["record_id"], row["source"], row["ordinal"])
-    usage = {"prompt_tokens": row["input_tokens"]}
-    if ctx.task == "embed":
-        body: dict[str, Any] = {"object": "list", "model": ctx.model,
-                                "data": [{"object": "embedding", "index": 0, "embedding": row["embedding"]}],
-                                "usage": {**usage, "total_tokens": row["input_tokens"]}}
-    else:
-        usage.update(completion_tokens=row["output_tokens"],
-                     total_tokens=row["input_tokens"] + row["output_tokens"])
-        if row["kind"] == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": row["text"]},
-                      "logprobs": None, "finish_reason": row["finish_reason"]}
-            body = {"id": f"chatcmpl-{h[:32]}", "object": "chat.completion"}
-        else:
-            choice = {"index": 0, "text": row["text"], "logprobs": None, "finish_reason": row["finish_reason"]}
-            body = {"id": f"cmpl-{h[:32]}", "object": "text_completion"}
-        body.update(created=ctx.created, model=ctx.model, choices=[choice], usage=usage)
-    return {"id": f"batch_req_{h[:32]}", "custom_id": row["record_id"],
-            "response": {"status_code": 200, "request_id": f"req_{h[32:64]}", "body": body}, "error": None}
-
-
-def error_line(row: dict[str, Any], ctx: RenderContext) -> dict[str, Any]:
-    """A failed line: status 400 for a line that cannot be run as written, 500 for a failure while
-    running it; the error is in the response body (as OpenAI writes it) and in `error`."""
-    h = _hash(ctx, row["record_id"], row["source"], row["ordinal"])
-    status = SERVER_ERROR_CODES.get(row["error"], INPUT_ERROR_STATUS)
-    err = {"message": row["message"], "type": "invalid_request_error" if status == 400 else "server_error",
-           "param": None, "code": row["error"]}
-    return {"id": f"batch_req_{h[:32]}", "custom_id": row["record_id"],
-            "response": {"status_code": status, "request_id": f"req_{h[32:64]}", "body": {"error": err}},
-            "error": {"code": row["error"], "message": row["message"]}}
-
-
-def _dumps(obj: dict[str, Any]) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
-
-
-def render_to_path(part_uri: str, kind: str, ctx: RenderContext, path: str) -> tuple[str, int]:
-    """Render one committed Parquet part (results or errors) as response lines into a local file;
-    returns (sha256, lines). Streams row group by row group."""
-    line = result_line if kind == "results" else error_line
-    lines = 0
-    with open(path, "wb") as f, open_parquet(part_uri) as pf:
-        for rb in pf.iter_batches(batch_size=1024):
-            for row in rb.to_pylist():
-                f.write(_dumps(line(row, ctx)))
-                lines += 1
-    return sha256_path(path), lines
-
-
-def render_part(part_uri: str, kind: str, ctx: RenderContext, dest_uri: str) -> tuple[str, int]:
-    """render_to_path, then upload to dest_uri."""
-    fd, tmp = tempfile.mkstemp(suffix=".jsonl")
-    os.close(fd)
-    try:
-        digest, lines = render_to_path(part_uri, kind, ctx, tmp)
-        get_store(dest_uri).put_file(dest_uri, tmp)
-        return digest, lines
-    finally:
-        os.unlink(tmp)

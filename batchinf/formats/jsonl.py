@@ -1,0 +1,92 @@
+"""JSONL input: one JSON object per line, plain or compressed (see compression.py).
+
+Lines are read with a bounded skipper, so a line longer than `max_line_bytes` becomes a
+line_too_long error row and is skipped chunk by chunk; memory stays bounded whatever its size.
+`json_objects` is shared with the openai-batch reader, which reads the same kind of lines.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, BinaryIO, Iterator
+
+import pyarrow as pa
+
+from batchinf.formats.compression import ExpansionLimit, decompressed
+from batchinf.formats.record import MAX_LINE_BYTES, InputRecord, _check
+
+
+def _lines(fh: BinaryIO, limit: int) -> Iterator[bytes | None]:
+    """The file's lines; None for a line longer than `limit`, which is skipped chunk by chunk so
+    memory stays bounded whatever the line's size."""
+    while True:
+        line = fh.readline(limit + 1)
+        if not line:
+            return
+        if len(line) > limit and not line.endswith(b"\n"):
+            while (rest := fh.readline(limit)) and not rest.endswith(b"\n"):
+                pass
+            yield None
+            continue
+        yield line
+
+
+def _json_object(raw: bytes | None, ordinal: int, where: str,
+                 max_line_bytes: int) -> dict[str, Any] | InputRecord | None:
+    """One line as a JSON object, or its error record; None for a blank line."""
+    if raw is None:
+        return InputRecord(ordinal, None, None, "line_too_long",
+                           f"{where}: longer than {max_line_bytes} bytes; split the record or "
+                           "shorten its text")
+    if not raw.strip():
+        return None
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return InputRecord(ordinal, None, None, "invalid_utf8",
+                           f"{where}: invalid UTF-8 at byte {exc.start} of the line; "
+                           "re-encode the file as UTF-8")
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as exc:
+        return InputRecord(ordinal, None, None, "malformed_json",
+                           f"{where}: malformed JSON ({exc.msg} at column {exc.colno})")
+    if not isinstance(obj, dict):
+        return InputRecord(ordinal, None, None, "malformed_json",
+                           f"{where}: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def json_objects(fh: BinaryIO, uri: str, max_line_bytes: int = MAX_LINE_BYTES
+                 ) -> Iterator[tuple[int, str, dict[str, Any] | InputRecord]]:
+    """(ordinal, where, object) per non-blank line of a plain or compressed object; a line that
+    is no JSON object comes as its error record instead. An object that cannot be read to its end
+    (a decompression bomb, corrupt compressed data) ends with one error record for its rest."""
+    ordinal, lineno = 0, 0
+    try:
+        for lineno, raw in enumerate(_lines(decompressed(fh, uri), max_line_bytes), start=1):
+            obj = _json_object(raw, ordinal, f"{uri} line {lineno}", max_line_bytes)
+            if obj is not None:
+                yield ordinal, f"{uri} line {lineno}", obj
+                ordinal += 1
+    except ExpansionLimit as exc:
+        yield ordinal, uri, InputRecord(
+            ordinal, None, None, "object_too_large",
+            f"{uri}: {exc} ({exc.multiple}x its compressed size, see BATCHINF_MAX_EXPANSION); stopped "
+            f"after line {lineno}, the rest of the object was not read. Split it into smaller objects")
+    except (OSError, EOFError, pa.ArrowInvalid) as exc:
+        yield ordinal, uri, InputRecord(
+            ordinal, None, None, "corrupt_object",
+            f"{uri}: cannot decompress past line {lineno} ({exc}); the rest of the object was not "
+            "read. Re-upload it or fix its compression")
+
+
+def read_jsonl(fh: BinaryIO, uri: str, id_field: str, text_field: str,
+               max_line_bytes: int = MAX_LINE_BYTES, *, kind: str = "text") -> Iterator[InputRecord]:
+    """Records of a JSONL object: `id_field` is the record id, `text_field` is read as `kind`
+    (text, prompt or messages)."""
+    for ordinal, where, obj in json_objects(fh, uri, max_line_bytes):
+        if isinstance(obj, InputRecord):
+            yield obj
+        else:
+            yield _check(ordinal, obj.get(id_field), obj.get(text_field), where, id_field, text_field, kind)

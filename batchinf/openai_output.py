@@ -1,0 +1,109 @@
+"""OpenAI batch output: response lines rendered from the committed Parquet parts.
+
+For a job whose input format is openai-batch, publishing writes `<output>/openai/part-NNNNN.jsonl`
+beside the Parquet parts: one JSONL file per part (results or errors), its lines in the part's
+row order, so the two can never disagree. A result line has OpenAI's response shape (status 200,
+a chat.completion, text_completion or embedding list body with usage); a failed line has status
+400 when the line cannot be run as written and 500 when running it failed, with the error both
+in the response body and in `error`. The bytes are deterministic: ids derive from the job id,
+the custom_id and the line's place (source object, ordinal), `created` is the job's creation
+time, so re-publishing (or verifying) gives identical files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+from batchinf.digests import sha256_file
+from batchinf.parts import open_parquet
+from batchinf.store import get_store
+
+INPUT_ERROR_STATUS = 400     # the line itself cannot be run
+SERVER_ERROR_CODES = {"inference_error": 500, "poison": 500}
+
+
+@dataclass(frozen=True)
+class RenderContext:
+    """What every line of a job's rendering shares; stored in _MANIFEST.json so verify can re-render."""
+
+    job_id: str
+    created: int        # the job's creation time (UNIX seconds)
+    model: str          # the bundle reference the job was submitted with
+    task: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "created": self.created, "model": self.model, "task": self.task}
+
+
+def _hash(ctx: RenderContext, custom_id: str | None, source: str, ordinal: int) -> str:
+    """Per line: the job, the custom_id and the line's place (two lines may share a custom_id)."""
+    return hashlib.sha256(f"{ctx.job_id}\0{custom_id}\0{source}\0{ordinal}".encode()).hexdigest()
+
+
+def result_line(row: dict[str, Any], ctx: RenderContext) -> dict[str, Any]:
+    """A succeeded line: status 200 and the body OpenAI returns for the job's task and the row's kind."""
+    h = _hash(ctx, row["record_id"], row["source"], row["ordinal"])
+    usage = {"prompt_tokens": row["input_tokens"]}
+    if ctx.task == "embed":
+        body: dict[str, Any] = {"object": "list", "model": ctx.model,
+                                "data": [{"object": "embedding", "index": 0, "embedding": row["embedding"]}],
+                                "usage": {**usage, "total_tokens": row["input_tokens"]}}
+    else:
+        usage.update(completion_tokens=row["output_tokens"],
+                     total_tokens=row["input_tokens"] + row["output_tokens"])
+        if row["kind"] == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": row["text"]},
+                      "logprobs": None, "finish_reason": row["finish_reason"]}
+            body = {"id": f"chatcmpl-{h[:32]}", "object": "chat.completion"}
+        else:
+            choice = {"index": 0, "text": row["text"], "logprobs": None, "finish_reason": row["finish_reason"]}
+            body = {"id": f"cmpl-{h[:32]}", "object": "text_completion"}
+        body.update(created=ctx.created, model=ctx.model, choices=[choice], usage=usage)
+    return {"id": f"batch_req_{h[:32]}", "custom_id": row["record_id"],
+            "response": {"status_code": 200, "request_id": f"req_{h[32:64]}", "body": body}, "error": None}
+
+
+def error_line(row: dict[str, Any], ctx: RenderContext) -> dict[str, Any]:
+    """A failed line: status 400 for a line that cannot be run as written, 500 for a failure while
+    running it; the error is in the response body (as OpenAI writes it) and in `error`."""
+    h = _hash(ctx, row["record_id"], row["source"], row["ordinal"])
+    status = SERVER_ERROR_CODES.get(row["error"], INPUT_ERROR_STATUS)
+    err = {"message": row["message"], "type": "invalid_request_error" if status == 400 else "server_error",
+           "param": None, "code": row["error"]}
+    return {"id": f"batch_req_{h[:32]}", "custom_id": row["record_id"],
+            "response": {"status_code": status, "request_id": f"req_{h[32:64]}", "body": {"error": err}},
+            "error": {"code": row["error"], "message": row["message"]}}
+
+
+def _dumps(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+
+
+def render_to_path(part_uri: str, kind: str, ctx: RenderContext, path: str) -> tuple[str, int]:
+    """Render one committed Parquet part (results or errors) as response lines into a local file;
+    returns (sha256, lines). Streams row group by row group."""
+    line = result_line if kind == "results" else error_line
+    lines = 0
+    with open(path, "wb") as f, open_parquet(part_uri) as pf:
+        for rb in pf.iter_batches(batch_size=1024):
+            for row in rb.to_pylist():
+                f.write(_dumps(line(row, ctx)))
+                lines += 1
+    return sha256_file(path), lines
+
+
+def render_part(part_uri: str, kind: str, ctx: RenderContext, dest_uri: str) -> tuple[str, int]:
+    """render_to_path, then upload to dest_uri."""
+    fd, tmp = tempfile.mkstemp(suffix=".jsonl")
+    os.close(fd)
+    try:
+        digest, lines = render_to_path(part_uri, kind, ctx, tmp)
+        get_store(dest_uri).put_file(dest_uri, tmp)
+        return digest, lines
+    finally:
+        os.unlink(tmp)
