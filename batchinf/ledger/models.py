@@ -43,6 +43,7 @@ class Job:
     verify_seconds: float | None
     failed_attempts: int
     step_failures: int
+    confined: bool                    # its storage is checked against the tenant's grants
 
     @classmethod
     def from_row(cls, row: Any) -> Job:

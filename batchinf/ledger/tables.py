@@ -59,6 +59,7 @@ jobs = Table(
     Column("lock_expires_at", Float, nullable=True),
     Column("failed_attempts", Integer, nullable=False, default=0),   # attempts that raised: the retry budget
     Column("step_failures", Integer, nullable=False, default=0),     # consecutive failed lifecycle steps
+    Column("confined", Boolean, nullable=False, default=False),      # storage checked against the tenant's grants
     UniqueConstraint("tenant", "idempotency_key", name="uq_jobs_tenant_idempotency"),
     Index("ix_jobs_status", "status"),
     Index("ix_jobs_tenant_created", "tenant", "created_at"),
@@ -179,4 +180,19 @@ api_tokens = Table(
     Column("last_used_at", Float, nullable=True),
     Column("revoked_at", Float, nullable=True),
     UniqueConstraint("token_sha256", name="uq_api_tokens_sha256"),
+)
+
+tenant_grants = Table(
+    "tenant_grants", metadata,
+    Column("tenant", String(100), primary_key=True),
+    Column("prefix", Text, primary_key=True),             # canonical uri prefix, ending in '/' (file://: real path)
+    Column("mode", String(8), primary_key=True),          # read | write (write implies read)
+    Column("created_at", Float, nullable=False),
+)
+
+tenant_limits = Table(
+    "tenant_limits", metadata,
+    Column("tenant", String(100), primary_key=True),
+    Column("name", String(64), primary_key=True),         # a limit of config.LIMITS
+    Column("value", BigInteger, nullable=False),
 )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 import os
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import BinaryIO, ContextManager
@@ -47,17 +48,46 @@ def missing_error(uri: str) -> InputError:
     return InputError(f"object {uri} does not exist: check the uri (and that the writer finished)")
 
 
+_HOSTILE_ESCAPES = re.compile(r"%(2e|2f|5c|00)", re.IGNORECASE)
+
+
 def normalize_uri(uri_or_path: str) -> str:
-    """Return ``uri_or_path`` as a uri; plain local paths become absolute ``file:///...`` (a trailing '/' is kept)."""
+    """Return ``uri_or_path`` as a canonical uri, the one spelling every comparison uses: plain
+    local paths become absolute ``file:///...``; the scheme and an S3 bucket are lower-cased;
+    ``//``, ``/./`` and ``..`` are resolved (a ``..`` above the root is refused); a trailing '/'
+    is kept. Percent-escapes of '.', '/', '\\' and NUL, and NUL bytes, are refused: they exist
+    only to make one prefix look like another."""
     s = os.fspath(uri_or_path)
-    if "://" in s:
-        return s
     if not s:
         raise StoreError("empty uri or path")
-    absolute = os.path.abspath(os.path.expanduser(s))
-    if s.endswith("/") and not absolute.endswith("/"):
-        absolute += "/"
-    return "file://" + absolute
+    if "\x00" in s or _HOSTILE_ESCAPES.search(s):
+        raise StoreError(f"uri {s[:200]!r} contains a NUL byte or a percent-escaped '.', '/' or '\\'; "
+                         "write the path plainly")
+    if "://" not in s:
+        absolute = os.path.abspath(os.path.expanduser(s))
+        return "file://" + absolute + ("/" if s.endswith("/") and not absolute.endswith("/") else "")
+    scheme, rest = s.split("://", 1)
+    scheme = scheme.lower()
+    if scheme == "file":
+        if not rest.startswith("/"):
+            raise StoreError(f"file uri {s} is not absolute: write file:///absolute/path")
+        bucket, path = "", rest
+    else:
+        bucket, _, path = rest.partition("/")
+        bucket, path = bucket.lower(), "/" + path
+    trailing = path.endswith("/") and path != "/"
+    parts: list[str] = []
+    for seg in path.split("/"):
+        if seg in ("", "."):
+            continue
+        if seg == "..":
+            if not parts:
+                raise StoreError(f"uri {s} climbs above its root with '..'; write the path without '..'")
+            parts.pop()
+        else:
+            parts.append(seg)
+    clean = "/" + "/".join(parts) + ("/" if trailing and parts else "")
+    return f"{scheme}://{bucket}{clean}"
 
 
 def split_uri(uri: str) -> tuple[str, str, str]:

@@ -1,0 +1,126 @@
+"""Storage scopes: which prefixes a tenant may read and write, and which outputs no job may take.
+
+An operator grants each tenant prefixes (`batchinf tenant grant`); every URI a job names is
+checked against them after normalisation (`store.normalize_uri`) and, for `file://`, after
+resolving its real path, so `/./`, `//`, `..`, case and symlinks cannot make one prefix look like
+another. A job submitted through the REST API is always confined (with no grants it may touch
+nothing); one submitted from the CLI on the operator's machine is confined once its tenant has
+grants. Outputs are checked for every job: an output prefix never equals, contains or lies inside
+another job's output or input prefix, the bundle store, BATCHINF_HOME or the ledger's files.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from batchinf.config import settings
+from batchinf.errors import ManifestError, StoreError
+from batchinf.ledger import grants
+from batchinf.store import normalize_uri, split_uri
+
+READ, WRITE = "read", "write"
+
+
+def real(uri: str) -> str:
+    """The canonical uri; for file:// the real path (symlinks resolved, existing or not)."""
+    uri = normalize_uri(uri)
+    scheme, _, path = split_uri(uri)
+    if scheme != "file":
+        return uri
+    resolved = os.path.realpath(path)
+    return "file://" + resolved + ("/" if uri.endswith("/") and resolved != "/" else "")
+
+
+def as_prefix(uri: str) -> str:
+    return uri if uri.endswith("/") else uri + "/"
+
+
+def within(uri: str, prefix: str) -> bool:
+    """Whether `uri` (an object or a prefix) is `prefix` or lies under it, segment-wise."""
+    return as_prefix(uri).startswith(as_prefix(prefix))
+
+
+def overlap(a: str, b: str) -> bool:
+    """One equals, contains or lies inside the other."""
+    return within(a, b) or within(b, a)
+
+
+# --- grants --------------------------------------------------------------------------------------
+
+
+def grant(tenant: str, *, read: list[str] = (), write: list[str] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+    from batchinf.tenants import check_tenant
+
+    check_tenant(tenant)
+    for prefixes, mode in ((read, READ), (write, WRITE)):
+        for p in prefixes:
+            grants.grant(tenant, as_prefix(real(p)), mode)
+    return show(tenant)
+
+
+def revoke(tenant: str, prefix: str) -> dict[str, Any]:
+    removed = grants.revoke(tenant, as_prefix(real(prefix)))
+    return {**show(tenant), "revoked": removed}
+
+
+def show(tenant: str) -> dict[str, Any]:
+    return {"tenant": tenant, "grants": [{"prefix": p, "mode": m} for p, m in grants.of_tenant(tenant)],
+            "limits": grants.limits_of(tenant)}
+
+
+def confined(tenant: str, through_api: bool) -> bool:
+    """Whether the tenant's jobs are checked against its grants."""
+    return through_api or bool(grants.of_tenant(tenant))
+
+
+def check(tenant: str, uri: str, mode: str, what: str) -> None:
+    """Raise ManifestError unless the tenant's grants allow `mode` on `uri` (write implies read)."""
+    target = real(uri)
+    held = grants.of_tenant(tenant)
+    if any(within(target, p) and (m == WRITE or mode == READ) for p, m in held):
+        return
+    have = ", ".join(f"{m} {p}" for p, m in held) or "none"
+    raise ManifestError(f"{what} {uri} is outside the prefixes tenant {tenant!r} may {mode} (its grants: {have}); "
+                        f"use a granted prefix, or ask the operator for "
+                        f"`batchinf tenant grant {tenant} --{mode} PREFIX`")
+
+
+# --- output ownership ----------------------------------------------------------------------------
+
+
+def _reserved() -> list[tuple[str, str]]:
+    s = settings()
+    out = [("BATCHINF_HOME", real(str(s.home) + "/")), ("the bundle store", real(as_prefix(s.bundle_store)))]
+    if s.database_url.startswith("sqlite:///"):
+        out.append(("the ledger's files", real(os.path.dirname(s.database_url.removeprefix("sqlite:///")) + "/")))
+    return out
+
+
+def check_output(tenant: str, output_uri: str, input_uri: str) -> None:
+    """Refuse an output prefix that equals, contains or lies inside another job's output or input
+    prefix (any tenant, any state), this job's own input, the bundle store, BATCHINF_HOME or the
+    ledger's files. Another tenant's job is never named."""
+    out = as_prefix(real(output_uri))
+    if overlap(out, real(input_uri)):
+        raise ManifestError(f"output {output_uri} overlaps this job's own input {input_uri}; write the "
+                            "output to a prefix of its own, outside the input")
+    for name, prefix in _reserved():
+        if overlap(out, prefix):
+            raise ManifestError(f"output {output_uri} overlaps {name}; choose an output.uri outside it")
+    for job_id, owner, status, which, uri in grants.overlapping_jobs(out):
+        if not overlap(out, real(uri)):
+            continue
+        if owner == tenant:
+            raise ManifestError(f"output {output_uri} overlaps the {which} prefix {uri} of job {job_id} "
+                                f"({status}); every job writes to a prefix of its own: choose another output.uri")
+        raise ManifestError(f"output {output_uri} overlaps a prefix that another job reads or writes; "
+                            "choose another output.uri")
+
+
+def canonical(uri: str, where: str) -> str:
+    """normalize_uri, with its refusal named after the manifest field."""
+    try:
+        return normalize_uri(uri)
+    except StoreError as exc:
+        raise ManifestError(f"{where}: {exc}") from None
