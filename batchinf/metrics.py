@@ -10,7 +10,6 @@ Two kinds:
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -31,6 +30,8 @@ from prometheus_client.core import (
     Metric,
     SummaryMetricFamily,
 )
+
+from batchinf.config import settings
 
 disable_created_metrics()   # *_created samples only add noise to every counter
 
@@ -97,7 +98,7 @@ def observe_request(method: str, route: str, status: int, seconds: float) -> Non
 
 def serve(port: int, addr: str = "0.0.0.0") -> None:
     """Expose this process's metrics (all forked children's too in multiprocess mode)."""
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    if settings().prometheus_multiproc_dir:
         from prometheus_client import multiprocess
 
         registry = CollectorRegistry()
@@ -111,7 +112,7 @@ def serve(port: int, addr: str = "0.0.0.0") -> None:
 
 
 def _window() -> float:
-    return float(os.environ.get("BATCHINF_METRICS_JOB_WINDOW", "86400"))
+    return settings().metrics_job_window
 
 
 class LedgerCollector:
