@@ -13,10 +13,19 @@ def number_problem(v: Any, where: str, lo: float, hi: float, *, lo_open: bool = 
     return None if ok else f"{where} must be a number in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {v!r:.60}"
 
 
-def integer_problem(v: Any, where: str, lo: int, hi: int) -> str | None:
-    """An integer in [lo, hi]; booleans are not integers."""
-    ok = isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
-    return None if ok else f"{where} must be an integer in [{lo}, {hi}], got {v!r:.60}"
+def integer_problem(v: Any, where: str, lo: int | None = None, hi: int | None = None) -> str | None:
+    """An integer in [lo, hi]; a bound left out (None) is open. Booleans are not integers."""
+    ok = (isinstance(v, int) and not isinstance(v, bool)
+          and (lo is None or v >= lo) and (hi is None or v <= hi))
+    return None if ok else f"{where} must be {_integers(lo, hi)}, got {v!r:.60}"
+
+
+def _integers(lo: int | None, hi: int | None) -> str:
+    if lo is not None and hi is not None:
+        return f"an integer in [{lo}, {hi}]"
+    if hi is not None:
+        return f"an integer <= {hi}"
+    return {None: "an integer", 0: "a non-negative integer", 1: "a positive integer"}.get(lo, f"an integer >= {lo}")
 
 
 def stop_strings(v: Any, where: str) -> tuple[tuple[str, ...], str | None]:

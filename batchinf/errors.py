@@ -7,6 +7,10 @@ class BatchinfError(Exception):
     """Base of every error batchinf raises on purpose; the CLI prints these without a traceback."""
 
 
+class ConfigError(BatchinfError):
+    """An environment variable holds a value batchinf cannot use; the message names it."""
+
+
 class ManifestError(BatchinfError):
     """The job manifest is invalid (unknown key, wrong type, missing field)."""
 

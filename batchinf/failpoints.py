@@ -1,4 +1,4 @@
-"""Failpoints (DESIGN.md §7): BATCHINF_FAILPOINTS="point=action;point=action".
+"""Failpoints, fault injection for tests and chaos runs: BATCHINF_FAILPOINTS="point=action;point=action".
 
 Actions: `crash` (exit at once, as SIGKILL would leave the process), `raise`, `sleep(SECONDS)`,
 each optionally prefixed by a probability, e.g. `0.2*crash`. Record-targeted points are written
@@ -11,6 +11,9 @@ import os
 import random
 import re
 import time
+
+from batchinf.config import Settings, load_settings
+from batchinf.errors import ConfigError
 
 
 class FailpointError(RuntimeError):
@@ -26,8 +29,8 @@ def parse(spec: str) -> dict[str, tuple[float, str, float]]:
         name, _, action = item.partition("=")
         m = _ACTION.match(action.strip())
         if not m:
-            raise ValueError(f"BATCHINF_FAILPOINTS: cannot parse {item!r}; "
-                             "write point=crash|raise|sleep(SECONDS), optionally P*action")
+            raise ConfigError(f"BATCHINF_FAILPOINTS: cannot parse {item!r}; "
+                              "write point=crash|raise|sleep(SECONDS), optionally P*action")
         act = "sleep" if m.group("secs") else m.group("act")
         points[name.strip()] = (float(m.group("p") or 1.0), act, float(m.group("secs") or 0))
     return points
@@ -37,16 +40,20 @@ _points: dict[str, tuple[float, str, float]] = {}
 _rng = random.Random()
 
 
-def reload() -> None:
-    """Read BATCHINF_FAILPOINTS. BATCHINF_FAILPOINTS_SEED seeds the probabilistic draws; each
+def _load(s: Settings) -> None:
+    """Take the failpoints of `s`. BATCHINF_FAILPOINTS_SEED seeds the probabilistic draws; each
     process mixes in its pid, so a restarted worker does not replay its predecessor's draws."""
     global _points
-    _points = parse(os.environ.get("BATCHINF_FAILPOINTS", ""))
-    seed = os.environ.get("BATCHINF_FAILPOINTS_SEED")
-    _rng.seed(None if seed is None else f"{seed}:{os.getpid()}")
+    _points = parse(s.failpoints)
+    _rng.seed(None if s.failpoints_seed is None else f"{s.failpoints_seed}:{os.getpid()}")
 
 
-reload()
+def reload() -> None:
+    """Read BATCHINF_FAILPOINTS and BATCHINF_FAILPOINTS_SEED from the environment again."""
+    _load(load_settings())
+
+
+_load(load_settings())   # a process's failpoints are those of its environment when it imports this
 
 
 def hit(point: str) -> None:

@@ -1,34 +1,61 @@
-"""Job manifests (DESIGN.md §4): parsed from YAML or JSON, unknown keys rejected by name."""
+"""Job manifests, described once: the typed models below validate a manifest read from YAML or
+JSON (unknown keys rejected by name, every message naming the field's path and the fix), and
+the JSON Schema in manifests/job.schema.json is generated from them:
+
+    python -m batchinf.manifest --schema > manifests/job.schema.json
+"""
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
-import re
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
+from pydantic.json_schema import GenerateJsonSchema
 
 from batchinf.errors import ManifestError
+from batchinf.manifest_rules import (BOOLEAN, DURATION, KEY, NULL_IS_DEFAULT, OUTPUT, POSITIVE, STOP, STRING,
+                                     TEXT, TOKEN_IDS, Refused, choice, integer, manifest_error, nullable, number,
+                                     parse_duration)
+
+__all__ = ["DEVICES", "FORMATS", "TASKS", "EmbedOptions", "GenerateOptions", "InputSpec", "JobManifest",
+           "ShardSpec", "job_schema", "load_manifest", "manifest_from_dict", "parse_duration", "parse_manifest"]
 
 TASKS = ("embed", "generate")
 FORMATS = ("jsonl", "parquet", "openai-batch")
 DEVICES = ("auto", "cpu", "cuda")
-IMPLEMENTED_TASKS = TASKS
-IMPLEMENTED_FORMATS = FORMATS
+NOT_A_MAPPING = "a job manifest must be a mapping with name, task, bundle, input and output"
 
 
-@dataclass(frozen=True, kw_only=True)
-class InputSpec:
-    uri: str | None = None          # a prefix or one object
-    manifest: str | None = None     # instead of uri: a JSONL list of objects (key/uri, version_id)
-    format: str = "jsonl"
-    id_field: str = "id"
-    text_field: str = "text"            # embed: the text to embed
-    prompt_field: str | None = None     # generate: a plain prompt (default "prompt")
-    messages_field: str | None = None   # generate: chat messages [{role, content}], instead of a prompt
+class _Part(BaseModel):
+    """A manifest or a part of one: immutable, unknown keys refused. (Built in Python with a bad
+    value, a part raises pydantic's ValidationError; a document gets ManifestError.)"""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class InputSpec(_Part):
+    """Where the records come from, and the fields each record is read by."""
+    model_config = ConfigDict(json_schema_extra={"oneOf": [   # exactly one of uri or manifest
+        {"required": [key], "properties": {key: {"type": "string", "minLength": 1}}} for key in ("uri", "manifest")]})
+    uri: Annotated[str | None, nullable(STRING)] = Field(
+        None, description="a prefix (ending in /) or one object: s3://, file:// or a local path")
+    manifest: Annotated[str | None, nullable(STRING)] = Field(
+        None, description="instead of uri: a JSONL list of objects, {uri} or {bucket, key}, optional version_id")
+    format: Annotated[str, choice(FORMATS)] = Field(
+        "jsonl", description="openai-batch: lines {custom_id, method, url, body} for /v1/chat/completions, "
+                             "/v1/completions or /v1/embeddings; their custom_id and body say everything")
+    id_field: Annotated[str, STRING] = Field("id", description="the field holding each record's id")
+    text_field: Annotated[str, STRING] = Field("text", description="embed: the field holding the text")
+    prompt_field: Annotated[str | None, nullable(STRING)] = Field(
+        None, description='generate: the field holding a plain prompt (default "prompt")')
+    messages_field: Annotated[str | None, nullable(STRING)] = Field(
+        None, description="generate, instead of a prompt: the field holding chat messages [{role, content}], "
+                          "rendered with the bundle's chat template")
 
     def value_field(self, task: str) -> tuple[str, str]:
         """(field name, kind) a jsonl/parquet record is read by: kind is text, prompt or messages."""
@@ -39,49 +66,101 @@ class InputSpec:
         return self.prompt_field or "prompt", "prompt"
 
 
-@dataclass(frozen=True, kw_only=True)
-class ShardSpec:
-    max_records: int = 4096
-    max_tokens: int = 1_000_000
+class ShardSpec(_Part):
+    """How the input is cut into shards, the unit of work, retry and output."""
+    max_records: Annotated[int, POSITIVE] = Field(4096, description="records per shard, at most")
+    max_tokens: Annotated[int, POSITIVE] = Field(1_000_000, description="input tokens per shard, at most")
 
 
-@dataclass(frozen=True, kw_only=True)
-class EmbedOptions:
-    max_length: int | None = None          # default: the bundle's max length (never above it)
-    max_batch_tokens: int = 2048           # padded tokens per forward batch (CPU sweet spot)
-    truncate: bool = True                  # False: over-long records become error rows
-    device: str = "auto"                   # auto | cpu | cuda
+class EmbedOptions(_Part):
+    """Options of task embed."""
+    max_length: Annotated[int | None, nullable(POSITIVE)] = Field(
+        None, description="tokens kept per record; default and ceiling: the bundle's max length")
+    max_batch_tokens: Annotated[int, POSITIVE] = Field(
+        2048, description="padded tokens per forward batch (the CPU sweet spot)")
+    truncate: Annotated[bool, BOOLEAN] = Field(
+        True, description="false: over-long records become error rows (too_long) instead of being truncated")
+    device: Annotated[str, choice(DEVICES)] = "auto"
 
 
-@dataclass(frozen=True, kw_only=True)
-class GenerateOptions:
-    max_tokens: int = 256                  # generated tokens per record, at most
-    temperature: float = 0.0               # 0: greedy
-    top_k: int = 0                         # 0: off
-    top_p: float = 1.0
-    seed: int = 0                          # job seed; each record samples with derive_seed(seed, id)
-    stop: tuple[str, ...] = ()             # stop strings: text ends before the first match
-    stop_token_ids: tuple[int, ...] = ()   # in addition to the bundle's end-of-sequence ids
-    max_batch_tokens: int = 16384          # KV-cache budget: sum over slots of prompt + max_tokens
-    max_slots: int = 64                    # sequences decoded together
-    device: str = "auto"
+class GenerateOptions(_Part):
+    """Options of task generate."""
+    max_tokens: Annotated[int, POSITIVE] = Field(256, description="generated tokens per record, at most")
+    temperature: Annotated[float, number(0, 2)] = Field(0.0, description="0: greedy")
+    top_k: Annotated[int, integer(0)] = Field(0, description="0: off")
+    top_p: Annotated[float, number(0, 1, lo_open=True)] = 1.0
+    seed: Annotated[int, integer(0)] = Field(
+        0, description="job seed; each record samples with a seed derived from it and the record's id")
+    stop: Annotated[tuple[str, ...], STOP] = Field(
+        (), description="stop strings: a record's text ends before the first match")
+    stop_token_ids: Annotated[tuple[int, ...], TOKEN_IDS] = Field(
+        (), description="token ids that end a record, in addition to the bundle's end-of-sequence ids")
+    max_batch_tokens: Annotated[int, POSITIVE] = Field(
+        16384, description="KV-cache budget: the sum over decoding slots of prompt + max_tokens")
+    max_slots: Annotated[int, POSITIVE] = Field(64, description="sequences decoded together")
+    device: Annotated[str, choice(DEVICES)] = "auto"
 
 
-@dataclass(frozen=True, kw_only=True)
-class JobManifest:
-    name: str
-    task: str
-    bundle: str
+OPTIONS: dict[str, type[EmbedOptions | GenerateOptions]] = {"embed": EmbedOptions, "generate": GenerateOptions}
+
+
+def _default_options(data: dict[str, Any]) -> EmbedOptions | GenerateOptions:
+    return OPTIONS.get(data.get("task", "embed"), EmbedOptions)()
+
+
+class JobManifest(_Part):
+    """A batch inference job: which model bundle runs over which input, where the output goes, and how."""
+    # a document names output and deadline; Python code output_uri and deadline_seconds
+    model_config = ConfigDict(title="batchinf job manifest", validate_by_name=True, validate_by_alias=True)
+
+    name: Annotated[str, TEXT] = Field(description="the job's name, shown in its status")
+    task: Annotated[str, choice(TASKS)] = "embed"
+    bundle: Annotated[str, TEXT] = Field(
+        description="NAME (newest), NAME@ALIAS, or sha256:HEX; resolved to a digest at submit")
     input: InputSpec
-    output_uri: str
-    shards: ShardSpec = field(default_factory=ShardSpec)
-    options: EmbedOptions | GenerateOptions = field(default_factory=EmbedOptions)
-    deadline_seconds: float | None = None
-    priority: int = 0
-    idempotency_key: str | None = None
+    output_uri: Annotated[str, OUTPUT] = Field(alias="output", description="where the output is published")
+    shards: Annotated[ShardSpec, NULL_IS_DEFAULT] = Field(default_factory=ShardSpec)
+    options: EmbedOptions | GenerateOptions = Field(
+        default_factory=_default_options, description="the task's options: EmbedOptions or GenerateOptions")
+    deadline_seconds: Annotated[float | None, DURATION] = Field(
+        None, alias="deadline", description="e.g. 90s, 30m, 6h, 1d (or seconds): a job not finished this long "
+                                           "after submit is cancelled")
+    priority: Annotated[int, integer()] = Field(0, description="higher runs first")
+    idempotency_key: Annotated[str | None, KEY] = Field(
+        None, description="same key, same job, never a second one; default: a hash of the manifest")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _output_uri(cls, data: Any) -> Any:
+        """In Python, JobManifest(output_uri=URI); a document says output: {uri: URI}."""
+        if isinstance(data, dict) and isinstance(data.get("output_uri"), str):
+            return {**data, "output_uri": {"uri": data["output_uri"]}}
+        return data
+
+    @field_validator("options", mode="before")
+    @classmethod
+    def _options_of_task(cls, v: Any, info: ValidationInfo) -> Any:
+        if "task" not in info.data:          # the task is wrong: that is the error to report
+            return EmbedOptions()
+        kind = OPTIONS[info.data["task"]]
+        if isinstance(v, BaseModel):
+            if not isinstance(v, kind):
+                raise Refused(f"options of task {info.data['task']} are {kind.__name__}, not {type(v).__name__}")
+            return v
+        try:
+            return kind.model_validate({} if v is None else v)
+        except ValidationError as exc:
+            raise Refused(str(manifest_error(exc, kind, "options"))) from None
+
+    @model_validator(mode="after")
+    def _input_suits_task(self) -> JobManifest:
+        problem = _input_problem(self.input, self.task)
+        if problem:
+            raise Refused(problem)
+        return self
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = self.model_dump()
         d["output"] = {"uri": d.pop("output_uri")}
         return d
 
@@ -91,152 +170,32 @@ class JobManifest:
         return "manifest-sha256:" + hashlib.sha256(blob).hexdigest()
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
-
-
-def parse_duration(value: Any, where: str) -> float:
-    m = None if isinstance(value, bool) else _DURATION.match(str(value))
-    seconds = float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)] if m else 0.0
-    if seconds <= 0:
-        raise ManifestError(f"{where}: {value!r} is not a positive duration; write e.g. 90s, 30m, 6h or 1d")
-    return seconds
-
-
-def _section(cls: type, raw: Any, where: str) -> Any:
-    if raw is None:
-        return cls()
-    if not isinstance(raw, dict):
-        raise ManifestError(f"{where} must be a mapping, got {type(raw).__name__}")
-    known = {f for f in cls.__dataclass_fields__}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ManifestError(f"unknown key {where}.{unknown[0]}; allowed keys: {', '.join(sorted(known))}")
-    defaults = cls()
-    values = {}
-    for k, v in raw.items():
-        expect = type(getattr(defaults, k))
-        if getattr(defaults, k) is None:
-            # optional field: check the type its annotation names ("int | None"); null stays allowed
-            hint = str(cls.__dataclass_fields__[k].type).split("|")[0].strip()
-            expect = {"int": int, "str": str}.get(hint) if v is not None else None
-        if expect is bool and not isinstance(v, bool):
-            raise ManifestError(f"{where}.{k} must be true or false, got {v!r}")
-        if expect is int and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
-            raise ManifestError(f"{where}.{k} must be a positive integer, got {v!r}")
-        if expect is str and not isinstance(v, str):
-            raise ManifestError(f"{where}.{k} must be a string, got {v!r}")
-        values[k] = v
-    return cls(**values)
-
-
-def _number(v: Any, where: str, lo: float, hi: float, *, lo_open: bool = False) -> float:
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (v > lo if lo_open else v >= lo) and v <= hi
-    if not ok:
-        raise ManifestError(f"{where} must be a number in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {v!r}")
-    return float(v)
-
-
-def _strings(v: Any, where: str) -> tuple[str, ...]:
-    v = [v] if isinstance(v, str) else v
-    if not isinstance(v, list) or not all(isinstance(s, str) and s for s in v):
-        raise ManifestError(f"{where} must be a non-empty string or a list of them, got {v!r}")
-    return tuple(v)
-
-
-def _generate_options(raw: Any) -> GenerateOptions:
-    """Generate options: ints and the device through _section, then the fields _section cannot
-    type (floats, seed 0, top_k 0, lists)."""
-    if raw is None:
-        return GenerateOptions()
-    if not isinstance(raw, dict):
-        raise ManifestError(f"options must be a mapping, got {type(raw).__name__}")
-    special = {"temperature", "top_k", "top_p", "seed", "stop", "stop_token_ids"}
-    opts = _section(GenerateOptions, {k: v for k, v in raw.items() if k not in special}, "options")
-    values: dict[str, Any] = {}
-    if "temperature" in raw:
-        values["temperature"] = _number(raw["temperature"], "options.temperature", 0, 2)
-    if "top_p" in raw:
-        values["top_p"] = _number(raw["top_p"], "options.top_p", 0, 1, lo_open=True)
-    for k in ("top_k", "seed"):
-        v = raw.get(k, 0)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise ManifestError(f"options.{k} must be a non-negative integer, got {v!r}")
-        values[k] = v
-    if raw.get("stop") is not None:
-        values["stop"] = _strings(raw["stop"], "options.stop")
-    ids = raw.get("stop_token_ids") or []
-    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
-        raise ManifestError(f"options.stop_token_ids must be a list of token ids (integers >= 0), got {ids!r}")
-    values["stop_token_ids"] = tuple(ids)
-    return GenerateOptions(**{**opts.__dict__, **values})
-
-
-def _check_input(inp: InputSpec, task: str) -> None:
+def _input_problem(inp: InputSpec, task: str) -> str | None:
     if bool(inp.uri) == bool(inp.manifest):
-        raise ManifestError("input needs exactly one of uri (a prefix or object) or manifest "
-                            "(a JSONL list of objects)")
-    if inp.format not in FORMATS:
-        raise ManifestError(f"input.format {inp.format!r} is not supported; use one of {', '.join(FORMATS)}")
-    if inp.format not in IMPLEMENTED_FORMATS:
-        raise ManifestError(f"input.format {inp.format!r} is not implemented yet; use "
-                            f"{' or '.join(IMPLEMENTED_FORMATS)}")
+        return "input needs exactly one of uri (a prefix or object) or manifest (a JSONL list of objects)"
     if inp.format == "openai-batch":
         # each line's custom_id, url and body say everything; field names do not apply
         if (inp.id_field, inp.text_field, inp.prompt_field, inp.messages_field) != ("id", "text", None, None):
-            raise ManifestError("input.format openai-batch reads custom_id and body from each line; "
-                                "remove input.id_field / text_field / prompt_field / messages_field")
-        return
+            return ("input.format openai-batch reads custom_id and body from each line; "
+                    "remove input.id_field / text_field / prompt_field / messages_field")
+        return None
     if task == "embed" and (inp.prompt_field or inp.messages_field):
-        raise ManifestError("input.prompt_field and input.messages_field are for task: generate; "
-                            "an embed job reads input.text_field")
+        return ("input.prompt_field and input.messages_field are for task: generate; "
+                "an embed job reads input.text_field")
     if task == "generate" and inp.prompt_field and inp.messages_field:
-        raise ManifestError("input: give prompt_field (plain prompts) or messages_field (chat "
-                            "messages), not both")
+        return "input: give prompt_field (plain prompts) or messages_field (chat messages), not both"
     if task == "generate" and inp.text_field != "text":
-        raise ManifestError("input.text_field is for task: embed; a generate job reads "
-                            "input.prompt_field (plain prompts) or input.messages_field (chat)")
-
-
-TOP_KEYS = {"name", "task", "bundle", "input", "output", "shards", "options", "deadline",
-            "priority", "idempotency_key"}
+        return ("input.text_field is for task: embed; a generate job reads "
+                "input.prompt_field (plain prompts) or input.messages_field (chat)")
+    return None
 
 
 def parse_manifest(raw: Any) -> JobManifest:
-    if not isinstance(raw, dict):
-        raise ManifestError("a job manifest must be a mapping with name, task, bundle, input and output")
-    unknown = sorted(set(raw) - TOP_KEYS)
-    if unknown:
-        raise ManifestError(f"unknown key {unknown[0]!r}; allowed keys: {', '.join(sorted(TOP_KEYS))}")
-    for key in ("name", "bundle", "input", "output"):
-        if key not in raw:
-            raise ManifestError(f"missing required key {key!r}")
-    task = raw.get("task", "embed")
-    if task not in TASKS:
-        raise ManifestError(f"task {task!r} is not supported; use one of {', '.join(TASKS)}")
-    if task not in IMPLEMENTED_TASKS:
-        raise ManifestError(f"task {task!r} is not implemented yet; this version runs: "
-                            f"{', '.join(IMPLEMENTED_TASKS)}")
-    inp = _section(InputSpec, raw["input"], "input")
-    _check_input(inp, task)
-    options = (_generate_options(raw.get("options")) if task == "generate"
-               else _section(EmbedOptions, raw.get("options"), "options"))
-    if options.device not in DEVICES:
-        raise ManifestError(f"options.device {options.device!r} is not one of {', '.join(DEVICES)}")
-    out = raw["output"]
-    if not isinstance(out, dict) or set(out) != {"uri"} or not isinstance(out["uri"], str):
-        raise ManifestError("output must be a mapping with exactly one key, uri")
-    priority = raw.get("priority", 0)
-    if not isinstance(priority, int) or isinstance(priority, bool):
-        raise ManifestError(f"priority must be an integer, got {priority!r}")
-    key = raw.get("idempotency_key")
-    if key is not None and (not isinstance(key, str) or not key):
-        raise ManifestError("idempotency_key must be a non-empty string")
-    return JobManifest(
-        name=str(raw["name"]), task=task, bundle=str(raw["bundle"]), input=inp,
-        output_uri=out["uri"], shards=_section(ShardSpec, raw.get("shards"), "shards"),
-        options=options,
-        deadline_seconds=parse_duration(raw["deadline"], "deadline") if raw.get("deadline") is not None else None,
-        priority=priority, idempotency_key=key)
+    """A manifest document (parsed YAML/JSON) -> JobManifest, or ManifestError naming the first problem."""
+    try:
+        return JobManifest.model_validate(raw, by_alias=True, by_name=False)
+    except ValidationError as exc:
+        raise manifest_error(exc, JobManifest, "", NOT_A_MAPPING) from None
 
 
 def load_manifest(path: str | Path) -> JobManifest:
@@ -256,6 +215,50 @@ def manifest_from_dict(d: dict[str, Any]) -> JobManifest:
     """Inverse of JobManifest.to_dict (as stored in the ledger)."""
     d = dict(d)
     deadline = d.pop("deadline_seconds", None)
-    d["output"] = d.pop("output")
     m = parse_manifest({k: v for k, v in d.items() if v is not None})
-    return JobManifest(**{**m.__dict__, "deadline_seconds": deadline})
+    return m.model_copy(update={"deadline_seconds": deadline})
+
+
+# --- JSON Schema ---------------------------------------------------------------------------------
+
+
+class _Schema(GenerateJsonSchema):
+    def field_title_should_be_set(self, schema: Any) -> bool:
+        return False
+
+
+def job_schema() -> dict[str, Any]:
+    """The JSON Schema of a manifest document, generated from the models (checked in as
+    manifests/job.schema.json). Which options a manifest may give depends on its task."""
+    schema = JobManifest.model_json_schema(by_alias=True, mode="validation", schema_generator=_Schema)
+    props = schema["properties"]
+    props["options"] = {"type": ["object", "null"], "description": props["options"]["description"]}
+    default_task = JobManifest.model_fields["task"].default
+    by_task = []
+    for task, kind in OPTIONS.items():
+        named = {"required": ["task"], "properties": {"task": {"const": task}}}
+        by_task.append({"if": {"anyOf": [{"not": {"required": ["task"]}}, named]} if task == default_task
+                        else named,
+                        "then": {"properties": {"options": {"anyOf": [{"$ref": f"#/$defs/{kind.__name__}"},
+                                                                      {"type": "null"}]}}}})
+    head = {"$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$id": "https://batchinf.dev/schemas/job-manifest.json"}
+    order = ["title", "description", "type", "additionalProperties", "required", "properties"]
+    return {**head, **{k: schema[k] for k in order}, "allOf": by_task, "$defs": schema["$defs"]}
+
+
+def schema_text() -> str:
+    """job_schema() as the text of manifests/job.schema.json."""
+    return json.dumps(job_schema(), indent=2) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m batchinf.manifest", description=__doc__.splitlines()[0])
+    parser.add_argument("--schema", action="store_true", help="print the JSON Schema of a job manifest")
+    if not parser.parse_args(argv).schema:
+        parser.error("nothing to do; --schema prints the JSON Schema of a job manifest")
+    print(schema_text(), end="")
+
+
+if __name__ == "__main__":
+    main()

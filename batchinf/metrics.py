@@ -10,7 +10,6 @@ Two kinds:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,6 +30,7 @@ from prometheus_client.core import (
     SummaryMetricFamily,
 )
 
+from batchinf.config import settings
 from batchinf.ledger.states import SHARD_WAITING, AttemptStatus, ShardStatus, values
 
 WAITING = values(SHARD_WAITING)
@@ -99,7 +99,7 @@ def observe_request(method: str, route: str, status: int, seconds: float) -> Non
 
 def serve(port: int, addr: str = "0.0.0.0") -> None:
     """Expose this process's metrics (all forked children's too in multiprocess mode)."""
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    if settings().prometheus_multiproc_dir:
         from prometheus_client import multiprocess
 
         registry = CollectorRegistry()
@@ -113,7 +113,7 @@ def serve(port: int, addr: str = "0.0.0.0") -> None:
 
 
 def _window() -> float:
-    return float(os.environ.get("BATCHINF_METRICS_JOB_WINDOW", "86400"))
+    return settings().metrics_job_window
 
 
 class LedgerCollector:

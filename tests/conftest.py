@@ -36,6 +36,8 @@ def _free_port() -> int:
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[str]:
     """A real moto S3 server in a subprocess; exports its endpoint and test credentials in os.environ."""
+    from batchinf import config
+
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     log = tempfile.TemporaryFile()  # a file, not a pipe: the server logs every request
@@ -69,6 +71,7 @@ def s3_server() -> Iterator[str]:
     }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
+    config.settings.cache_clear()       # settings are read once per process
     try:
         yield url
     finally:
@@ -77,6 +80,7 @@ def s3_server() -> Iterator[str]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        config.settings.cache_clear()
         stop_process(proc)
         log.close()
 

@@ -6,7 +6,7 @@ Correctness comes from the ledger, not the broker: a task leases its shard in th
 
 from __future__ import annotations
 
-import os
+from typing import Any
 
 from celery import Celery
 
@@ -14,14 +14,8 @@ from batchinf.config import settings
 from batchinf.dispatch import Dispatcher
 from batchinf.ledger.models import Job
 
-QUEUE = os.environ.get("BATCHINF_QUEUE", "batchinf")
-# Above the longest shard: an unacked message of a live worker is not redelivered meanwhile.
-# (A dead worker's shard is recovered sooner, through its expired ledger lease.)
-VISIBILITY_TIMEOUT = int(os.environ.get("BATCHINF_VISIBILITY_TIMEOUT", 6 * 3600))
-
 app = Celery("batchinf")
 app.conf.update(
-    broker_url=settings().broker_url,
     task_serializer="json",
     accept_content=["json"],            # pickle messages are refused
     result_serializer="json",
@@ -29,18 +23,36 @@ app.conf.update(
     task_acks_late=True,                # ack after the shard ran, not when it was received
     task_reject_on_worker_lost=True,    # a killed worker's message goes back to the queue
     worker_prefetch_multiplier=1,
-    task_default_queue=QUEUE,
-    broker_transport_options={"visibility_timeout": VISIBILITY_TIMEOUT},
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
 )
+
+
+def _from_settings() -> dict[str, Any]:
+    """The broker, the queue and the visibility timeout, read when the app's configuration is
+    first needed (sending or working), not at import. The visibility timeout is above the longest
+    shard: an unacked message of a live worker is not redelivered meanwhile (a dead worker's shard
+    is recovered sooner, through its expired ledger lease)."""
+    s = settings()
+    return {"broker_url": s.broker_url, "task_default_queue": s.queue,
+            "broker_transport_options": {"visibility_timeout": s.visibility_timeout}}
+
+
+app.add_defaults(_from_settings)
+
+
+def __getattr__(name: str) -> Any:
+    """QUEUE: the queue workers read (settings().queue), looked up when asked for."""
+    if name == "QUEUE":
+        return settings().queue
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @app.task(name="batchinf.execute_shard")
 def execute_shard(shard_id: str, speculative: bool = False) -> None:
     from batchinf.dispatch import run_shard
 
-    run_shard(shard_id, os.environ.get("BATCHINF_DEVICE", "auto"), speculative=speculative)
+    run_shard(shard_id, settings().device, speculative=speculative)
 
 
 @app.task(name="batchinf.plan_object")

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import hmac
-import os
 from typing import Annotated
 
 from fastapi import Depends
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from batchinf.api.errors import ApiError
+from batchinf.config import settings
 from batchinf.tenants import authenticate
 
 bearer = HTTPBearer(auto_error=False, description="a token from `batchinf token create --tenant NAME`")
@@ -34,6 +34,6 @@ Tenant = Annotated[str, Depends(current_tenant)]
 
 def check_metrics_token(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
     """/metrics is open unless BATCHINF_METRICS_TOKEN is set; then that bearer token is required."""
-    want = os.environ.get("BATCHINF_METRICS_TOKEN")
+    want = settings().metrics_token
     if want and (creds is None or not hmac.compare_digest(creds.credentials.encode(), want.encode())):
         raise _unauthorized("/metrics needs the bearer token set in BATCHINF_METRICS_TOKEN")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
+from batchinf.config import settings
 from batchinf.errors import BundleError
 
 MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -129,7 +129,7 @@ def pack_weights(model: nn.Module) -> bool:
     """Give every Linear of a CPU float32 model an MKL-packed weight, if this torch build has MKL and
     the packed product equals the plain one (checked per weight shape) -> whether it packed.
     Costs one more copy of the weights in memory; BATCHINF_PACK_WEIGHTS=0 turns it off."""
-    if os.environ.get("BATCHINF_PACK_WEIGHTS", "1") == "0" or not torch.backends.mkl.is_available() \
+    if not settings().pack_weights or not torch.backends.mkl.is_available() \
             or not hasattr(torch.ops.mkl, "_mkl_linear"):
         return False
     linears = [m for m in model.modules() if isinstance(m, Linear)]

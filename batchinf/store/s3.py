@@ -25,6 +25,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, IncompleteReadError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
+from batchinf.config import settings
 from batchinf.errors import BatchinfError, InputError, StoreError, TransientError
 from batchinf.store.base import ObjectPin, Store, as_path, changed_error, missing_error, split_uri
 
@@ -41,8 +42,8 @@ os.register_at_fork(after_in_child=lambda: globals().update(_lock=threading.Lock
 
 def client() -> Any:
     """This process's S3 client for the current endpoint and region (cached by pid)."""
-    endpoint = os.environ.get("BATCHINF_S3_ENDPOINT_URL") or None
-    region = os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    s = settings()
+    endpoint, region = s.s3_endpoint_url, s.s3_region
     key = (os.getpid(), endpoint, region)
     if key not in _clients:
         with _lock:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from batchinf.config import settings
 from batchinf.errors import BundleError
 from batchinf.runtime import bundle as rb
 from batchinf.runtime.sampling import derive_seed
@@ -198,7 +199,12 @@ def test_packed_weights_match_plain_ones(tiny_dirs: dict[str, Path], monkeypatch
 
     packed = load_llama(tiny_dirs["qwen2"])
     monkeypatch.setenv("BATCHINF_PACK_WEIGHTS", "0")
-    plain = load_llama(tiny_dirs["qwen2"])
+    settings.cache_clear()                  # settings are read once per process
+    try:
+        plain = load_llama(tiny_dirs["qwen2"])
+    finally:
+        monkeypatch.delenv("BATCHINF_PACK_WEIGHTS")
+        settings.cache_clear()
     linears = [m for m in packed.modules() if isinstance(m, Linear)]
     assert all(m.packed is not None for m in linears) == torch.backends.mkl.is_available()
     assert all(m.packed is None for m in plain.modules() if isinstance(m, Linear))
