@@ -23,20 +23,22 @@ def external_imports() -> dict[str, set[str]]:
 LAYERS: list[tuple[str, ...]] = [
     ("batchinf.errors", "batchinf.config", "batchinf.checks", "batchinf.failpoints", "batchinf.digests",
      "batchinf.cron"),
-    ("batchinf.store", "batchinf.manifest", "batchinf.formats", "batchinf.runtime", "batchinf.retry"),
+    ("batchinf.store", "batchinf.manifest", "batchinf.manifest_rules", "batchinf.formats", "batchinf.runtime", "batchinf.retry"),
     ("batchinf.parts", "batchinf.openai_output"),
     ("batchinf.ledger",),
-    ("batchinf.bundles", "batchinf.tenants", "batchinf.submit", "batchinf.metrics"),
+    ("batchinf.bundles", "batchinf.tenants", "batchinf.scopes", "batchinf.submit", "batchinf.metrics"),
     ("batchinf.plan", "batchinf.execute", "batchinf.verify", "batchinf.schedules"),
     ("batchinf.quarantine", "batchinf.dispatch"),
     ("batchinf.lifecycle",),
     ("batchinf.controller",),
     ("batchinf.api",),
-    ("batchinf.cli", "batchinf.__main__", "batchinf", "workers", "migrations"),
+    ("batchinf.cli", "batchinf.__main__", "workers", "migrations"),
 ]
 
 
 def layer(module: str) -> int:
+    if module == "batchinf":          # the package itself: on top
+        return len(LAYERS) - 1
     best = None
     for i, prefixes in enumerate(LAYERS):
         for p in prefixes:
