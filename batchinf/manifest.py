@@ -24,7 +24,8 @@ from batchinf.manifest_rules import (BOOLEAN, DURATION, KEY, NULL_IS_DEFAULT, OU
                                      parse_duration)
 
 __all__ = ["DEVICES", "FORMATS", "TASKS", "EmbedOptions", "GenerateOptions", "InputSpec", "JobManifest",
-           "ShardSpec", "job_schema", "load_manifest", "manifest_from_dict", "parse_duration", "parse_manifest"]
+           "ShardSpec", "job_schema", "load_manifest", "manifest_from_dict", "parse_duration", "parse_manifest",
+           "schema_text"]
 
 TASKS = ("embed", "generate")
 FORMATS = ("jsonl", "parquet", "openai-batch")

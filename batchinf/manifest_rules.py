@@ -104,7 +104,8 @@ STRING = Rule(lambda v, w: None if isinstance(v, str) else f"{w} must be a strin
               {"type": "string"})
 BOOLEAN = Rule(lambda v, w: None if isinstance(v, bool) else f"{w} must be true or false, got {v!r:.60}",
                {"type": "boolean"})
-# name and bundle: a YAML scalar that is not a string (a date, a number) is taken as its text
+# name and bundle: any value is taken as its text, as it always was, so a YAML date or number works
+# (the schema states the intent: a non-empty string)
 TEXT = Rule(lambda v, w: None, {"type": "string", "minLength": 1}, str)
 KEY = nullable(Rule(lambda v, w: None if isinstance(v, str) and v else f"{w} must be a non-empty string",
                     {"type": "string", "minLength": 1}))

@@ -1,4 +1,4 @@
-"""Job manifest parsing (DESIGN.md §4): the documented example, rejections by name, round trips."""
+"""Job manifest parsing: the documented example, rejections by name, round trips."""
 
 from __future__ import annotations
 
