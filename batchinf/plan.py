@@ -207,7 +207,7 @@ def cut(order: np.ndarray, tokens: np.ndarray, max_records: int, max_tokens: int
 
 def pin_job(job: Job) -> None:
     """submitted -> planning: pin every input object once (a second pinner changes nothing)."""
-    job_repo.pin(job.id, pin_inputs(job.manifest))
+    job_repo.pin(job.id, pin_inputs(job))
     failpoints.hit("plan.after_pin")
 
 

@@ -5,19 +5,24 @@ from __future__ import annotations
 import json
 import secrets
 
+from batchinf import scopes
 from batchinf.bundles import get_info, resolve_ref
 from batchinf.errors import InputError, ManifestError
 from batchinf.ledger import jobs as job_repo
 from batchinf.ledger.events import now
+from batchinf.ledger.models import Job
 from batchinf.manifest import JobManifest
 from batchinf.store import ObjectPin, get_store, join, normalize_uri
 
 
-def submit(manifest: JobManifest, *, tenant: str = "default", schedule: str | None = None) -> tuple[str, bool]:
+def submit(manifest: JobManifest, *, tenant: str = "default", schedule: str | None = None,
+           through_api: bool = False) -> tuple[str, bool]:
     """Create the job, or return the existing one for the same idempotency key.
 
     Returns (job_id, created). The bundle reference is resolved to a digest here, once: moving an
-    alias later never changes what this job runs."""
+    alias later never changes what this job runs. Storage is checked here (scopes.py): the input
+    and output against the tenant's grants when the job is confined (always through the API), and
+    the output prefix against every other job's."""
     key = manifest.idempotency_key or manifest.content_key()
     existing = job_repo.find_by_key(tenant, key)
     if existing:
@@ -27,42 +32,43 @@ def submit(manifest: JobManifest, *, tenant: str = "default", schedule: str | No
     if bundle_task != manifest.task:
         raise ManifestError(f"bundle {manifest.bundle} is a {bundle_task} model and this job's task is "
                             f"{manifest.task}; choose a {manifest.task} bundle or set task: {bundle_task}")
-    input_uri = normalize_uri(manifest.input.uri or manifest.input.manifest or "")
-    output_uri = normalize_uri(manifest.output_uri).rstrip("/") + "/"
-    _check_output_free(output_uri, tenant)
+    where = "input.uri" if manifest.input.uri else "input.manifest"
+    input_uri = scopes.real(scopes.canonical(manifest.input.uri or manifest.input.manifest or "", where))
+    output_uri = scopes.as_prefix(scopes.real(scopes.canonical(manifest.output_uri, "output.uri")))
+    confined = scopes.confined(tenant, through_api)
+    if confined:
+        scopes.check(tenant, input_uri, scopes.READ, "input")
+        scopes.check(tenant, output_uri, scopes.WRITE, "output")
+    scopes.check_output(tenant, output_uri, input_uri)
+    if get_store(output_uri).exists(join(output_uri, "_SUCCESS")):
+        raise ManifestError(f"output {output_uri} already holds a published job (_SUCCESS exists); "
+                            "choose a new output.uri or delete the old output first")
     t = now()
     job_id = "job-" + secrets.token_hex(8)
     return job_repo.create({
         "id": job_id, "tenant": tenant, "name": manifest.name, "idempotency_key": key, "task": manifest.task,
         "manifest": json.dumps(manifest.to_dict()), "bundle_ref": manifest.bundle, "bundle_digest": digest,
         "input_uri": input_uri, "output_uri": output_uri, "work_uri": join(output_uri, "_work", job_id) + "/",
-        "priority": manifest.priority, "schedule": schedule, "created_at": t, "updated_at": t,
+        "priority": manifest.priority, "schedule": schedule, "created_at": t, "updated_at": t, "confined": confined,
         "deadline_at": (t + manifest.deadline_seconds) if manifest.deadline_seconds else None})
 
 
-def _check_output_free(output_uri: str, tenant: str) -> None:
-    """Two jobs never share an output prefix: their parts would mix. (Another tenant's job is not
-    named.)"""
-    other = job_repo.active_output_user(output_uri)
-    if other:
-        which = f"active job {other[0]}" if other[1] == tenant else "another tenant's active job"
-        raise ManifestError(f"output {output_uri} is in use by {which}; choose another "
-                            "output.uri or cancel that job")
-    if get_store(output_uri).exists(join(output_uri, "_SUCCESS")):
-        raise ManifestError(f"output {output_uri} already holds a published job (_SUCCESS exists); "
-                            "choose a new output.uri or delete the old output first")
-
-
-def pin_inputs(manifest: JobManifest) -> list[ObjectPin]:
-    """List the input once and pin key, size, ETag and version of every object it will read."""
-    spec = manifest.input
+def pin_inputs(job: Job) -> list[ObjectPin]:
+    """List the input once and pin key, size, ETag and version of every object it will read. A
+    confined job's objects (an input manifest may name anything, a local prefix may hold
+    symlinks) are each checked against the tenant's grants by their real location."""
+    spec = job.manifest.input
     if spec.uri:
         uri = normalize_uri(spec.uri)
         pins = get_store(uri).list(uri)
         if not pins:
             raise InputError(f"input {uri} has no objects; check input.uri (a prefix ends with /)")
-        return pins
-    return _pins_from_input_manifest(normalize_uri(spec.manifest or ""))
+    else:
+        pins = _pins_from_input_manifest(normalize_uri(spec.manifest or ""))
+    if job.confined:
+        for pin in pins:
+            scopes.check(job.tenant, pin.uri, scopes.READ, "input object")
+    return pins
 
 
 def _pins_from_input_manifest(uri: str) -> list[ObjectPin]:

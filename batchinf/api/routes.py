@@ -118,7 +118,7 @@ def _submit(raw: Any, tenant: str) -> tuple[dict[str, Any], bool]:
     from batchinf.submit import submit
     from batchinf.manifest import parse_manifest
 
-    job_id, created = submit(parse_manifest(raw), tenant=tenant)
+    job_id, created = submit(parse_manifest(raw), tenant=tenant, through_api=True)
     return status(job_id, tenant=tenant), created
 
 

@@ -27,6 +27,9 @@ def worker(concurrency: int, device: str, threads: int | None, metrics_port: int
         metrics.serve(metrics_port)
     os.environ["BATCHINF_DEVICE"] = device
     os.environ.setdefault("OMP_NUM_THREADS", str(threads or max(1, (os.cpu_count() or 1) // concurrency)))
+    from batchinf.config import settings
+
+    settings.cache_clear()            # the variables just set reach this process's settings too
     from workers.celery_app import QUEUE, app
 
     app.worker_main(["worker", "--concurrency", str(concurrency), "--pool", "prefork", "-Q", QUEUE,

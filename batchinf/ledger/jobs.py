@@ -84,14 +84,6 @@ def find_by_key(tenant: str, key: str) -> str | None:
                                                     jobs.c.idempotency_key == key)).scalar()
 
 
-def active_output_user(output_uri: str) -> tuple[str, str] | None:
-    """(job id, tenant) of an active job writing to exactly this output prefix."""
-    with tx() as conn:
-        row = conn.execute(select(jobs.c.id, jobs.c.tenant).where(
-            jobs.c.output_uri == output_uri, jobs.c.status.in_(values(JOB_ACTIVE)))).first()
-    return (row.id, row.tenant) if row else None
-
-
 def active_ids() -> list[str]:
     """Active jobs, highest priority first, then oldest."""
     with tx() as conn:

@@ -21,11 +21,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 TREE: dict[str, set[str]] = {
     "": {"run", "submit", "status", "cancel", "jobs", "verify", "bundle", "db", "serve", "token", "schedule",
-         "scheduler", "worker", "controller"},
+         "scheduler", "worker", "controller", "tenant"},
     "bundle": {"import", "import-gguf", "list", "verify", "alias"},
     "db": {"upgrade"},
     "token": {"create", "list", "revoke"},
     "schedule": {"add", "list", "pause", "resume", "backfill"},
+    "tenant": {"grant", "revoke", "show"},
 }
 # long-running processes: they print logs, not a result
 NO_RESULT = {"serve", "worker", "controller"}
