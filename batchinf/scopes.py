@@ -90,11 +90,12 @@ def check(tenant: str, uri: str, mode: str, what: str) -> None:
 
 
 def _reserved() -> list[tuple[str, str]]:
+    """Prefixes no output may touch, the most specific first (the message names the first hit)."""
     s = settings()
-    out = [("BATCHINF_HOME", real(str(s.home) + "/")), ("the bundle store", real(as_prefix(s.bundle_store)))]
+    out = [("the bundle store", real(as_prefix(s.bundle_store)))]
     if s.database_url.startswith("sqlite:///"):
-        out.append(("the ledger's files", real(os.path.dirname(s.database_url.removeprefix("sqlite:///")) + "/")))
-    return out
+        out.append(("the ledger's files", real(s.database_url.removeprefix("sqlite:///"))))
+    return out + [("BATCHINF_HOME", real(str(s.home) + "/"))]
 
 
 def check_output(tenant: str, output_uri: str, input_uri: str) -> None:

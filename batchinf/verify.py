@@ -25,7 +25,7 @@ from batchinf.ledger.models import Job, Shard
 from batchinf.ledger.states import SHARD_DONE, JobStatus, ShardStatus
 from batchinf.openai_output import RenderContext, render_part, render_to_path
 from batchinf.parts import digest_of_uri, read_table
-from batchinf.store import get_store, join
+from batchinf.store import get_store, join, normalize_uri
 
 MANIFEST = "_MANIFEST.json"
 SUCCESS = "_SUCCESS"
@@ -232,6 +232,7 @@ def verify_output(output_uri: str) -> dict[str, Any]:
         raise VerificationError(f"{join(output_uri, MANIFEST)} cannot be read: {exc}") from exc
     if not store.exists(join(output_uri, SUCCESS)):
         raise VerificationError(f"{join(output_uri, SUCCESS)} is missing")
+    _no_unlisted_parts(output_uri, manifest)
     parquet = [p for p in manifest["parts"] if p["kind"] != "openai"]
     for p in parquet:
         sha, rows = _digest(join(output_uri, p["key"]))
@@ -245,6 +246,20 @@ def verify_output(output_uri: str) -> dict[str, Any]:
     if "openai" in manifest:
         _verify_openai(output_uri, manifest)
     return {"ok": True, "output_uri": output_uri, "parts": len(manifest["parts"]), "counts": c}
+
+
+def _no_unlisted_parts(output_uri: str, manifest: dict[str, Any]) -> None:
+    """Nothing beside the listed parts looks like a part: a `part-*` file, or a file under
+    `errors/` or `openai/`, that the manifest does not list was not published by this job."""
+    listed = {p["key"] for p in manifest["parts"]}
+    base = normalize_uri(output_uri).rstrip("/") + "/"
+    for pin in get_store(base).list(base):
+        key = pin.uri[len(base):] if pin.uri.startswith(base) else pin.uri
+        if key.startswith("_work/") or key in listed:
+            continue
+        if key.split("/")[-1].startswith("part-") or key.startswith(("errors/", "openai/")):
+            raise VerificationError(f"{join(output_uri, key)} is not listed in {MANIFEST}: it was not published by "
+                                    f"job {manifest.get('job_id')}; remove it, or re-run the job to a new output")
 
 
 def _verify_openai(output_uri: str, manifest: dict[str, Any]) -> None:

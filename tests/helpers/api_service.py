@@ -83,6 +83,8 @@ def start_service(root: Path) -> Iterator[Service]:
     upgrade(url)
     digest = import_bundle(make_tiny_bert(root / "tiny"), "tiny", alias="prod").digest
     tokens = {t: json.loads(cli("token", "create", "--tenant", t, "--json").stdout)["token"] for t in TENANTS}
+    for t in TENANTS:     # the API confines every job to its tenant's grants
+        cli("tenant", "grant", t, "--read", str(root / "in"), "--write", str(root / "out"))
     port = _free_port()
     log = root / "serve.log"
     with open(log, "wb") as out:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from batchinf.dispatch import plan_objects_here
+from batchinf.dispatch import Dispatcher, plan_objects_here, run_shard
 from batchinf.ledger import jobs
+from batchinf.ledger.models import Job
 from batchinf.ledger.states import JobStatus
 from batchinf.plan import finish_plan, pin_job
 from batchinf.verify import publish
@@ -25,3 +26,20 @@ def plan_job(job_id: str, processes: int = 1) -> None:
 
 def publish_job(job_id: str) -> dict[str, Any]:
     return publish(jobs.get(job_id))
+
+
+class InProcess(Dispatcher):
+    """A real dispatcher that does the work where it is asked for: plans objects and runs shards
+    in this process, the way a Celery worker would on receiving the message."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.planned: list[int] = []
+
+    def plan(self, job: Job, idxs: list[int]) -> None:
+        self.planned += idxs
+        plan_objects_here(job, idxs, processes=1)
+
+    def send(self, shard_ids: list[str]) -> None:
+        for shard_id in shard_ids:
+            run_shard(shard_id, "cpu")

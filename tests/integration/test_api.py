@@ -117,7 +117,7 @@ def test_submit_is_idempotent_and_bad_manifests_name_the_fix(svc: Service) -> No
     assert r.status_code == 200 and r.json()["job_id"] == first["job_id"]
     with svc.client("globex") as c:          # keys are per tenant, outputs are not shared
         r = c.post("/v1/jobs", json=m)
-    assert r.status_code == 422 and "in use by another tenant's active job" in r.json()["message"]
+    assert r.status_code == 422 and "overlaps a prefix that another job reads or writes" in r.json()["message"]
     assert first["job_id"] not in r.text
     other = _submit(svc, "globex", m | {"output": {"uri": str(svc.root / "out" / "idem-globex")}}, 201)
     assert other["job_id"] != first["job_id"] and other["tenant"] == "globex"

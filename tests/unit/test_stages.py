@@ -11,7 +11,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from batchinf.controller import Controller, cancel
-from batchinf.dispatch import Dispatcher, plan_objects_here, run_shard
 from batchinf.errors import VerificationError
 from batchinf.execute import execute_shard
 from batchinf.ledger import jobs, leases, shards
@@ -22,24 +21,7 @@ from batchinf.manifest import parse_manifest
 from batchinf.submit import submit
 from batchinf.verify import MANIFEST, SUCCESS, verify_output
 from tests.helpers.corpus import BAD_LINES, manifest, write_jsonl
-from tests.helpers.stages import plan_job, publish_job
-
-
-class InProcess(Dispatcher):
-    """A real dispatcher that does the work where it is asked for: plans objects and runs shards
-    in this process, the way a Celery worker would on receiving the message."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.planned: list[int] = []
-
-    def plan(self, job: Job, idxs: list[int]) -> None:
-        self.planned += idxs
-        plan_objects_here(job, idxs, processes=1)
-
-    def send(self, shard_ids: list[str]) -> None:
-        for shard_id in shard_ids:
-            run_shard(shard_id, "cpu")
+from tests.helpers.stages import InProcess, plan_job, publish_job
 
 
 class Broken(InProcess):
