@@ -75,7 +75,12 @@ def _pins_from_input_manifest(uri: str) -> list[ObjectPin]:
     """A JSONL list of objects: {"uri": ...} or S3 Inventory style {"bucket", "key"}, each with an
     optional "version_id" (or "VersionId")."""
     pins = []
-    for n, line in enumerate(get_store(uri).get_bytes(uri).decode("utf-8").splitlines(), start=1):
+    try:
+        text = get_store(uri).get_bytes(uri).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"input manifest {uri} is not UTF-8 text (byte {exc.start}); it must be JSONL, one "
+                         "object per line: {\"uri\": ...} or {\"bucket\", \"key\"}") from None
+    for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:

@@ -66,16 +66,21 @@ def create(values: dict[str, Any]) -> tuple[str, bool]:
     return values["id"], True
 
 
-def get(job_id: str, *, tenant: str | None = None) -> Job:
-    """The job; with `tenant`, another tenant's job is as missing as a missing one."""
+def row(job_id: str, *, tenant: str | None = None) -> Any:
+    """The job's row (for the status model's aggregates); with `tenant`, another tenant's job is
+    as missing as a missing one."""
     q = select(jobs).where(jobs.c.id == job_id)
     if tenant is not None:
         q = q.where(jobs.c.tenant == tenant)
     with tx() as conn:
-        row = conn.execute(q).first()
-    if row is None:
+        found = conn.execute(q).first()
+    if found is None:
         raise LedgerError(f"no job {job_id!r}; see `batchinf jobs`")
-    return Job.from_row(row)
+    return found
+
+
+def get(job_id: str, *, tenant: str | None = None) -> Job:
+    return Job.from_row(row(job_id, tenant=tenant))
 
 
 def find_by_key(tenant: str, key: str) -> str | None:

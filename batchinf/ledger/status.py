@@ -12,29 +12,19 @@ from typing import Any
 from sqlalchemy import func, select
 
 from batchinf.config import settings
-from batchinf.errors import BatchinfError, LedgerError
+from batchinf.errors import BatchinfError
 from batchinf.ledger.db import tx
 from batchinf.ledger.events import now
+from batchinf.ledger.jobs import row as job_row
 from batchinf.ledger.states import JOB_ACTIVE, JOB_TERMINAL, SHARD_DONE, SHARD_WAITING, ShardStatus, values
 from batchinf.ledger.tables import attempts, jobs, record_errors, schedule_runs, shards
-
-
-def _job_row(job_id: str, tenant: str | None) -> Any:
-    q = select(jobs).where(jobs.c.id == job_id)
-    if tenant is not None:
-        q = q.where(jobs.c.tenant == tenant)
-    with tx() as conn:
-        row = conn.execute(q).first()
-    if row is None:
-        raise LedgerError(f"no job {job_id!r}; see `batchinf jobs`")
-    return row
 
 
 def status(job_id: str, *, tenant: str | None = None) -> dict[str, Any]:
     """The status object of `run/submit/status/jobs --json` and the REST API (one model for all).
 
     With `tenant`, a job of another tenant is reported exactly like a missing one."""
-    return statuses([_job_row(job_id, tenant)])[0]
+    return statuses([job_row(job_id, tenant=tenant)])[0]
 
 
 def statuses(rows: list[Any]) -> list[dict[str, Any]]:
@@ -173,7 +163,7 @@ SHARD_FIELDS = ("id", "bucket", "ordinal", "parent_id", "status", "attempt", "nu
 def page_shards(job_id: str, *, tenant: str | None = None, limit: int = 100, cursor: str | None = None,
                 status_is: str | None = None) -> tuple[list[dict[str, Any]], str | None]:
     """A job's shards in (bucket, ordinal) order, one page at a time."""
-    _job_row(job_id, tenant)
+    job_row(job_id, tenant=tenant)
     q = (select(*(shards.c[f] for f in SHARD_FIELDS)).where(shards.c.job_id == job_id)
          .order_by(shards.c.bucket, shards.c.ordinal))
     if status_is is not None:
@@ -189,7 +179,7 @@ def page_shards(job_id: str, *, tenant: str | None = None, limit: int = 100, cur
 def page_errors(job_id: str, *, tenant: str | None = None, limit: int = 100, cursor: str | None = None,
                 code: str | None = None) -> tuple[list[dict[str, Any]], str | None]:
     """A job's record errors (as committed by their shards), in commit order, one page at a time."""
-    _job_row(job_id, tenant)
+    job_row(job_id, tenant=tenant)
     e = record_errors.c
     q = (select(e.id, e.shard_id, e.record_id, e.source, e.ordinal, e.error, e.message, e.attempts)
          .where(e.job_id == job_id).order_by(e.id))
