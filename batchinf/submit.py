@@ -9,6 +9,7 @@ from batchinf.bundles import get_info, resolve_ref
 from batchinf.errors import InputError, ManifestError
 from batchinf.ledger import jobs as job_repo
 from batchinf.ledger.events import now
+from batchinf.limits import check_manifest
 from batchinf.manifest import JobManifest
 from batchinf.store import ObjectPin, get_store, join, normalize_uri
 
@@ -27,6 +28,7 @@ def submit(manifest: JobManifest, *, tenant: str = "default", schedule: str | No
     if bundle_task != manifest.task:
         raise ManifestError(f"bundle {manifest.bundle} is a {bundle_task} model and this job's task is "
                             f"{manifest.task}; choose a {manifest.task} bundle or set task: {bundle_task}")
+    check_manifest(manifest, digest, tenant)       # every number the tenant set, against its limits
     input_uri = normalize_uri(manifest.input.uri or manifest.input.manifest or "")
     output_uri = normalize_uri(manifest.output_uri).rstrip("/") + "/"
     _check_output_free(output_uri, tenant)
