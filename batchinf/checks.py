@@ -34,3 +34,14 @@ def stop_strings(v: Any, where: str) -> tuple[tuple[str, ...], str | None]:
     if not isinstance(items, list) or not all(isinstance(s, str) and s for s in items):
         return (), f"{where} must be a non-empty string or a list of them, got {v!r:.60}"
     return tuple(items), None
+
+
+def clip(text: str | None, limit: int, length: int | None = None) -> str | None:
+    """`text` cut to at most `limit` characters, the cut noted with the full length, so a stored or
+    shown value (an error row's record id or message) stays bounded whatever a record holds.
+    `length`: the full length when `text` is already a prefix of the value."""
+    full = len(text) if text is not None and length is None else (length or 0)
+    if text is None or full <= limit:
+        return text
+    note = f"… ({full} characters)"
+    return text[:max(0, limit - len(note))] + note

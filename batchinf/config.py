@@ -14,6 +14,21 @@ from pathlib import Path
 
 from batchinf.errors import ConfigError
 
+# Bounds on the numbers a tenant sets in a manifest: name -> (variable, default, what it bounds).
+# The variable sets the operator's default; `batchinf tenant limit TENANT NAME VALUE` overrides it
+# for one tenant (the ledger's tenant_limits table). Enforced at submit by batchinf/limits.py.
+LIMITS: dict[str, tuple[str, int, str]] = {
+    "min_priority": ("BATCHINF_MIN_PRIORITY", -100, "priority, lowest allowed"),
+    "max_priority": ("BATCHINF_MAX_PRIORITY", 100, "priority, highest allowed"),
+    "max_batch_tokens": ("BATCHINF_LIMIT_MAX_BATCH_TOKENS", 1 << 17, "options.max_batch_tokens"),
+    "max_slots": ("BATCHINF_LIMIT_MAX_SLOTS", 256, "options.max_slots (generate)"),
+    "max_tokens": ("BATCHINF_LIMIT_MAX_TOKENS", 32768, "options.max_tokens (generate)"),
+    "shard_max_records": ("BATCHINF_LIMIT_SHARD_RECORDS", 100_000, "shards.max_records"),
+    "shard_max_tokens": ("BATCHINF_LIMIT_SHARD_TOKENS", 50_000_000, "shards.max_tokens"),
+    "kv_cache_bytes": ("BATCHINF_MAX_KV_CACHE_BYTES", 8 << 30, "the KV cache a generate job's options imply; "
+                       "also each worker's budget per generate call"),
+}
+
 
 @dataclass(frozen=True, kw_only=True)
 class Settings:
@@ -45,13 +60,19 @@ class Settings:
     s3_endpoint_url: str | None     # BATCHINF_S3_ENDPOINT_URL: MinIO or another S3-compatible server; unset: AWS
     s3_region: str                  # AWS_DEFAULT_REGION, default us-east-1 (credentials: the usual AWS_* chain)
     # --- metrics
-    metrics_token: str | None       # BATCHINF_METRICS_TOKEN: the bearer token /metrics requires; unset: open
+    metrics_token: str | None       # BATCHINF_METRICS_TOKEN: the bearer token /metrics requires
+    metrics_public: bool            # BATCHINF_METRICS_PUBLIC: 1 serves /metrics without a token (with neither
+                                    # set, /metrics answers 401)
     metrics_job_window: float       # BATCHINF_METRICS_JOB_WINDOW: seconds a finished job keeps its per-job series
     prometheus_multiproc_dir: str | None  # PROMETHEUS_MULTIPROC_DIR: set, a metrics server reports all forked
                                           # children (prometheus_client's multiprocess mode)
     # --- model runtime
     pack_weights: bool              # BATCHINF_PACK_WEIGHTS: CPU generation keeps an MKL-prepacked copy of the
                                     # weights; 0 saves that memory
+    # --- bounds (see LIMITS)
+    limits: dict[str, int]          # LIMITS' variables: the operator's default of each tenant-overridable bound
+    max_kv_cache_bytes: int         # BATCHINF_MAX_KV_CACHE_BYTES: a worker's KV-cache budget per generate call
+    max_error_rows: int             # BATCHINF_MAX_ERROR_ROWS: error rows per job before it fails (default 1,000,000)
     # --- fault injection (tests, chaos)
     failpoints: str                 # BATCHINF_FAILPOINTS: "point=action;..." (batchinf/failpoints.py)
     failpoints_seed: str | None     # BATCHINF_FAILPOINTS_SEED: seeds the probabilistic failpoints' draws
@@ -127,9 +148,13 @@ def load_settings() -> Settings:
         s3_endpoint_url=_text("BATCHINF_S3_ENDPOINT_URL"),
         s3_region=_text("AWS_DEFAULT_REGION") or "us-east-1",
         metrics_token=_text("BATCHINF_METRICS_TOKEN"),
+        metrics_public=_flag("BATCHINF_METRICS_PUBLIC", False),
         metrics_job_window=_float("BATCHINF_METRICS_JOB_WINDOW", 86400.0),
         prometheus_multiproc_dir=_text("PROMETHEUS_MULTIPROC_DIR"),
         pack_weights=_flag("BATCHINF_PACK_WEIGHTS", True),
+        limits={name: _int(var, default) for name, (var, default, _) in LIMITS.items()},
+        max_kv_cache_bytes=_int("BATCHINF_MAX_KV_CACHE_BYTES", LIMITS["kv_cache_bytes"][1]),
+        max_error_rows=_int("BATCHINF_MAX_ERROR_ROWS", 1_000_000),
         failpoints=_text("BATCHINF_FAILPOINTS") or "",
         failpoints_seed=_text("BATCHINF_FAILPOINTS_SEED"),
     )

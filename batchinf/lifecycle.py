@@ -23,6 +23,7 @@ from batchinf.ledger import shards as shard_repo
 from batchinf.ledger.events import now
 from batchinf.ledger.models import Demand, Job
 from batchinf.ledger.states import JobStatus
+from batchinf.limits import error_budget_problem
 from batchinf.plan import finish_plan, pin_job
 from batchinf.quarantine import resolve_quarantined
 from batchinf.retry import Outcome, classify
@@ -46,12 +47,16 @@ def _plan(job: Job, d: Dispatcher, slots: int | None) -> None:
 
 
 def _run(job: Job, d: Dispatcher, slots: int | None) -> None:
-    """The running tick: recover lost leases and poison shards, verify when all is done, else
+    """The running tick: recover lost leases and poison shards, fail the job past its error
+    budget (`limits.error_budget_problem`), verify when all is done, else
     dispatch up to `slots` shards (None: no limit), re-send lost messages, ask for twins of
     stragglers, and delete the files of attempts that lost."""
     s = settings()
     metrics.leases_expired(leases.expire_leases(job.id, s.max_attempts, dead_owners=d.dead_workers(job)))
     resolve_quarantined(job)
+    if problem := error_budget_problem(job):    # too many failed records: red, not green
+        _give_up(job, problem)
+        return
     if shard_repo.verify_when_done(job.id):
         return
     fresh = shard_repo.dispatch_ready(job.id, limit=slots) if slots != 0 else []

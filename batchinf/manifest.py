@@ -13,11 +13,11 @@ import json
 from pathlib import Path
 from typing import Annotated, Any
 
-import yaml
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
                       model_validator)
 from pydantic.json_schema import GenerateJsonSchema
 
+from batchinf.documents import DocumentError, parse_document
 from batchinf.errors import ManifestError
 from batchinf.manifest_rules import (BOOLEAN, DURATION, KEY, NULL_IS_DEFAULT, OUTPUT, POSITIVE, STOP, STRING,
                                      TEXT, TOKEN_IDS, Refused, choice, integer, manifest_error, nullable, number,
@@ -126,7 +126,11 @@ class JobManifest(_Part):
     deadline_seconds: Annotated[float | None, DURATION] = Field(
         None, alias="deadline", description="e.g. 90s, 30m, 6h, 1d (or seconds): a job not finished this long "
                                            "after submit is cancelled")
-    priority: Annotated[int, integer()] = Field(0, description="higher runs first")
+    priority: Annotated[int, integer()] = Field(0, description="higher runs first; the operator bounds it "
+                                                "(default -100..100)")
+    max_error_fraction: Annotated[float | None, nullable(number(0, 1, lo_open=True))] = Field(
+        None, description="fail the job once this fraction (0 < x <= 1) of its planned records has failed "
+                          "(invalid at planning, or error rows as shards commit); default off")
     idempotency_key: Annotated[str | None, KEY] = Field(
         None, description="same key, same job, never a second one; default: a hash of the manifest")
 
@@ -162,6 +166,8 @@ class JobManifest(_Part):
 
     def to_dict(self) -> dict[str, Any]:
         d = self.model_dump()
+        if d["max_error_fraction"] is None:     # unset: the same content key as before the option existed
+            del d["max_error_fraction"]
         d["output"] = {"uri": d.pop("output_uri")}
         return d
 
@@ -206,8 +212,8 @@ def load_manifest(path: str | Path) -> JobManifest:
     except OSError as exc:
         raise ManifestError(f"cannot read manifest {path}: {exc.strerror}") from exc
     try:
-        raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as exc:
+        raw = parse_document(text, "json" if path.suffix == ".json" else "yaml")
+    except DocumentError as exc:
         raise ManifestError(f"manifest {path} is not valid YAML/JSON: {exc}") from exc
     return parse_manifest(raw)
 

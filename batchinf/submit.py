@@ -11,6 +11,7 @@ from batchinf.errors import InputError, ManifestError
 from batchinf.ledger import jobs as job_repo
 from batchinf.ledger.events import now
 from batchinf.ledger.models import Job
+from batchinf.limits import check_manifest
 from batchinf.manifest import JobManifest
 from batchinf.store import ObjectPin, get_store, join, normalize_uri
 
@@ -32,6 +33,7 @@ def submit(manifest: JobManifest, *, tenant: str = "default", schedule: str | No
     if bundle_task != manifest.task:
         raise ManifestError(f"bundle {manifest.bundle} is a {bundle_task} model and this job's task is "
                             f"{manifest.task}; choose a {manifest.task} bundle or set task: {bundle_task}")
+    check_manifest(manifest, digest, tenant)       # every number the tenant set, against its limits
     where = "input.uri" if manifest.input.uri else "input.manifest"
     input_uri = scopes.real(scopes.canonical(manifest.input.uri or manifest.input.manifest or "", where))
     output_uri = scopes.as_prefix(scopes.real(scopes.canonical(manifest.output_uri, "output.uri")))

@@ -9,7 +9,8 @@ from fastapi import FastAPI, Request, Response
 
 from batchinf import metrics
 from batchinf.api import errors
-from batchinf.api.routes import router
+from batchinf.api.body import BodyLimit
+from batchinf.api.routes import MAX_MANIFEST_BYTES, router
 
 
 def create_app() -> FastAPI:
@@ -35,4 +36,5 @@ def create_app() -> FastAPI:
             metrics.observe_request(request.method, getattr(route, "path", "unmatched"), status,
                                     time.perf_counter() - t0)
 
+    app.add_middleware(BodyLimit, limit=MAX_MANIFEST_BYTES)     # outermost: before anything reads a body
     return app

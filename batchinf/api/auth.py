@@ -33,7 +33,13 @@ Tenant = Annotated[str, Depends(current_tenant)]
 
 
 def check_metrics_token(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
-    """/metrics is open unless BATCHINF_METRICS_TOKEN is set; then that bearer token is required."""
-    want = settings().metrics_token
-    if want and (creds is None or not hmac.compare_digest(creds.credentials.encode(), want.encode())):
-        raise _unauthorized("/metrics needs the bearer token set in BATCHINF_METRICS_TOKEN")
+    """/metrics lists every tenant's jobs: it needs the bearer token in BATCHINF_METRICS_TOKEN, unless
+    the operator opened it with BATCHINF_METRICS_PUBLIC=1. With neither set it answers 401."""
+    s = settings()
+    if s.metrics_token:
+        if creds is None or not hmac.compare_digest(creds.credentials.encode(), s.metrics_token.encode()):
+            raise _unauthorized("/metrics needs the bearer token set in BATCHINF_METRICS_TOKEN")
+    elif not s.metrics_public:
+        raise _unauthorized("/metrics lists every tenant's jobs, so it is closed until the operator sets "
+                            "BATCHINF_METRICS_TOKEN (then scrape with that bearer token) or "
+                            "BATCHINF_METRICS_PUBLIC=1 (open to anyone who reaches this port)")

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 from urllib.parse import urlencode
 
-import yaml
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 
 from batchinf import metrics
 from batchinf.api.auth import Tenant, check_metrics_token
+from batchinf.api.body import read_limited
 from batchinf.api.errors import ApiError
 from batchinf.api.schemas import (
     Bundle,
@@ -21,13 +20,14 @@ from batchinf.api.schemas import (
     JobStatus,
     ShardPage,
 )
+from batchinf.documents import MAX_DOCUMENT_BYTES, parse_document
 from batchinf.errors import LedgerError
 from batchinf.ledger.states import JobStatus as JobState
 from batchinf.ledger.states import ShardStatus
 
 router = APIRouter()
 
-MAX_MANIFEST_BYTES = 1 << 20
+MAX_MANIFEST_BYTES = MAX_DOCUMENT_BYTES
 JobId = Annotated[str, Path(pattern=r"^job-[0-9a-f]{16}$", description="as returned by POST /v1/jobs")]
 Limit = Annotated[int, Query(ge=1, le=500, description="items per page")]
 Cursor = Annotated[str | None, Query(max_length=200, pattern=r"^[A-Za-z0-9_-]+$",
@@ -36,7 +36,9 @@ Text = Annotated[str | None, Query(max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$
 
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
-    what = {400: "malformed request body, or a cursor this server did not issue", 401: "missing, invalid or revoked bearer token",
+    what = {400: "malformed request body (not JSON/YAML, YAML aliases, over-deep nesting, integers past 64 "
+                 "bits), or a cursor this server did not issue",
+            413: "the request body is over 1 MiB", 401: "missing, invalid or revoked bearer token",
             404: "no such job for this tenant (another tenant's job looks exactly the same)",
             409: "the job is in a state that does not allow this", 422: "invalid parameter or manifest",
             503: "the ledger is unavailable"}
@@ -84,33 +86,18 @@ MANIFEST_BODY = {
              openapi_extra={"requestBody": MANIFEST_BODY},
              responses={200: {"model": JobStatus, "description": "the job with this idempotency key "
                               "already existed"}, 201: {"description": "job created"},
-                        **_errors(400, 401, 422, 503)})
+                        **_errors(400, 401, 413, 422, 503)})
 async def submit_job(request: Request, response: Response, tenant: Tenant) -> Any:
     """Submit a job. The same `idempotency_key` (or, without one, the same manifest) returns the
     existing job with 200 instead of creating a second one."""
-    raw = await request.body()
-    if len(raw) > MAX_MANIFEST_BYTES:
-        raise ApiError(400, "bad_request", f"manifest is over {MAX_MANIFEST_BYTES} bytes")
     from starlette.concurrency import run_in_threadpool
 
-    manifest = _parse_body(raw, request.headers.get("content-type", ""))
+    raw = await read_limited(request, MAX_MANIFEST_BYTES)
+    kind = "json" if "json" in request.headers.get("content-type", "") else "yaml"
+    manifest = await run_in_threadpool(parse_document, raw, kind)    # never on the event loop
     job, created = await run_in_threadpool(_submit, manifest, tenant)
     response.status_code = 201 if created else 200
     return job
-
-
-def _parse_body(raw: bytes, content_type: str) -> Any:
-    try:
-        text_body = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ApiError(400, "bad_request", "the manifest is not UTF-8 text") from None
-    try:
-        if "json" in content_type:
-            return json.loads(text_body)
-        return yaml.safe_load(text_body)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        kind = "JSON" if "json" in content_type else "YAML"
-        raise ApiError(400, "bad_request", f"the manifest is not valid {kind}: {exc}") from None
 
 
 def _submit(raw: Any, tenant: str) -> tuple[dict[str, Any], bool]:
@@ -186,7 +173,7 @@ def bundles(tenant: Tenant) -> Any:
     """Imported model bundles and their aliases (shared by every tenant)."""
     from batchinf.bundles import list_bundles
 
-    return [b.to_dict() for b in list_bundles()]
+    return [{k: v for k, v in b.to_dict().items() if k != "uri"} for b in list_bundles()]   # no server paths
 
 
 @router.get("/healthz", response_model=Health, tags=["service"], responses=_errors(503))

@@ -126,9 +126,9 @@ class ErrorPage(BaseModel):
 
 
 class Bundle(BaseModel):
+    """A bundle as a tenant sees it: no `uri` (where the server keeps its files is the operator's business)."""
     digest: str
     name: str
-    uri: str
     task: str
     family: str
     created_at: float

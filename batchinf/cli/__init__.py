@@ -13,7 +13,7 @@ imports this one back. Library modules never import `batchinf.cli`.
 | `service.py` | serve, token create, list, revoke |
 | `schedules.py` | schedule add, list, pause, resume, backfill; scheduler |
 | `fleet.py` | worker, controller |
-| `tenants.py` | tenant grant, revoke, show |
+| `tenants.py`, `limits.py` | tenant grant, revoke, show, limit |
 | `common.py` | console, emit, friendly, shared options, progress bars, print_status |
 """
 

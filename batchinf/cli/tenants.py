@@ -1,4 +1,4 @@
-"""`tenant grant|revoke|show`: the storage prefixes each tenant may read and write."""
+"""`tenant grant|revoke|show|limit`: the storage prefixes each tenant may read and write, and its limits."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from batchinf.cli.common import emit, friendly, json_option
+from batchinf.cli.limits import tenant_limit
 
 
 def _print(r: dict[str, Any]) -> None:
@@ -62,4 +63,5 @@ def tenant_show(name: str, as_json: bool) -> None:
     emit(scopes.show(name), as_json, _print)
 
 
+tenant.add_command(tenant_limit)
 COMMANDS = [tenant]

@@ -22,7 +22,7 @@ from batchinf.ledger import jobs as job_repo
 from batchinf.ledger.attempts import end_attempt
 from batchinf.ledger.db import tx
 from batchinf.ledger.events import now
-from batchinf.ledger.models import Lease, ShardResult
+from batchinf.ledger.models import Lease, ShardResult, bounded_error
 from batchinf.ledger.shards import transition as transition_shard
 from batchinf.ledger.states import AttemptStatus, JobStatus, ShardStatus, values
 from batchinf.ledger.tables import attempts, jobs, record_errors, shards
@@ -159,7 +159,7 @@ def commit_attempt(lease: Lease, result: ShardResult) -> None:
                     error=f"attempt {lease.attempt} committed first")
         if result.errors:
             conn.execute(insert(record_errors),
-                         [dict(e, job_id=lease.job_id, shard_id=lease.shard_id) for e in result.errors])
+                         [bounded_error(dict(e, job_id=lease.job_id, shard_id=lease.shard_id)) for e in result.errors])
 
 
 def _retry_budget_spent(conn: Connection, job_id: str) -> int | None:

@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any
 
+from batchinf.checks import clip
 from batchinf.manifest import JobManifest, manifest_from_dict
 from batchinf.store import ObjectPin
 
@@ -148,3 +149,14 @@ class BundleInfo:
     def to_dict(self) -> dict[str, Any]:
         return {"digest": self.digest, "name": self.name, "uri": self.uri, "task": self.task,
                 "family": self.family, "created_at": self.created_at, "aliases": list(self.aliases)}
+
+
+ERROR_ID_CHARS = 1024          # an error row keeps this much of a record id ...
+ERROR_MESSAGE_CHARS = 4096     # ... and of its message; the full length is noted in the cut
+
+
+def bounded_error(row: dict[str, Any]) -> dict[str, Any]:
+    """An error row with its record id and message cut to their bounds: three records with 8 MB
+    ids would otherwise put 48 MB into record_errors and into every GET of their page."""
+    return {**row, "record_id": clip(row.get("record_id"), ERROR_ID_CHARS),
+            "message": clip(row.get("message"), ERROR_MESSAGE_CHARS) or ""}

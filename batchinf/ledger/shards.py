@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, and_, func, insert, select, update
+from sqlalchemy import Connection, and_, case, func, insert, select, update
 
 from batchinf.errors import LedgerError
 from batchinf.ledger import events
 from batchinf.ledger.db import tx
 from batchinf.ledger.events import now
 from batchinf.ledger.jobs import transition as transition_job
-from batchinf.ledger.models import Demand, Shard
+from batchinf.ledger.models import Demand, Shard, bounded_error
 from batchinf.ledger.states import (JOB_PLANNING, SHARD_DONE, SHARD_IN_FLIGHT, SHARD_WAITING, AttemptStatus,
                                     JobStatus, ShardStatus, shard_sources, values)
 from batchinf.ledger.tables import attempts, jobs, record_errors, shards
@@ -191,7 +191,7 @@ def record_poison(shard: Shard, row: dict[str, Any], errors_uri: str, errors_sha
                             .values(errors_uri=errors_uri, errors_sha256=errors_sha256, error_rows=1,
                                     output_rows=0, updated_at=now())).rowcount
         if done:
-            conn.execute(insert(record_errors).values(job_id=shard.job_id, shard_id=shard.id, **row))
+            conn.execute(insert(record_errors).values(**bounded_error(dict(row, job_id=shard.job_id, shard_id=shard.id))))
             events.record(conn, shard.job_id, "shard", shard.status, shard.status, shard_id=shard.id,
                           detail={"poison": row["record_id"]})
         return bool(done)
@@ -212,3 +212,14 @@ def lease_owners(job_id: str) -> list[str]:
     with tx() as conn:
         return [o for o in conn.execute(select(shards.c.lease_owner).distinct().where(
             shards.c.job_id == job_id, shards.c.status == ShardStatus.RUNNING.value)).scalars() if o]
+
+
+def failed_records(job_id: str) -> int:
+    """Records of the job known to have failed, in one aggregate over its shards: every record of
+    its validation-error shards (bucket < 0, plan.ERROR_BUCKET: known at planning, before they
+    commit) plus the error rows of the others as they commit (or become poison rows)."""
+    s = shards.c
+    with tx() as conn:
+        return int(conn.execute(select(func.coalesce(func.sum(
+            case((s.bucket < 0, s.num_records), else_=func.coalesce(s.error_rows, 0))), 0))
+            .where(s.job_id == job_id, s.parent_id.is_(None) | (s.bucket >= 0))).scalar())

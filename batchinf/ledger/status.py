@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import time
 from typing import Any
 
@@ -15,7 +16,9 @@ from batchinf.config import settings
 from batchinf.errors import BatchinfError
 from batchinf.ledger.db import tx
 from batchinf.ledger.events import now
+from batchinf.checks import clip
 from batchinf.ledger.jobs import row as job_row
+from batchinf.ledger.models import ERROR_ID_CHARS, ERROR_MESSAGE_CHARS
 from batchinf.ledger.states import JOB_ACTIVE, JOB_TERMINAL, SHARD_DONE, SHARD_WAITING, ShardStatus, values
 from batchinf.ledger.tables import attempts, jobs, record_errors, schedule_runs, shards
 
@@ -118,14 +121,23 @@ def encode_cursor(*key: Any) -> str:
     return base64.urlsafe_b64encode(json.dumps(key).encode()).decode().rstrip("=")
 
 
+def _in_range(v: Any) -> bool:
+    """A cursor value the database can compare: a 64-bit integer, a finite float, a short string."""
+    if isinstance(v, int):
+        return -(1 << 63) <= v < (1 << 63)
+    if isinstance(v, float):
+        return math.isfinite(v)
+    return not isinstance(v, str) or len(v) <= 200
+
+
 def decode_cursor(cursor: str, *types: type | tuple[type, ...]) -> list[Any]:
-    """The sort key encoded by `encode_cursor`, checked against the expected types."""
+    """The sort key encoded by `encode_cursor`, checked against the expected types and ranges."""
     try:
         key = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
         if (isinstance(key, list) and len(key) == len(types)
-                and all(isinstance(v, t) and not isinstance(v, bool) for v, t in zip(key, types))):
+                and all(isinstance(v, t) and not isinstance(v, bool) and _in_range(v) for v, t in zip(key, types))):
             return key
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):
         pass
     raise CursorError(f"cursor {cursor!r} is not valid; pass the next_cursor of the previous page "
                         "unchanged, or omit it for the first page")
@@ -176,20 +188,38 @@ def page_shards(job_id: str, *, tenant: str | None = None, limit: int = 100, cur
             encode_cursor(rows[-1].bucket, rows[-1].ordinal) if more else None)
 
 
+ERROR_PAGE_BYTES = 1 << 20     # a page of errors stops growing past this many bytes of ids and messages
+
+
 def page_errors(job_id: str, *, tenant: str | None = None, limit: int = 100, cursor: str | None = None,
                 code: str | None = None) -> tuple[list[dict[str, Any]], str | None]:
-    """A job's record errors (as committed by their shards), in commit order, one page at a time."""
+    """A job's record errors (as committed by their shards), in commit order, one page at a time.
+    Ids and messages are cut to their bounds (rows stored before the bounds existed too), and a
+    page stops at ERROR_PAGE_BYTES: its cursor then points past the last row it holds."""
     job_row(job_id, tenant=tenant)
     e = record_errors.c
-    q = (select(e.id, e.shard_id, e.record_id, e.source, e.ordinal, e.error, e.message, e.attempts)
-         .where(e.job_id == job_id).order_by(e.id))
+    q = (select(e.id, e.shard_id, func.substr(e.record_id, 1, ERROR_ID_CHARS).label("record_id"),
+                func.length(e.record_id).label("id_chars"), e.source, e.ordinal, e.error,
+                func.substr(e.message, 1, ERROR_MESSAGE_CHARS).label("message"),
+                func.length(e.message).label("message_chars"), e.attempts)
+         .where(e.job_id == job_id).order_by(e.id))     # only a prefix of each id and message is read
     if code is not None:
         q = q.where(e.error == code)
     if cursor:
         q = q.where(e.id > decode_cursor(cursor, int)[0])
     rows, more = _fetch_page(q, limit)
-    return ([{k: v for k, v in r._mapping.items() if k != "id"} for r in rows],
-            encode_cursor(rows[-1].id) if more else None)
+    items: list[dict[str, Any]] = []
+    size = 0
+    for r in rows:
+        item = {"shard_id": r.shard_id, "record_id": clip(r.record_id, ERROR_ID_CHARS, r.id_chars),
+                "source": r.source, "ordinal": r.ordinal, "error": r.error,
+                "message": clip(r.message, ERROR_MESSAGE_CHARS, r.message_chars), "attempts": r.attempts}
+        size += sum(len(str(v)) for v in item.values()) + 100
+        if items and size > ERROR_PAGE_BYTES:
+            more = True
+            break
+        items.append(item)
+    return items, encode_cursor(rows[len(items) - 1].id) if more and items else None
 
 
 def metrics_snapshot(window_seconds: float) -> dict[str, list[Any]]:

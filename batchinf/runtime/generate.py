@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer
 
+from batchinf.config import settings
 from batchinf.runtime.chat_template import compile_template, token_text
 from batchinf.runtime.sampling import SamplingParams, sample
 
@@ -195,12 +196,20 @@ class GenerateRuntime:
                 raise ValueError(f"request {r.key}: prompt + max_tokens = {need} exceeds max_batch_tokens "
                                  f"{max_batch_tokens}; raise the budget or lower max_tokens")
 
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of K and V one token position takes in the cache, across every layer."""
+        cfg = self.model.config
+        return (cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim
+                * self.model.lm_head.weight.dtype.itemsize)
+
     def generate(self, requests: Iterable[GenRequest], *, max_batch_tokens: int = 16384,
                  max_slots: int = 64, stats: GenStats | None = None,
-                 static: bool = False) -> Iterator[GenResult]:
+                 static: bool = False, kv_budget: int | None = None) -> Iterator[GenResult]:
         """Continuous batching (see the module docstring). static=True refills only when every
         sequence of the current batch has finished, with finished rows still computed (the
-        classic static batch, kept for benchmarks)."""
+        classic static batch, kept for benchmarks). The KV cache never exceeds `kv_budget` bytes
+        (default: this worker's BATCHINF_MAX_KV_CACHE_BYTES): slots are cut to fit, and a request
+        that alone would not fit is refused (ValueError) before anything is allocated."""
         reqs = list(requests)
         self.check(reqs, max_batch_tokens)
         if not reqs:
@@ -214,7 +223,15 @@ class GenerateRuntime:
         dev = model.device
         # The cache is n_slots x capacity positions, so the budget bounds memory as well as admission.
         capacity = max(len(r.prompt_ids) + r.params.max_tokens for r in reqs)
-        n_slots = max(1, min(max_slots, len(reqs), max_batch_tokens // capacity))
+        per_token = self.kv_bytes_per_token()
+        budget = settings().max_kv_cache_bytes if kv_budget is None else kv_budget
+        for r in reqs:
+            need = len(r.prompt_ids) + r.params.max_tokens
+            if need * per_token > budget:
+                raise ValueError(f"request {r.key}: prompt + max_tokens = {need} tokens need {need * per_token} "
+                                 f"bytes of KV cache, over this worker's budget of {budget} bytes "
+                                 "(BATCHINF_MAX_KV_CACHE_BYTES); lower max_tokens or shorten the prompt")
+        n_slots = max(1, min(max_slots, len(reqs), max_batch_tokens // capacity, budget // (capacity * per_token)))
         cache = KVCache(model.config, n_slots, capacity, model.lm_head.weight.dtype, dev)
         # Longest max_tokens first: long answers start early, so the tail once the queue is empty
         # (few live rows, each step paying for all the weights) is made of short ones.

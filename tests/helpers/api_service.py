@@ -45,6 +45,7 @@ class Service:
     metrics_token: str
     bundle_digest: str
     log: Path
+    pid: int = 0                  # the `batchinf serve` process
     drivers: list[threading.Thread] = field(default_factory=list)
 
     def client(self, tenant: str | None = None, token: str | None = None) -> httpx.Client:
@@ -91,7 +92,7 @@ def start_service(root: Path) -> Iterator[Service]:
         proc = subprocess.Popen([sys.executable, "-m", "batchinf.cli", "serve", "--port", str(port),
                                  "--log-level", "warning"], env=dict(os.environ), stdout=out,
                                 stderr=subprocess.STDOUT)
-    svc = Service(f"http://127.0.0.1:{port}", root, tokens, "metrics-secret", digest, log)
+    svc = Service(f"http://127.0.0.1:{port}", root, tokens, "metrics-secret", digest, log, proc.pid)
     deadline = time.monotonic() + 60
     while True:
         try:

@@ -22,3 +22,16 @@ def test_embed_throughput_short_mode(minilm_dir: Path, tmp_path: Path) -> None:
     assert min(report["min_cosine_vs_batchinf"].values()) >= 0.9999
     assert report["padding_efficiency"]["batchinf"] >= 0.95
     assert set(report["records_per_s"]) >= {"batchinf run (end to end)", "naive loop bs=32 (file order)"}
+
+
+def test_api_under_attack_short_mode(tmp_path: Path) -> None:
+    """Every hostile manifest the attacker cycles through is refused with a 4xx, /healthz still
+    answers, and both latency samples are measured (the script exits non-zero otherwise)."""
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "api_under_attack.py"), "--short", "--json"],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    report = json.loads(r.stdout)
+    assert report["requests"] == 40 and report["healthz_after"] == 200
+    assert report["idle"]["p50_ms"] > 0 and report["under_attack"]["p50_ms"] > 0
+    statuses = report["attack_statuses"]
+    assert len(statuses) == 9 and all(int(s) in (400, 413, 422) for v in statuses.values() for s in v), statuses

@@ -22,11 +22,12 @@ def external_imports() -> dict[str, set[str]]:
 # Lowest first; a module may import its own layer or lower ones. The first matching prefix wins.
 LAYERS: list[tuple[str, ...]] = [
     ("batchinf.errors", "batchinf.config", "batchinf.checks", "batchinf.failpoints", "batchinf.digests",
-     "batchinf.cron"),
+     "batchinf.cron", "batchinf.documents"),
     ("batchinf.store", "batchinf.manifest", "batchinf.manifest_rules", "batchinf.formats", "batchinf.runtime", "batchinf.retry"),
     ("batchinf.parts", "batchinf.openai_output"),
     ("batchinf.ledger",),
-    ("batchinf.bundles", "batchinf.tenants", "batchinf.scopes", "batchinf.submit", "batchinf.metrics"),
+    ("batchinf.bundles", "batchinf.tenants", "batchinf.scopes", "batchinf.limits", "batchinf.submit",
+     "batchinf.metrics"),
     ("batchinf.plan", "batchinf.execute", "batchinf.verify", "batchinf.schedules"),
     ("batchinf.quarantine", "batchinf.dispatch"),
     ("batchinf.lifecycle",),

@@ -26,7 +26,7 @@ TREE: dict[str, set[str]] = {
     "db": {"upgrade"},
     "token": {"create", "list", "revoke"},
     "schedule": {"add", "list", "pause", "resume", "backfill"},
-    "tenant": {"grant", "revoke", "show"},
+    "tenant": {"grant", "revoke", "show", "limit"},
 }
 # long-running processes: they print logs, not a result
 NO_RESULT = {"serve", "worker", "controller"}
