@@ -27,7 +27,7 @@ def worker(concurrency: int, device: str, threads: int | None, metrics_port: int
         metrics.serve(metrics_port)
     os.environ["BATCHINF_DEVICE"] = device
     os.environ.setdefault("OMP_NUM_THREADS", str(threads or max(1, (os.cpu_count() or 1) // concurrency)))
-    from workers.celery_app import QUEUE, app
+    from batchinf.workers.celery_app import QUEUE, app
 
     app.worker_main(["worker", "--concurrency", str(concurrency), "--pool", "prefork", "-Q", QUEUE,
                      "--loglevel", "INFO", "--without-gossip", "--without-mingle",
@@ -59,7 +59,7 @@ def controller(max_in_flight: int, requeue_seconds: float, tick: float, metrics_
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    from workers.celery_app import CeleryDispatcher
+    from batchinf.workers.celery_app import CeleryDispatcher
 
     Controller(CeleryDispatcher(requeue_seconds), max_in_flight=max_in_flight, tick_seconds=tick).run_forever(stop)
 

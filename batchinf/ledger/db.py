@@ -17,9 +17,12 @@ _engines: dict[tuple[int, str], Engine] = {}
 
 
 def migrations_dir() -> Path:
-    import migrations
+    """The Alembic scripts: batchinf.migrations (found, not imported: its env.py runs under Alembic)."""
+    import importlib.util
 
-    return Path(migrations.__file__).parent
+    spec = importlib.util.find_spec("batchinf.migrations")
+    assert spec is not None and spec.submodule_search_locations, "batchinf.migrations is missing from this install"
+    return Path(list(spec.submodule_search_locations)[0])
 
 
 def _sqlite_engine(url: str) -> Engine:

@@ -120,7 +120,7 @@ def test_json_result_on_stdout(bi_home: Path) -> None:
 
 def test_import_stays_light() -> None:
     """`batchinf --help` must not pay for torch, pyarrow, SQLAlchemy, FastAPI or Celery."""
-    heavy = ["torch", "pyarrow", "numpy", "sqlalchemy", "fastapi", "celery", "uvicorn", "workers"]
+    heavy = ["torch", "pyarrow", "numpy", "sqlalchemy", "fastapi", "celery", "uvicorn", "batchinf.workers"]
     code = ("import sys, batchinf.cli; "
             f"print(','.join(m for m in {heavy!r} if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

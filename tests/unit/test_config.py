@@ -109,7 +109,7 @@ def test_values_are_read_when_settings_are_loaded(env: pytest.MonkeyPatch) -> No
     s = settings()
     assert (s.queue, s.visibility_timeout, s.metrics_job_window, s.pack_weights) == ("q-test", 60, 1.5, False)
 
-    from workers.celery_app import QUEUE
+    from batchinf.workers.celery_app import QUEUE
     assert QUEUE == "q-test"
 
 
