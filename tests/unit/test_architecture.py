@@ -22,7 +22,7 @@ def external_imports() -> dict[str, set[str]]:
 # Lowest first; a module may import its own layer or lower ones. The first matching prefix wins.
 LAYERS: list[tuple[str, ...]] = [
     ("batchinf.errors", "batchinf.config", "batchinf.checks", "batchinf.failpoints", "batchinf.digests",
-     "batchinf.cron", "batchinf.version"),
+     "batchinf.cron", "batchinf.version", "batchinf.logs"),
     ("batchinf.store", "batchinf.manifest", "batchinf.manifest_rules", "batchinf.formats", "batchinf.runtime", "batchinf.retry"),
     ("batchinf.parts", "batchinf.openai_output"),
     ("batchinf.ledger",),

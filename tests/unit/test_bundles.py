@@ -136,6 +136,21 @@ def test_set_alias_validates(bi_home: Path, tiny_bundle: str) -> None:
     assert resolve_ref("tiny@stable") == tiny_bundle
 
 
+def test_alias_refuses_a_bundle_of_another_task(bi_home: Path, tiny_bundle: str, tmp_path: Path) -> None:
+    """`bundle alias tiny@x <a generate bundle>` would silently turn `bundle: tiny@x` into a
+    generate job: refused, naming both tasks; the same bundle under its own name is fine."""
+    from tests.helpers.tiny_llama import make_tiny_llama
+
+    gen = import_bundle(make_tiny_llama(tmp_path / "llama"), "tinyllama").digest
+    with pytest.raises(BundleError, match=r"tiny@x cannot point at .*generate bundle.*tiny's bundles are embed"):
+        set_alias("tiny@x", gen)
+    with pytest.raises(BundleError, match="embed bundle"):
+        set_alias("tinyllama@prod", tiny_bundle)
+    assert resolve_ref("tiny@prod") == tiny_bundle
+    set_alias("tinyllama@prod", gen)
+    assert resolve_ref("tinyllama@prod") == gen
+
+
 # --- load-time verification ------------------------------------------------------------------------
 
 

@@ -21,9 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 TREE: dict[str, set[str]] = {
     "": {"run", "submit", "status", "cancel", "jobs", "verify", "bundle", "db", "serve", "token", "schedule",
-         "scheduler", "worker", "controller"},
+         "scheduler", "worker", "controller", "info"},
     "bundle": {"import", "import-gguf", "list", "verify", "alias"},
-    "db": {"upgrade"},
+    "db": {"upgrade", "current", "history", "downgrade", "check"},
     "token": {"create", "list", "revoke"},
     "schedule": {"add", "list", "pause", "resume", "backfill"},
 }
