@@ -66,24 +66,14 @@ def pin_inputs(manifest: JobManifest) -> list[ObjectPin]:
 
 
 def _pins_from_input_manifest(uri: str) -> list[ObjectPin]:
-    """A JSONL list of objects: {"uri": ...} or S3 Inventory style {"bucket", "key"}, each with an
-    optional "version_id" (or "VersionId")."""
-    pins = []
-    for n, line in enumerate(get_store(uri).get_bytes(uri).decode("utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            entry = json.loads(line)
-            if "uri" in entry:
-                obj = normalize_uri(entry["uri"])
-            else:
-                bucket = entry.get("bucket") or entry["Bucket"]
-                obj = f"s3://{bucket}/{entry.get('key') or entry['Key']}"
-            version = entry.get("version_id") or entry.get("VersionId")
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-            raise ManifestError(f"input manifest {uri} line {n}: expected a JSON object with uri, or "
-                                f"bucket and key, and optional version_id ({exc})") from exc
-        pins.append(get_store(obj).head(obj, version_id=version))
-    if not pins:
+    """A JSONL list of objects or an S3 Inventory manifest.json (formats/inventory.py); the listed
+    objects are HEADed in parallel, in the manifest's order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from batchinf.formats.inventory import entries
+
+    listed = entries(uri, get_store(uri).get_bytes(uri), lambda u: get_store(u).get_bytes(u))
+    if not listed:
         raise InputError(f"input manifest {uri} lists no objects")
-    return pins
+    with ThreadPoolExecutor(max_workers=min(16, len(listed))) as pool:
+        return list(pool.map(lambda e: get_store(e[0]).head(e[0], version_id=e[1]), listed))
