@@ -27,6 +27,7 @@ def submit(manifest: JobManifest, *, tenant: str = "default", schedule: str | No
     if bundle_task != manifest.task:
         raise ManifestError(f"bundle {manifest.bundle} is a {bundle_task} model and this job's task is "
                             f"{manifest.task}; choose a {manifest.task} bundle or set task: {bundle_task}")
+    _check_max_length(manifest, digest)
     input_uri = normalize_uri(manifest.input.uri or manifest.input.manifest or "")
     output_uri = normalize_uri(manifest.output_uri).rstrip("/") + "/"
     _check_output_free(output_uri, tenant)
@@ -38,6 +39,17 @@ def submit(manifest: JobManifest, *, tenant: str = "default", schedule: str | No
         "input_uri": input_uri, "output_uri": output_uri, "work_uri": join(output_uri, "_work", job_id) + "/",
         "priority": manifest.priority, "schedule": schedule, "created_at": t, "updated_at": t,
         "deadline_at": (t + manifest.deadline_seconds) if manifest.deadline_seconds else None})
+
+
+def _check_max_length(manifest: JobManifest, digest: str) -> None:
+    """options.max_length may not exceed the bundle's own limit (it used to be clamped silently)."""
+    from batchinf.ledger.registry import meta
+
+    wanted = getattr(manifest.options, "max_length", None)
+    limit = meta(digest).get("max_length")
+    if wanted is not None and limit is not None and wanted > limit:
+        raise ManifestError(f"options.max_length {wanted} exceeds bundle {manifest.bundle}'s max length {limit}; "
+                            f"set options.max_length to at most {limit}, or leave it out to use {limit}")
 
 
 def _check_output_free(output_uri: str, tenant: str) -> None:

@@ -44,7 +44,9 @@ def friendly(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except BatchinfError as exc:
-            console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+            from rich.markup import escape
+
+            console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
             sys.exit(2)
     return wrapper  # type: ignore[return-value]
 

@@ -11,7 +11,7 @@ from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from batchinf.config import settings
-from batchinf.errors import TransientError
+from batchinf.errors import ConfigError, TransientError
 
 _engines: dict[tuple[int, str], Engine] = {}
 
@@ -60,7 +60,12 @@ def engine(url: str | None = None) -> Engine:
         else:
             if url.startswith("postgresql://"):
                 url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
-            _engines[key] = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+            try:
+                _engines[key] = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+            except ModuleNotFoundError as exc:
+                extra = " install batchinf[postgres] (psycopg)" if "psycopg" in str(exc) else ""
+                raise ConfigError(f"BATCHINF_DATABASE_URL {url.split('@')[-1]} needs {exc.name}, which is not "
+                                  f"installed:{extra or ' install it'}") from exc
         if url.startswith("sqlite"):
             ensure_schema(_engines[key])
     return _engines[key]

@@ -74,3 +74,14 @@ def all_bundles() -> list[BundleInfo]:
     with tx() as conn:
         digests = conn.execute(select(bundles.c.digest).order_by(bundles.c.name, bundles.c.created_at)).scalars().all()
     return [get(d) for d in digests]
+
+
+def meta(digest: str) -> dict:
+    """The bundle's bundle.json as imported (stored verbatim in the registry)."""
+    import json
+
+    with tx() as conn:
+        raw = conn.execute(select(bundles.c.meta).where(bundles.c.digest == digest)).scalar()
+    if raw is None:
+        raise BundleError(f"no bundle with digest {digest}")
+    return json.loads(raw)

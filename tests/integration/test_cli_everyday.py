@@ -78,3 +78,13 @@ def test_info_db_commands_and_default_home(tmp_path: Path) -> None:
     assert down.returncode == 0, down.stderr
     cur = json.loads(bi("db", "current", "--json", env=env).stdout)
     assert (cur["current"], cur["head"], cur["up_to_date"]) == ("0006", "0011", False)
+
+
+def test_missing_optional_dependency_names_the_extra(tmp_path: Path) -> None:
+    """A postgresql:// ledger without psycopg installed (hidden from this process) says which extra to install."""
+    code = "import sys; sys.modules['psycopg'] = None; from batchinf.cli import main; main()"
+    r = subprocess.run([sys.executable, "-c", code, "db", "current"], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "BATCHINF_DATABASE_URL": "postgresql://postgres@127.0.0.1:5432/postgres",
+                            "BATCHINF_HOME": str(tmp_path)})
+    assert r.returncode == 2, r.stderr
+    assert "install batchinf[postgres]" in r.stderr and "Traceback" not in r.stderr

@@ -366,3 +366,19 @@ def test_cli_import_pickle_dir_exits_2(bi_home: Path, tiny_model_dir: Path) -> N
     assert r.exit_code == 2
     err = r.stderr.strip()
     assert len(err.splitlines()) == 1 and "weights.ckpt" in err and "Traceback" not in r.output
+
+
+def test_submit_refuses_max_length_above_the_bundle(bi_home: Path, tiny_bundle: str, tmp_path: Path) -> None:
+    """`max_length: 100000` used to be clamped without a word: now a manifest error naming the limit."""
+    from batchinf.errors import ManifestError
+    from batchinf.ledger.registry import meta
+    from batchinf.manifest import parse_manifest
+    from batchinf.submit import submit
+    from tests.helpers.corpus import manifest
+
+    limit = meta(tiny_bundle)["max_length"]
+    m = manifest(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), options={"max_length": 100000})
+    with pytest.raises(ManifestError, match=rf"options.max_length 100000 exceeds bundle tiny@prod's max length {limit}"):
+        submit(parse_manifest(m))
+    job_id, created = submit(parse_manifest(dict(m, options={"max_length": limit})))
+    assert created and job_id.startswith("job-")
