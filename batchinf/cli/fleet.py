@@ -31,6 +31,7 @@ def worker(concurrency: int, device: str, threads: int | None, hostname: str, me
 
         # before prometheus_client is first imported, so that forked children share the counters
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="batchinf-metrics-")
+        settings.cache_clear()      # `batchinf` (the group) loaded the settings before this variable was set
         from batchinf import metrics
 
         metrics.serve(metrics_port)
