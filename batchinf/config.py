@@ -7,7 +7,9 @@ cannot be used raises ConfigError naming the variable.
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -33,7 +35,8 @@ LIMITS: dict[str, tuple[str, int, str]] = {
 @dataclass(frozen=True, kw_only=True)
 class Settings:
     # --- where state lives
-    home: Path                      # BATCHINF_HOME: embedded ledger, bundle store, caches
+    home: Path                      # BATCHINF_HOME: embedded ledger, bundle store, caches; default: the
+                                    # platform's data directory ($XDG_DATA_HOME/batchinf, ~/.local/share/batchinf)
     database_url: str               # BATCHINF_DATABASE_URL; default SQLite under home
     broker_url: str                 # BATCHINF_BROKER_URL (distributed mode)
     bundle_store: str               # BATCHINF_BUNDLE_STORE: where imported bundles live
@@ -58,7 +61,13 @@ class Settings:
                                     # `batchinf worker --device`)
     # --- object storage
     s3_endpoint_url: str | None     # BATCHINF_S3_ENDPOINT_URL: MinIO or another S3-compatible server; unset: AWS
-    s3_region: str                  # AWS_DEFAULT_REGION, default us-east-1 (credentials: the usual AWS_* chain)
+    s3_region: str | None           # BATCHINF_S3_REGION, else AWS_REGION; unset: boto3's chain (AWS_DEFAULT_REGION,
+                                    # the profile's region), then us-east-1 (credentials: the usual AWS chain)
+    s3_sse: str | None              # BATCHINF_S3_SSE: ServerSideEncryption on uploads, AES256 | aws:kms | aws:kms:dsse
+    s3_sse_kms_key_id: str | None   # BATCHINF_S3_SSE_KMS_KEY_ID: the KMS key for aws:kms (implies aws:kms)
+    s3_expected_bucket_owner: str | None  # BATCHINF_S3_EXPECTED_BUCKET_OWNER: account id every request asserts
+    s3_put_extra: dict[str, str]    # BATCHINF_S3_PUT_EXTRA: JSON object of extra PutObject arguments, e.g.
+                                    # {"StorageClass": "INTELLIGENT_TIERING", "ACL": "bucket-owner-full-control"}
     # --- metrics
     metrics_token: str | None       # BATCHINF_METRICS_TOKEN: the bearer token /metrics requires
     metrics_public: bool            # BATCHINF_METRICS_PUBLIC: 1 serves /metrics without a token (with neither
@@ -66,6 +75,10 @@ class Settings:
     metrics_job_window: float       # BATCHINF_METRICS_JOB_WINDOW: seconds a finished job keeps its per-job series
     prometheus_multiproc_dir: str | None  # PROMETHEUS_MULTIPROC_DIR: set, a metrics server reports all forked
                                           # children (prometheus_client's multiprocess mode)
+    # --- logs
+    log_format: str                 # BATCHINF_LOG_FORMAT: text | json (set by `batchinf --log-format`)
+    log_level: str | None           # BATCHINF_LOG_LEVEL: DEBUG | INFO | WARNING | ERROR (`batchinf --log-level`);
+                                    # unset: INFO for long-running processes, WARNING for other commands
     # --- model runtime
     pack_weights: bool              # BATCHINF_PACK_WEIGHTS: CPU generation keeps an MKL-prepacked copy of the
                                     # weights; 0 saves that memory
@@ -119,6 +132,40 @@ def _flag(name: str, default: bool) -> bool:
     raise ConfigError(f"{name}={raw!r} is not a flag; set it to 1 or 0, or unset it")
 
 
+def _choice(name: str, allowed: tuple[str, ...], default: str | None, *, upper: bool = False) -> str | None:
+    raw = _text(name)
+    if raw is None:
+        return default
+    value = raw.upper() if upper else raw
+    if value not in allowed:
+        raise ConfigError(f"{name}={raw!r} is not one of {', '.join(allowed)}; set it to one or unset it")
+    return value
+
+
+def _json_object(name: str) -> dict[str, str]:
+    raw = _text(name)
+    if raw is None:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{name}={raw!r} is not a JSON object; e.g. {name}='{{\"StorageClass\": \"STANDARD_IA\"}}'")
+    return value
+
+
+def default_home() -> Path:
+    """Where batchinf keeps its state when BATCHINF_HOME is unset: the platform's data directory
+    ($XDG_DATA_HOME/batchinf, else ~/.local/share/batchinf; ~/Library/Application Support/batchinf
+    on macOS; %LOCALAPPDATA%\\batchinf on Windows), the same from every working directory."""
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Application Support" / "batchinf"
+    if sys.platform == "win32":
+        return Path(_text("LOCALAPPDATA") or Path.home() / "AppData" / "Local") / "batchinf"
+    return Path(_text("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "batchinf"
+
+
 @lru_cache(maxsize=1)
 def settings() -> Settings:
     """This process's settings, loaded once (tests: settings.cache_clear() after changing variables)."""
@@ -127,7 +174,7 @@ def settings() -> Settings:
 
 def load_settings() -> Settings:
     """Settings read from the environment now, not cached."""
-    home = Path(_text("BATCHINF_HOME") or ".batchinf").expanduser().resolve()
+    home = Path(_text("BATCHINF_HOME") or default_home()).expanduser().resolve()
     return Settings(
         home=home,
         database_url=_text("BATCHINF_DATABASE_URL") or f"sqlite:///{home / 'ledger.db'}",
@@ -146,7 +193,13 @@ def load_settings() -> Settings:
         visibility_timeout=_int("BATCHINF_VISIBILITY_TIMEOUT", 6 * 3600),
         device=_text("BATCHINF_DEVICE") or "auto",
         s3_endpoint_url=_text("BATCHINF_S3_ENDPOINT_URL"),
-        s3_region=_text("AWS_DEFAULT_REGION") or "us-east-1",
+        s3_region=_text("BATCHINF_S3_REGION") or _text("AWS_REGION"),
+        s3_sse=_choice("BATCHINF_S3_SSE", ("AES256", "aws:kms", "aws:kms:dsse"), None),
+        s3_sse_kms_key_id=_text("BATCHINF_S3_SSE_KMS_KEY_ID"),
+        s3_expected_bucket_owner=_text("BATCHINF_S3_EXPECTED_BUCKET_OWNER"),
+        s3_put_extra=_json_object("BATCHINF_S3_PUT_EXTRA"),
+        log_format=_choice("BATCHINF_LOG_FORMAT", ("text", "json"), "text") or "text",
+        log_level=_choice("BATCHINF_LOG_LEVEL", ("DEBUG", "INFO", "WARNING", "ERROR"), None, upper=True),
         metrics_token=_text("BATCHINF_METRICS_TOKEN"),
         metrics_public=_flag("BATCHINF_METRICS_PUBLIC", False),
         metrics_job_window=_float("BATCHINF_METRICS_JOB_WINDOW", 86400.0),

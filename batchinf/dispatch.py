@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import os
 import queue
@@ -20,7 +21,7 @@ import socket
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from batchinf import metrics
+from batchinf import logs, metrics
 from batchinf.config import settings
 from batchinf.ledger import jobs as job_repo
 from batchinf.ledger import leases
@@ -29,6 +30,8 @@ from batchinf.ledger.events import now
 from batchinf.ledger.models import Job, Lease
 from batchinf.ledger.states import JOB_PLANNING, JobStatus
 from batchinf.retry import Outcome, classify, retrying
+
+log = logging.getLogger("batchinf.dispatch")
 
 
 def worker_name(pid: int | None = None) -> str:
@@ -82,15 +85,25 @@ class Dispatcher:
 
 
 def run_lease(lease: Lease, device: str, parent_pid: int | None = None) -> None:
-    """Execute one leased shard; what a failure means is `retry.classify`'s to say."""
+    """Execute one leased shard; what a failure means is `retry.classify`'s to say. Its log lines
+    carry job_id, shard_id and attempt."""
+    with logs.context(job_id=lease.job_id, shard_id=lease.shard_id, attempt=lease.attempt):
+        _run_lease(lease, device, parent_pid)
+
+
+def _run_lease(lease: Lease, device: str, parent_pid: int | None) -> None:
     from batchinf.execute import Heartbeat, execute_shard
 
     hb = Heartbeat(lease, parent_pid)
     hb.start()
     try:
-        execute_shard(lease, device=device, heartbeat=hb)
+        log.info("shard %s attempt %d started", lease.shard_id, lease.attempt)
+        result = execute_shard(lease, device=device, heartbeat=hb)
+        log.info("shard %s attempt %d committed: %d rows, %d error rows", lease.shard_id, lease.attempt,
+                 result.output_rows, result.error_rows)
     except Exception as exc:  # noqa: BLE001 -- every failure is classified and charged to its shard
         outcome = classify(exc)
+        log.warning("shard %s attempt %d ended: %s: %s", lease.shard_id, lease.attempt, type(exc).__name__, exc)
         if outcome is Outcome.FAIL_SHARD:
             metrics.attempt_ended("stale")        # another attempt owns the shard now
         elif outcome is Outcome.FAIL_JOB:         # no retry can fix a bad bundle or input,
@@ -139,6 +152,8 @@ def worker_main(job_id: str, device: str, threads: int, parent_pid: int, twins: 
     from batchinf.bundles import open_runtime
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the driver's to handle
+    if settings().log_format == "json":            # `batchinf --log-format json run`: these lines too
+        logs.configure()
     torch.set_num_threads(threads)
     torch.set_num_interop_threads(1)
     device = pick_device(device)

@@ -129,6 +129,7 @@ class Heartbeat(threading.Thread):
         super().__init__(daemon=True)
         self.lease, self.parent_pid = lease, parent_pid
         self.lost = threading.Event()
+        self.records_done = 0       # records of the shard finished so far, sent with each heartbeat
         self._stop = threading.Event()
 
     def run(self) -> None:
@@ -137,7 +138,7 @@ class Heartbeat(threading.Thread):
             if self.parent_pid is not None and os.getppid() != self.parent_pid:
                 os._exit(1)  # embedded driver died: do not outlive it
             try:
-                if not leases.heartbeat(self.lease, s.lease_seconds):
+                if not leases.heartbeat(self.lease, s.lease_seconds, self.records_done):
                     self.lost.set()
                     return
             except Exception:  # noqa: BLE001 -- a missed heartbeat is retried on the next tick
@@ -236,6 +237,12 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
         if heartbeat is not None and heartbeat.lost.is_set():
             raise StaleAttemptError(f"attempt {lease.attempt} of shard {lease.shard_id} lost its lease")
 
+    def finished(n: int = 1) -> None:
+        """n more records are done (the heartbeat reports them), then `check`."""
+        if heartbeat is not None:
+            heartbeat.records_done += n
+        check()
+
     error_rows: list[dict[str, Any]] = []
     tokens = {"input": 0, "output": 0, "real": 0, "padded": 0}
     if m.task == "generate":
@@ -247,7 +254,7 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
     try:
         if m.task == "generate":
             table, error_rows, stats = _generate_rows(read_table(shard.input_uri), runtime, m.options,
-                                                      lease.attempt, check)
+                                                      lease.attempt, finished)
             results.write(table)
             failures.write(pa.Table.from_pylist(error_rows, schema=ERROR_SCHEMA))
             tokens = {"input": sum(table.column("input_tokens").to_pylist()),
@@ -262,6 +269,7 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
                     results.write(table)
                     failures.write(pa.Table.from_pylist(errors, schema=ERROR_SCHEMA))
                     error_rows += errors
+                    finished(rb.num_rows)
                     n = sum(table.column("input_tokens").to_pylist())
                     tokens["input"] += n
                     tokens["real"] += n

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from batchinf import metrics
+from batchinf import logs, metrics
 from batchinf.config import settings
 from batchinf.dispatch import Dispatcher
 from batchinf.ledger import attempts as attempt_repo
@@ -22,7 +22,7 @@ from batchinf.ledger import leases
 from batchinf.ledger import shards as shard_repo
 from batchinf.ledger.events import now
 from batchinf.ledger.models import Demand, Job
-from batchinf.ledger.states import JobStatus
+from batchinf.ledger.states import JOB_TERMINAL, JobStatus
 from batchinf.limits import error_budget_problem
 from batchinf.plan import finish_plan, pin_job
 from batchinf.quarantine import resolve_quarantined
@@ -100,21 +100,28 @@ STEPS: dict[JobStatus, tuple[str, Step]] = {
 
 
 def step(job_id: str, dispatcher: Dispatcher, slots: int | None = None) -> bool:
-    """Advance one job by one step; False when the step failed (it is charged to the job)."""
-    job = job_repo.get(job_id)
-    if job_repo.cancel_if_past_deadline(job):
+    """Advance one job by one step; False when the step failed (it is charged to the job). A step
+    that moves the job logs the transition (`job_id`, `from_status`, `to_status`)."""
+    with logs.context(job_id=job_id):
         job = job_repo.get(job_id)
-    if job.status not in STEPS:
-        return True
-    stage, fn = STEPS[JobStatus(job.status)]
-    try:
-        fn(job, dispatcher, slots)
-    except Exception as exc:  # noqa: BLE001 -- one job's failure never stops the others
-        _charge(job, stage, exc)
-        return False
-    if job.step_failures:
-        job_repo.step_succeeded(job.id)
-    return True
+        before = job.status
+        if job_repo.cancel_if_past_deadline(job):
+            job = job_repo.get(job_id)
+        ok = True
+        if job.status in STEPS:
+            stage, fn = STEPS[JobStatus(job.status)]
+            try:
+                fn(job, dispatcher, slots)
+            except Exception as exc:  # noqa: BLE001 -- one job's failure never stops the others
+                _charge(job, stage, exc)
+                ok = False
+            else:
+                if job.step_failures:
+                    job_repo.step_succeeded(job.id)
+        after = job_repo.get(job_id).status if before not in JOB_TERMINAL else before
+        if after != before:
+            log.info("job %s: %s -> %s", job_id, before, after, extra={"from_status": before, "to_status": after})
+        return ok
 
 
 def _charge(job: Job, stage: str, exc: Exception) -> None:

@@ -10,6 +10,7 @@ Two kinds:
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +20,7 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Histogram,
+    Info,
     disable_created_metrics,
     generate_latest,
     start_http_server,
@@ -30,8 +32,9 @@ from prometheus_client.core import (
     SummaryMetricFamily,
 )
 
+from batchinf.version import __version__
 from batchinf.config import settings
-from batchinf.ledger.states import SHARD_WAITING, AttemptStatus, ShardStatus, values
+from batchinf.ledger.states import SHARD_WAITING, JobStatus, ShardStatus, values
 
 WAITING = values(SHARD_WAITING)
 disable_created_metrics()   # *_created samples only add noise to every counter
@@ -41,11 +44,12 @@ __all__ = ["CONTENT_TYPE_LATEST", "LedgerCollector", "exposition"]
 SHARD_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 
 RECORDS = Counter("batchinf_worker_records", "Records in shards this process committed",
-                  ["bundle", "outcome"])
-TOKENS = Counter("batchinf_worker_tokens", "Token positions this process computed "
-                 "(real: record tokens, padded: including padding)", ["bundle", "kind"])
+                  ["bundle_id", "outcome"])
+REAL_TOKENS = Counter("batchinf_worker_real_tokens", "Record token positions this process computed", ["bundle_id"])
+PADDED_TOKENS = Counter("batchinf_worker_padded_tokens", "Token positions this process computed, padding "
+                        "included (real tokens are part of them)", ["bundle_id"])
 SHARD_SECONDS = Histogram("batchinf_worker_shard_duration_seconds", "Wall time of committed shards",
-                          ["bundle"], buckets=SHARD_BUCKETS)
+                          ["bundle_id"], buckets=SHARD_BUCKETS)
 ATTEMPTS_ENDED = Counter("batchinf_worker_attempts_ended", "Shard attempts that ended without "
                          "committing", ["reason"])
 LEASES_EXPIRED = Counter("batchinf_controller_leases_expired", "Shard leases this controller expired")
@@ -55,6 +59,14 @@ SCHEDULED = Counter("batchinf_scheduler_jobs_submitted", "Jobs this scheduler cr
 HTTP_REQUESTS = Counter("batchinf_api_requests", "API requests", ["method", "route", "status"])
 HTTP_SECONDS = Histogram("batchinf_api_request_duration_seconds", "API request latency",
                          ["method", "route"])
+BUILD = Info("batchinf_build", "The running batchinf's version (value 1)")
+BUILD.info({"version": __version__, "python": platform.python_version()})
+
+
+def bundle_id(digest: str) -> str:
+    """The short label for a bundle digest: its first 12 hex digits (the digest itself appears only
+    in batchinf_bundle_info and batchinf_job_info)."""
+    return digest.removeprefix("sha256:")[:12]
 
 
 # --- hooks: each called from one line elsewhere --------------------------------------------------
@@ -62,11 +74,12 @@ HTTP_SECONDS = Histogram("batchinf_api_request_duration_seconds", "API request l
 
 def shard_committed(bundle: str, result: Any) -> None:
     """execute.py, after a fenced commit succeeded (`result` is an ops.ShardResult)."""
-    RECORDS.labels(bundle, "succeeded").inc(result.output_rows)
-    RECORDS.labels(bundle, "failed").inc(result.error_rows)
-    TOKENS.labels(bundle, "real").inc(result.tokens_real)
-    TOKENS.labels(bundle, "padded").inc(result.tokens_padded)
-    SHARD_SECONDS.labels(bundle).observe(result.execute_seconds)
+    b = bundle_id(bundle)
+    RECORDS.labels(b, "succeeded").inc(result.output_rows)
+    RECORDS.labels(b, "failed").inc(result.error_rows)
+    REAL_TOKENS.labels(b).inc(result.tokens_real)
+    PADDED_TOKENS.labels(b).inc(result.tokens_padded)
+    SHARD_SECONDS.labels(b).observe(result.execute_seconds)
 
 
 def attempt_ended(reason: str) -> None:
@@ -117,114 +130,133 @@ def _window() -> float:
 
 
 class LedgerCollector:
-    """Ledger-derived metrics at scrape time. Per-job series cover active jobs and jobs finished
-    within BATCHINF_METRICS_JOB_WINDOW seconds (default one day), so their number stays bounded;
-    per-bundle and global series are totals over the whole ledger (monotonic: counters)."""
+    """Ledger-derived metrics at scrape time. Per-job series (label `job_id` only; its tenant, name
+    and bundle are in batchinf_job_info) cover active jobs and jobs finished within
+    BATCHINF_METRICS_JOB_WINDOW seconds (default one day), so their number stays bounded. Current
+    states are gauges with every state present (0 included); counts that only grow are counters;
+    a total and its parts never share a family."""
 
     def collect(self) -> Iterator[Metric]:
         from batchinf.ledger.status import metrics_snapshot
 
         snap = metrics_snapshot(_window())
-        by_status, job_rows, per_job, per_bundle = (snap["by_status"], snap["jobs"], snap["per_job"],
-                                                     snap["per_bundle"])
-        attempt_rows, retries, quarantined = snap["attempts"], snap["retries"][0], snap["quarantined"][0]
-        err_rows, runs = snap["errors"], snap["schedule_runs"]
-
-        g = GaugeMetricFamily("batchinf_jobs", "Jobs in the ledger by tenant and status",
+        counts = {(tenant, st): n for tenant, st, n in snap["by_status"]}
+        g = GaugeMetricFamily("batchinf_jobs", "Jobs in the ledger by tenant and current status",
                               labels=["tenant", "status"])
-        for tenant, st, n in by_status:
-            g.add_metric([tenant, st], n)
+        for tenant in sorted(snap["tenants"]):
+            for st in JobStatus:
+                g.add_metric([tenant, st.value], counts.get((tenant, st.value), 0))
         yield g
 
-        yield from self._per_job(job_rows, per_job)
-        yield from self._per_bundle(per_bundle)
+        yield from self._per_job(snap["jobs"], snap["per_job"])
+        yield from self._per_bundle(snap["per_bundle"], snap["bundles"])
 
-        att = CounterMetricFamily("batchinf_attempts", "Shard attempts by outcome", labels=["status"])
-        for st, n in sorted(attempt_rows):
-            att.add_metric([st], n)
-        lost = sum(n for st, n in attempt_rows if st in (AttemptStatus.LOST, AttemptStatus.SWEPT))
+        att = CounterMetricFamily("batchinf_attempts", "Shard attempts that ended, by outcome (committed: "
+                                  "the winners; failed: raised; lost: lease or worker lost, or the job "
+                                  "stopped; superseded: a twin won)", labels=["outcome"])
+        for outcome, n in snap["attempt_outcomes"]:
+            att.add_metric([outcome], n)
         yield att
-        yield CounterMetricFamily("batchinf_leases_expired", "Attempts whose lease expired or whose "
-                                  "worker died", value=lost)
-        yield CounterMetricFamily("batchinf_retries", "Attempts after a shard's first", value=retries)
+        yield GaugeMetricFamily("batchinf_attempts_running", "Shard attempts running now",
+                                value=snap["attempts_running"])
+        yield CounterMetricFamily("batchinf_leases_expired", "Attempts lost because their lease expired "
+                                  "or their worker died", value=snap["leases_expired"])
+        yield CounterMetricFamily("batchinf_retries", "Attempts after a shard's first", value=snap["retries"])
         yield CounterMetricFamily("batchinf_quarantined_shards", "Shards quarantined because their "
-                                  "records killed every attempt's worker", value=quarantined)
+                                  "records killed every attempt's worker", value=snap["quarantined"])
         errs = CounterMetricFamily("batchinf_record_errors", "Error rows by code (poison: records "
                                    "quarantined for killing workers)", labels=["code"])
-        for code, n in err_rows:
+        for code, n in snap["errors"]:
             errs.add_metric([code], n)
         yield errs
-        poison = sum(n for code, n in err_rows if code == "poison")
-        yield CounterMetricFamily("batchinf_quarantined_records", "Records isolated as poison",
-                                  value=poison)
         sched = CounterMetricFamily("batchinf_schedule_runs", "Jobs created by each schedule",
                                     labels=["schedule"])
-        for name, n in runs:
+        for name, n in snap["schedule_runs"]:
             sched.add_metric([name], n)
         yield sched
 
     @staticmethod
     def _per_job(job_rows: list[Any], per_job: list[Any]) -> Iterator[Metric]:
-        labels = ["job", "tenant", "name", "bundle"]
-        info = {r.id: [r.id, r.tenant, r.name, r.bundle_digest] for r in job_rows}
-        shards_g = GaugeMetricFamily("batchinf_job_shards", "Shards of recent jobs by status",
-                                     labels=labels + ["status"])
+        info = GaugeMetricFamily("batchinf_job_info", "Recent jobs (value 1): tenant, name and bundle",
+                                 labels=["job_id", "tenant", "name", "bundle_id", "bundle_digest"])
+        shards_g = GaugeMetricFamily("batchinf_job_shards", "Shards of recent jobs by current status",
+                                     labels=["job_id", "status"])
         queue = GaugeMetricFamily("batchinf_job_queue_depth", "Shards of a job waiting for a worker "
-                                  "(pending, queued or retrying)", labels=labels)
-        records = GaugeMetricFamily("batchinf_job_records", "Records of recent jobs (total: planned; "
-                                    "succeeded/failed: in committed shards)", labels=labels + ["outcome"])
-        tokens = GaugeMetricFamily("batchinf_job_tokens", "Tokens of a job's committed shards",
-                                   labels=labels + ["kind"])
-        eff = GaugeMetricFamily("batchinf_job_padding_efficiency", "real / padded tokens of a job's "
-                                "committed shards", labels=labels)
-        seconds = GaugeMetricFamily("batchinf_job_shard_seconds", "Execute seconds of a job's committed "
-                                    "shards", labels=labels)
-        depth: dict[str, int] = {}
-        done: dict[str, list[float]] = {}
+                                  "(pending, queued or retrying)", labels=["job_id"])
+        planned = GaugeMetricFamily("batchinf_job_records_planned", "Records a job planned (its input "
+                                    "records)", labels=["job_id"])
+        records = GaugeMetricFamily("batchinf_job_records", "Records of a job's committed shards by "
+                                    "outcome", labels=["job_id", "outcome"])
+        running = GaugeMetricFamily("batchinf_job_records_in_progress", "Records finished inside a job's "
+                                    "running shards (heartbeats), not yet committed", labels=["job_id"])
+        tin = GaugeMetricFamily("batchinf_job_input_tokens", "Input tokens of a job's committed shards",
+                                labels=["job_id"])
+        real = GaugeMetricFamily("batchinf_job_real_tokens", "Record token positions computed for a "
+                                 "job's committed shards", labels=["job_id"])
+        padded = GaugeMetricFamily("batchinf_job_padded_tokens", "Token positions computed for a job's "
+                                   "committed shards, padding included", labels=["job_id"])
+        eff = GaugeMetricFamily("batchinf_job_padding_efficiency_ratio", "real / padded tokens of a job's "
+                                "committed shards", labels=["job_id"])
+        seconds = GaugeMetricFamily("batchinf_job_execute_seconds", "Execute seconds of a job's committed "
+                                    "shards", labels=["job_id"])
+        by_shard: dict[str, dict[str, Any]] = {}
         for r in per_job:
-            n, _recs, ok, failed, tin, real, padded, secs = r[2:]
-            shards_g.add_metric(info[r.job_id] + [r.status], n)
-            if r.status in WAITING:
-                depth[r.job_id] = depth.get(r.job_id, 0) + n
-            if r.status == ShardStatus.COMMITTED:
-                done[r.job_id] = [ok, failed, tin, real, padded, secs]
-        for r in job_rows:
-            lab = info[r.id]
-            queue.add_metric(lab, depth.get(r.id, 0))
-            ok, failed, tin, real, padded, secs = done.get(r.id, [0, 0, 0, 0, 0, 0.0])
-            if r.records_total is not None:
-                records.add_metric(lab + ["total"], r.records_total)
-            records.add_metric(lab + ["succeeded"], ok)
-            records.add_metric(lab + ["failed"], failed)
-            for kind, v in (("input", tin), ("real", real), ("padded", padded)):
-                tokens.add_metric(lab + [kind], v)
-            if padded:
-                eff.add_metric(lab, real / padded)
-            seconds.add_metric(lab, secs)
-        total_depth = GaugeMetricFamily("batchinf_queue_depth", "Shards waiting for a worker, all jobs",
-                                        value=sum(depth.values()))
-        return iter([shards_g, queue, total_depth, records, tokens, eff, seconds])
+            by_shard.setdefault(r.job_id, {})[r.status] = r
+        depth_total = 0
+        for j in job_rows:
+            rows = by_shard.get(j.id, {})
+            info.add_metric([j.id, j.tenant, j.name or "", bundle_id(j.bundle_digest), j.bundle_digest], 1)
+            for st in ShardStatus:
+                shards_g.add_metric([j.id, st.value], rows[st.value][2] if st.value in rows else 0)
+            depth = sum(rows[st][2] for st in WAITING if st in rows)
+            depth_total += depth
+            queue.add_metric([j.id], depth)
+            if j.records_total is not None:
+                planned.add_metric([j.id], j.records_total)
+            c = rows.get(ShardStatus.COMMITTED.value)
+            _n, _recs, ok, failed, t_in, t_real, t_pad, secs = c[2:10] if c else (0,) * 7 + (0.0,)
+            records.add_metric([j.id, "succeeded"], ok)
+            records.add_metric([j.id, "failed"], failed)
+            r = rows.get(ShardStatus.RUNNING.value)
+            running.add_metric([j.id], r[10] if r else 0)
+            tin.add_metric([j.id], t_in)
+            real.add_metric([j.id], t_real)
+            padded.add_metric([j.id], t_pad)
+            if t_pad:
+                eff.add_metric([j.id], t_real / t_pad)
+            seconds.add_metric([j.id], float(secs))
+        total_depth = GaugeMetricFamily("batchinf_queue_depth", "Shards waiting for a worker, all recent jobs",
+                                        value=depth_total)
+        return iter([info, shards_g, queue, total_depth, planned, records, running, tin, real, padded, eff,
+                     seconds])
 
     @staticmethod
-    def _per_bundle(rows: list[Any]) -> Iterator[Metric]:
-        records = CounterMetricFamily("batchinf_bundle_records", "Records processed per bundle",
-                                      labels=["bundle", "outcome"])
-        tokens = CounterMetricFamily("batchinf_bundle_tokens", "Token positions computed per bundle",
-                                     labels=["bundle", "kind"])
-        eff = GaugeMetricFamily("batchinf_bundle_padding_efficiency", "real / padded tokens per bundle",
-                                labels=["bundle"])
+    def _per_bundle(rows: list[Any], bundles: list[Any]) -> Iterator[Metric]:
+        info = GaugeMetricFamily("batchinf_bundle_info", "Imported bundles (value 1)",
+                                 labels=["bundle_id", "name", "task", "digest"])
+        for digest, name, task in sorted(bundles):
+            info.add_metric([bundle_id(digest), name, task, digest], 1)
+        records = CounterMetricFamily("batchinf_bundle_records", "Records of committed shards per bundle "
+                                      "by outcome", labels=["bundle_id", "outcome"])
+        real = CounterMetricFamily("batchinf_bundle_real_tokens", "Record token positions computed per bundle",
+                                   labels=["bundle_id"])
+        padded = CounterMetricFamily("batchinf_bundle_padded_tokens", "Token positions computed per bundle, "
+                                     "padding included", labels=["bundle_id"])
+        eff = GaugeMetricFamily("batchinf_bundle_padding_efficiency_ratio", "real / padded tokens per bundle",
+                                labels=["bundle_id"])
         dur = SummaryMetricFamily("batchinf_bundle_shard_seconds", "Execute seconds of committed shards "
-                                  "per bundle", labels=["bundle"])
+                                  "per bundle", labels=["bundle_id"])
         for r in rows:
-            digest, n, _recs, ok, failed, _tin, real, padded, secs = r
-            records.add_metric([digest, "succeeded"], ok)
-            records.add_metric([digest, "failed"], failed)
-            tokens.add_metric([digest, "real"], real)
-            tokens.add_metric([digest, "padded"], padded)
-            if padded:
-                eff.add_metric([digest], real / padded)
-            dur.add_metric([digest], count_value=n, sum_value=float(secs))
-        return iter([records, tokens, eff, dur])
+            digest, n, _recs, ok, failed, _tin, t_real, t_pad, secs = r
+            b = bundle_id(digest)
+            records.add_metric([b, "succeeded"], ok)
+            records.add_metric([b, "failed"], failed)
+            real.add_metric([b], t_real)
+            padded.add_metric([b], t_pad)
+            if t_pad:
+                eff.add_metric([b], t_real / t_pad)
+            dur.add_metric([b], count_value=n, sum_value=float(secs))
+        return iter([info, records, real, padded, eff, dur])
 
 
 _ledger_registry: CollectorRegistry | None = None

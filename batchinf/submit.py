@@ -34,6 +34,7 @@ def submit(manifest: JobManifest, *, tenant: str = "default", schedule: str | No
         raise ManifestError(f"bundle {manifest.bundle} is a {bundle_task} model and this job's task is "
                             f"{manifest.task}; choose a {manifest.task} bundle or set task: {bundle_task}")
     check_manifest(manifest, digest, tenant)       # every number the tenant set, against its limits
+    _check_max_length(manifest, digest)
     where = "input.uri" if manifest.input.uri else "input.manifest"
     input_uri = scopes.real(scopes.canonical(manifest.input.uri or manifest.input.manifest or "", where))
     output_uri = scopes.as_prefix(scopes.real(scopes.canonical(manifest.output_uri, "output.uri")))
@@ -55,6 +56,17 @@ def submit(manifest: JobManifest, *, tenant: str = "default", schedule: str | No
         "deadline_at": (t + manifest.deadline_seconds) if manifest.deadline_seconds else None})
 
 
+def _check_max_length(manifest: JobManifest, digest: str) -> None:
+    """options.max_length may not exceed the bundle's own limit (it used to be clamped silently)."""
+    from batchinf.ledger.registry import meta
+
+    wanted = getattr(manifest.options, "max_length", None)
+    limit = meta(digest).get("max_length")
+    if wanted is not None and limit is not None and wanted > limit:
+        raise ManifestError(f"options.max_length {wanted} exceeds bundle {manifest.bundle}'s max length {limit}; "
+                            f"set options.max_length to at most {limit}, or leave it out to use {limit}")
+
+
 def pin_inputs(job: Job) -> list[ObjectPin]:
     """List the input once and pin key, size, ETag and version of every object it will read. A
     confined job's objects (an input manifest may name anything, a local prefix may hold
@@ -74,29 +86,18 @@ def pin_inputs(job: Job) -> list[ObjectPin]:
 
 
 def _pins_from_input_manifest(uri: str) -> list[ObjectPin]:
-    """A JSONL list of objects: {"uri": ...} or S3 Inventory style {"bucket", "key"}, each with an
-    optional "version_id" (or "VersionId")."""
-    pins = []
+    """A JSONL list of objects or an S3 Inventory manifest.json (formats/inventory.py); the listed
+    objects are HEADed in parallel, in the manifest's order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from batchinf.formats.inventory import entries
+
     try:
-        text = get_store(uri).get_bytes(uri).decode("utf-8")
+        listed = entries(uri, get_store(uri).get_bytes(uri), lambda u: get_store(u).get_bytes(u))
     except UnicodeDecodeError as exc:
         raise InputError(f"input manifest {uri} is not UTF-8 text (byte {exc.start}); it must be JSONL, one "
                          "object per line: {\"uri\": ...} or {\"bucket\", \"key\"}") from None
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            entry = json.loads(line)
-            if "uri" in entry:
-                obj = normalize_uri(entry["uri"])
-            else:
-                bucket = entry.get("bucket") or entry["Bucket"]
-                obj = f"s3://{bucket}/{entry.get('key') or entry['Key']}"
-            version = entry.get("version_id") or entry.get("VersionId")
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-            raise ManifestError(f"input manifest {uri} line {n}: expected a JSON object with uri, or "
-                                f"bucket and key, and optional version_id ({exc})") from exc
-        pins.append(get_store(obj).head(obj, version_id=version))
-    if not pins:
+    if not listed:
         raise InputError(f"input manifest {uri} lists no objects")
-    return pins
+    with ThreadPoolExecutor(max_workers=min(16, len(listed))) as pool:
+        return list(pool.map(lambda e: get_store(e[0]).head(e[0], version_id=e[1]), listed))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
+from celery.signals import setup_logging
 
 from batchinf.config import settings
 from batchinf.dispatch import Dispatcher
@@ -26,6 +27,14 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
 )
+
+
+@setup_logging.connect
+def _logging(**_: Any) -> None:
+    """Celery logs through batchinf's one configuration (text or JSON, `batchinf --log-format`)."""
+    from batchinf import logs
+
+    logs.configure()
 
 
 def _from_settings() -> dict[str, Any]:

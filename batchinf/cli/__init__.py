@@ -9,7 +9,8 @@ imports this one back. Library modules never import `batchinf.cli`.
 |---|---|
 | `jobs.py` | run, submit, status, cancel, jobs, verify |
 | `bundles.py` | bundle import, import-gguf, list, verify, alias |
-| `db.py` | db upgrade |
+| `db.py` | db upgrade, current, history, downgrade, check |
+| `info.py` | info (where the ledger, bundle store and caches are; versions) |
 | `service.py` | serve, token create, list, revoke |
 | `schedules.py` | schedule add, list, pause, resume, backfill; scheduler |
 | `fleet.py` | worker, controller |
@@ -21,16 +22,38 @@ from __future__ import annotations
 
 import click
 
-from batchinf.cli import bundles, db, fleet, jobs, schedules, service, tenants
+from batchinf.cli import bundles, db, fleet, info, jobs, schedules, service, tenants
+from batchinf.version import __version__
+
+# long-running processes log at INFO by default; other commands print results and log warnings
+DAEMONS = {"serve", "worker", "controller", "scheduler"}
 
 
 @click.group()
-@click.version_option(package_name="batchinf")
-def main() -> None:
+@click.version_option(__version__, package_name="batchinf")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default=None,
+              help="Log lines as text or one JSON object per line (env BATCHINF_LOG_FORMAT; default text).")
+@click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+              default=None, help="Log level (env BATCHINF_LOG_LEVEL; default INFO for serve, worker, controller "
+              "and scheduler, WARNING otherwise).")
+@click.pass_context
+def main(ctx: click.Context, log_format: str | None, log_level: str | None) -> None:
     """Durable batch inference over object storage."""
+    import os
+
+    from batchinf import config, logs
+
+    # through the environment, so that worker processes and Celery's children log alike
+    if log_format:
+        os.environ["BATCHINF_LOG_FORMAT"] = log_format
+    if log_level:
+        os.environ["BATCHINF_LOG_LEVEL"] = log_level.upper()
+    config.settings.cache_clear()
+    s = config.settings()
+    logs.configure(s.log_format, s.log_level or ("INFO" if ctx.invoked_subcommand in DAEMONS else "WARNING"))
 
 
-for _module in (jobs, bundles, db, service, schedules, fleet, tenants):
+for _module in (jobs, bundles, db, service, schedules, fleet, tenants, info):
     for _command in _module.COMMANDS:
         main.add_command(_command)
 

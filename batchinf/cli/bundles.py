@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 
-from batchinf.cli.common import emit, friendly, json_option
+from batchinf.cli.common import emit, friendly, json_option, stdout_console
 
 
 @click.group("bundle")
@@ -61,7 +60,7 @@ def bundle_list(as_json: bool) -> None:
         t = Table("name", "digest", "task", "aliases")
         for b in rows:
             t.add_row(b["name"], b["digest"], b["task"], ", ".join(b["aliases"]))
-        Console().print(t)
+        stdout_console().print(t)
 
     emit([b.to_dict() for b in list_bundles()], as_json, human)
 

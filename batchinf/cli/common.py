@@ -18,7 +18,15 @@ from batchinf.errors import BatchinfError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-console = Console(stderr=True)
+console = Console(stderr=True)   # progress, notes and errors
+
+
+def stdout_console() -> Console:
+    """A console for results on stdout: at a terminal, fitted to it; piped or redirected, as wide
+    as the content, so ids and digests are never cut (what `bundle list` prints, `bundle alias`
+    accepts)."""
+    c = Console()
+    return c if c.is_terminal else Console(width=100_000, soft_wrap=True)
 
 
 def emit(obj: Any, as_json: bool, human: Callable[[Any], None]) -> None:
@@ -36,7 +44,9 @@ def friendly(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except BatchinfError as exc:
-            console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+            from rich.markup import escape
+
+            console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
             sys.exit(2)
     return wrapper  # type: ignore[return-value]
 
@@ -74,17 +84,18 @@ def ticker(bar_progress: Progress, job_id: str) -> Callable[[], dict[str, Any]]:
 
 
 def print_status(s: dict[str, Any]) -> None:
-    """One job's status object (`batchinf.ledger.status.status`) as a few lines on stderr."""
+    """One job's status object (`batchinf.ledger.status.status`) as a few lines on stdout."""
     c, sh = s["counts"], s["shards"]
     from batchinf.ledger.states import JobStatus
 
+    o = stdout_console()
     color = {JobStatus.SUCCEEDED: "green", JobStatus.FAILED: "red"}.get(s["status"], "yellow")
-    console.print(f"[bold]{s['job_id']}[/bold] {s['name']}: [{color}]{s['status']}[/{color}]", highlight=False)
-    console.print(f"  records  {c['records_succeeded']} ok, {c['records_failed']} errors, "
-                  f"{c['records_total'] if c['records_total'] is not None else '?'} total", highlight=False)
-    console.print(f"  shards   {sh['committed']}/{sh['total']} committed, {sh['running']} running, "
-                  f"{sh['pending']} pending", highlight=False)
-    console.print(f"  bundle   {s['bundle']} ({s['bundle_digest'][:19]}…)", highlight=False)
-    console.print(f"  output   {s['output_uri']}", highlight=False)
+    o.print(f"[bold]{s['job_id']}[/bold] {s['name']}: [{color}]{s['status']}[/{color}]", highlight=False)
+    o.print(f"  records  {c['records_succeeded']} ok, {c['records_failed']} errors, "
+            f"{c['records_total'] if c['records_total'] is not None else '?'} total", highlight=False)
+    o.print(f"  shards   {sh['committed']}/{sh['total']} committed, {sh['running']} running, "
+            f"{sh['pending']} pending", highlight=False)
+    o.print(f"  bundle   {s['bundle']} ({s['bundle_digest']})", highlight=False)
+    o.print(f"  output   {s['output_uri']}", highlight=False)
     if s.get("error"):
-        console.print(f"  [red]error[/red]    {s['error']}", highlight=False)
+        o.print(f"  [red]error[/red]    {s['error']}", highlight=False)

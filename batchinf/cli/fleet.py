@@ -7,21 +7,31 @@ import click
 from batchinf.cli.common import friendly, metrics_port_option
 
 
-@click.command("worker")
+@click.command("worker", context_settings={"ignore_unknown_options": True})
 @click.option("--concurrency", default=1, show_default=True, help="Worker processes.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--threads", type=int, default=None, help="Torch threads per process (default: cores / concurrency).")
+@click.option("--hostname", "-n", default="batchinf@%h", show_default=True,
+              help="The Celery node name, stable across restarts (%h: this host). Several workers on one host "
+              "need one name each, e.g. batchinf-2@%h.")
 @metrics_port_option
+@click.argument("celery_args", nargs=-1, type=click.UNPROCESSED)
 @friendly
-def worker(concurrency: int, device: str, threads: int | None, metrics_port: int | None) -> None:
-    """A Celery worker (distributed mode). Its processes keep loaded bundles cached by digest."""
+def worker(concurrency: int, device: str, threads: int | None, hostname: str, metrics_port: int | None,
+           celery_args: tuple[str, ...]) -> None:
+    """A Celery worker (distributed mode). Its processes keep loaded bundles cached by digest.
+    Options after `--` go to `celery worker` as they are, e.g. `batchinf worker -- --autoscale=4,1
+    --max-tasks-per-child=50`."""
     import os
+
+    from batchinf.config import settings
 
     if metrics_port:
         import tempfile
 
         # before prometheus_client is first imported, so that forked children share the counters
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="batchinf-metrics-")
+        settings.cache_clear()      # `batchinf` (the group) loaded the settings before this variable was set
         from batchinf import metrics
 
         metrics.serve(metrics_port)
@@ -30,11 +40,11 @@ def worker(concurrency: int, device: str, threads: int | None, metrics_port: int
     from batchinf.config import settings
 
     settings.cache_clear()            # the variables just set reach this process's settings too
-    from workers.celery_app import QUEUE, app
+    from batchinf.workers.celery_app import QUEUE, app
 
     app.worker_main(["worker", "--concurrency", str(concurrency), "--pool", "prefork", "-Q", QUEUE,
-                     "--loglevel", "INFO", "--without-gossip", "--without-mingle",
-                     "-n", f"batchinf-{os.getpid()}@%h"])
+                     "--loglevel", settings().log_level or "INFO", "--without-gossip", "--without-mingle",
+                     "-n", hostname, *celery_args])
 
 
 @click.command("controller")
@@ -48,7 +58,6 @@ def worker(concurrency: int, device: str, threads: int | None, metrics_port: int
 def controller(max_in_flight: int, requeue_seconds: float, tick: float, metrics_port: int | None) -> None:
     """Plan, dispatch, recover and publish every job in the ledger (distributed mode). Restartable;
     several may run at once."""
-    import logging
     import signal
     import threading
 
@@ -58,11 +67,10 @@ def controller(max_in_flight: int, requeue_seconds: float, tick: float, metrics_
         from batchinf import metrics
 
         metrics.serve(metrics_port)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    from workers.celery_app import CeleryDispatcher
+    from batchinf.workers.celery_app import CeleryDispatcher
 
     Controller(CeleryDispatcher(requeue_seconds), max_in_flight=max_in_flight, tick_seconds=tick).run_forever(stop)
 

@@ -6,11 +6,11 @@ import sys
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 
-from batchinf.cli.common import (console, emit, friendly, json_option, print_status, progress, tenant_filter,
-                                 tenant_option, ticker)
+from batchinf.cli.common import (console, emit, friendly, json_option, print_status, progress, stdout_console,
+                                 tenant_filter, tenant_option, ticker)
+from batchinf.ledger.states import JobStatus
 
 
 @click.command("run")
@@ -105,7 +105,8 @@ def cancel(job_id: str, as_json: bool, tenant: str | None) -> None:
 
 @click.command("jobs")
 @click.option("--limit", default=50, show_default=True)
-@click.option("--status", "status_is", default=None, help="Only jobs in this state.")
+@click.option("--status", "status_is", type=click.Choice([s.value for s in JobStatus]), default=None,
+              help="Only jobs in this state.")
 @click.option("--name", default=None, help="Only jobs with this manifest name.")
 @click.option("--schedule", default=None, help="Only jobs made by this schedule.")
 @json_option
@@ -121,7 +122,7 @@ def jobs(limit: int, status_is: str | None, name: str | None, schedule: str | No
         for s in rows:
             t.add_row(s["job_id"], s["name"], s["status"], str(s["counts"]["records_succeeded"]),
                       str(s["counts"]["records_failed"]), f"{s['shards']['committed']}/{s['shards']['total']}")
-        Console().print(t)
+        stdout_console().print(t)
 
     emit(list_jobs(limit, tenant=tenant, status_is=status_is, name=name, schedule=schedule), as_json, human)
 
@@ -144,9 +145,15 @@ def verify(job_or_uri: str, as_json: bool) -> None:
         report = verify_output(uri)
     except VerificationError as exc:
         report = {"ok": False, "output_uri": uri, "error": str(exc)}
-    emit(report, as_json, lambda r: console.print(
-        f"[green]ok[/green] {r['output_uri']}: {r['parts']} parts, {r['counts']}" if r["ok"]
-        else f"[red]mismatch[/red] {r['output_uri']}: {r['error']}", highlight=False))
+    def human(r: dict[str, Any]) -> None:
+        if r["ok"]:
+            counts = r["counts"]
+            said = ", ".join(f"{v} {k}" for k, v in counts.items()) if isinstance(counts, dict) else str(counts)
+            stdout_console().print(f"[green]ok[/green] {r['output_uri']}: {r['parts']} parts, {said}", highlight=False)
+        else:   # the result is the mismatch: on stdout too (errors of batchinf itself go to stderr)
+            stdout_console().print(f"[red]mismatch[/red] {r['output_uri']}: {r['error']}", highlight=False)
+
+    emit(report, as_json, human)
     sys.exit(0 if report["ok"] else 1)
 
 

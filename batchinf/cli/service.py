@@ -20,7 +20,8 @@ def serve(host: str, port: int, log_level: str) -> None:
 
     from batchinf.api import create_app
 
-    uvicorn.run(create_app(), host=host, port=port, log_level=log_level, access_log=False)
+    # log_config=None: uvicorn's loggers go through batchinf's one configuration (`--log-format`)
+    uvicorn.run(create_app(), host=host, port=port, log_level=log_level, access_log=False, log_config=None)
 
 
 @click.group("token")

@@ -5,21 +5,24 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from batchinf.config import settings
-from batchinf.errors import TransientError
+from batchinf.errors import ConfigError, TransientError
 
 _engines: dict[tuple[int, str], Engine] = {}
 
 
 def migrations_dir() -> Path:
-    import migrations
+    """The Alembic scripts: batchinf.migrations (found, not imported: its env.py runs under Alembic)."""
+    import importlib.util
 
-    return Path(migrations.__file__).parent
+    spec = importlib.util.find_spec("batchinf.migrations")
+    assert spec is not None and spec.submodule_search_locations, "batchinf.migrations is missing from this install"
+    return Path(list(spec.submodule_search_locations)[0])
 
 
 def _sqlite_engine(url: str) -> Engine:
@@ -57,7 +60,12 @@ def engine(url: str | None = None) -> Engine:
         else:
             if url.startswith("postgresql://"):
                 url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
-            _engines[key] = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+            try:
+                _engines[key] = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+            except ModuleNotFoundError as exc:
+                extra = " install batchinf[postgres] (psycopg)" if "psycopg" in str(exc) else ""
+                raise ConfigError(f"BATCHINF_DATABASE_URL {url.split('@')[-1]} needs {exc.name}, which is not "
+                                  f"installed:{extra or ' install it'}") from exc
         if url.startswith("sqlite"):
             ensure_schema(_engines[key])
     return _engines[key]
@@ -121,6 +129,59 @@ def upgrade(url: str | None = None, revision: str = "head") -> str:
     if url.startswith("sqlite"):
         eng.dispose()
     return current or ""
+
+
+def _raw_engine(url: str) -> Engine:
+    """An engine that does not upgrade the schema on first use (embedded SQLite does)."""
+    if url.startswith("sqlite"):
+        return _sqlite_engine(url)
+    return engine(url)
+
+
+def downgrade(revision: str, url: str | None = None) -> str:
+    """Run Alembic downgrades to `revision` (e.g. "0006" or "-1"); returns the revision now current.
+    An embedded SQLite ledger upgrades itself again on its next use."""
+    from alembic import command
+    from alembic.runtime.migration import MigrationContext
+
+    url = url or settings().database_url
+    eng = _raw_engine(url)
+    with eng.connect() as conn:
+        cfg = alembic_config(url)
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, revision)
+        if conn.in_transaction():
+            conn.commit()
+        current = MigrationContext.configure(conn).get_current_revision()
+    if url.startswith("sqlite"):
+        eng.dispose()
+    return current or ""
+
+
+def state(url: str | None = None) -> dict[str, Any]:
+    """{"current": the ledger's revision (None: empty), "head": this batchinf's, "up_to_date"}."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    url = url or settings().database_url
+    head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+    eng = _raw_engine(url)
+    try:
+        with eng.connect() as conn:
+            current = MigrationContext.configure(conn).get_current_revision()
+    finally:
+        if url.startswith("sqlite"):
+            eng.dispose()
+    return {"current": current, "head": head, "up_to_date": current == head}
+
+
+def history() -> list[dict[str, Any]]:
+    """The migrations this batchinf ships, oldest first."""
+    from alembic.script import ScriptDirectory
+
+    scripts = ScriptDirectory.from_config(alembic_config(settings().database_url))
+    return [{"revision": sc.revision, "down_revision": sc.down_revision, "doc": sc.doc}
+            for sc in reversed(list(scripts.walk_revisions()))]
 
 
 def ensure_schema(eng: Engine) -> None:

@@ -40,7 +40,8 @@ def _take(conn: Connection, shard_id: str, job_id: str, worker: str, lease_secon
     number = conn.execute(update(shards)
                           .where(shards.c.id == shard_id, shards.c.status == ShardStatus.QUEUED.value)
                           .values(status=ShardStatus.RUNNING.value, attempt=_next_attempt(shard_id),
-                                  lease_owner=worker, lease_expires_at=t + lease_seconds, updated_at=t)
+                                  lease_owner=worker, lease_expires_at=t + lease_seconds, updated_at=t,
+                                  progress_records=0)
                           .returning(shards.c.attempt)).scalar()
     if number is None:
         return None
@@ -112,9 +113,10 @@ def _live(lease: Lease) -> Any:
                     attempts.c.status == AttemptStatus.RUNNING.value).exists())
 
 
-def heartbeat(lease: Lease, lease_seconds: float) -> bool:
-    """Extend the lease; False when the attempt can no longer commit (fenced off, superseded,
-    or its job stopped): the worker then stops working on it."""
+def heartbeat(lease: Lease, lease_seconds: float, progress_records: int | None = None) -> bool:
+    """Extend the lease (and, from the attempt holding the shard, record how many of its records
+    are done: the status counts them before the shard commits); False when the attempt can no
+    longer commit (fenced off, superseded, or its job stopped): the worker then stops working on it."""
     t = now()
     with tx() as conn:
         if conn.execute(select(jobs.c.status).where(jobs.c.id == lease.job_id)).scalar() != JobStatus.RUNNING:
@@ -122,7 +124,8 @@ def heartbeat(lease: Lease, lease_seconds: float) -> bool:
         if conn.execute(select(shards.c.id).where(_live(lease))).first() is None:
             return False
         conn.execute(update(shards).where(shards.c.id == lease.shard_id, shards.c.attempt == lease.attempt)
-                     .values(lease_expires_at=t + lease_seconds))
+                     .values(lease_expires_at=t + lease_seconds,
+                             **({} if progress_records is None else {"progress_records": progress_records})))
         conn.execute(update(attempts)
                      .where(attempts.c.shard_id == lease.shard_id, attempts.c.number == lease.attempt)
                      .values(heartbeat_at=t))

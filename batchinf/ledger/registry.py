@@ -22,8 +22,20 @@ def add(digest: str, name: str, uri: str, task: str, family: str, meta: str, ali
 
 
 def _set_alias(conn: Connection, name: str, alias: str, digest: str) -> None:
-    if conn.execute(select(bundles.c.digest).where(bundles.c.digest == digest)).first() is None:
+    """Point NAME@ALIAS at `digest`: a bundle of the same task as NAME's other bundles (the ones
+    named NAME and the ones its aliases point at), so a manifest's `bundle:` never silently changes task."""
+    target = conn.execute(select(bundles.c.name, bundles.c.task).where(bundles.c.digest == digest)).first()
+    if target is None:
         raise BundleError(f"no bundle with digest {digest}; see `batchinf bundle list`")
+    others = conn.execute(select(bundles.c.digest, bundles.c.task).where(
+        (bundles.c.name == name) | bundles.c.digest.in_(
+            select(bundle_aliases.c.digest).where(bundle_aliases.c.name == name, bundle_aliases.c.alias != alias)))
+    ).all()
+    clash = sorted({task for d, task in others if task != target.task})
+    if clash:
+        raise BundleError(f"{name}@{alias} cannot point at {digest}: that is a {target.task} bundle "
+                          f"({target.name}), and {name}'s bundles are {', '.join(clash)}; "
+                          f"use another name, e.g. {target.name}@{alias}")
     if not conn.execute(update(bundle_aliases).where(bundle_aliases.c.name == name, bundle_aliases.c.alias == alias)
                         .values(digest=digest, updated_at=now())).rowcount:
         conn.execute(insert(bundle_aliases).values(name=name, alias=alias, digest=digest, updated_at=now()))
@@ -62,3 +74,14 @@ def all_bundles() -> list[BundleInfo]:
     with tx() as conn:
         digests = conn.execute(select(bundles.c.digest).order_by(bundles.c.name, bundles.c.created_at)).scalars().all()
     return [get(d) for d in digests]
+
+
+def meta(digest: str) -> dict:
+    """The bundle's bundle.json as imported (stored verbatim in the registry)."""
+    import json
+
+    with tx() as conn:
+        raw = conn.execute(select(bundles.c.meta).where(bundles.c.digest == digest)).scalar()
+    if raw is None:
+        raise BundleError(f"no bundle with digest {digest}")
+    return json.loads(raw)

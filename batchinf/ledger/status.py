@@ -19,8 +19,9 @@ from batchinf.ledger.events import now
 from batchinf.checks import clip
 from batchinf.ledger.jobs import row as job_row
 from batchinf.ledger.models import ERROR_ID_CHARS, ERROR_MESSAGE_CHARS
-from batchinf.ledger.states import JOB_ACTIVE, JOB_TERMINAL, SHARD_DONE, SHARD_WAITING, ShardStatus, values
-from batchinf.ledger.tables import attempts, jobs, record_errors, schedule_runs, shards
+from batchinf.ledger.states import (ATTEMPT_LOSERS, JOB_ACTIVE, JOB_TERMINAL, SHARD_DONE, SHARD_WAITING, AttemptStatus,
+                                    ShardStatus, values)
+from batchinf.ledger.tables import attempts, bundles, job_events, jobs, record_errors, schedule_runs, shards
 
 
 def status(job_id: str, *, tenant: str | None = None) -> dict[str, Any]:
@@ -51,6 +52,10 @@ def statuses(rows: list[Any]) -> list[dict[str, Any]]:
                 shards.c.output_rows, shards.c.error_rows, shards.c.num_records, shards.c.tokens_input,
                 shards.c.tokens_real, shards.c.tokens_padded)))
             .where(shards.c.job_id.in_(ids), committed).group_by(shards.c.job_id)).all()}
+        running = dict(conn.execute(   # records finished inside running shards (their heartbeats)
+            select(shards.c.job_id, func.coalesce(func.sum(shards.c.progress_records), 0))
+            .where(shards.c.job_id.in_(ids), shards.c.status == ShardStatus.RUNNING.value)
+            .group_by(shards.c.job_id)).all())
         seconds = dict(conn.execute(
             select(shards.c.job_id, func.coalesce(func.sum(span), 0.0)).select_from(attempts)
             .join(shards, shards.c.id == attempts.c.shard_id).where(shards.c.job_id.in_(ids))
@@ -59,12 +64,16 @@ def statuses(rows: list[Any]) -> list[dict[str, Any]]:
                 select(record_errors.c.job_id, record_errors.c.error, func.count())
                 .where(record_errors.c.job_id.in_(ids)).group_by(record_errors.c.job_id, record_errors.c.error)).all():
             by_code[job_id][code] = n
-    return [_status(r, counts[r.id], sums.get(r.id, (0,) * 6), seconds.get(r.id, 0.0), by_code[r.id]) for r in rows]
+    return [_status(r, counts[r.id], sums.get(r.id, (0,) * 6), seconds.get(r.id, 0.0), by_code[r.id],
+                    int(running.get(r.id, 0))) for r in rows]
 
 
 def _status(row: Any, counts: dict[str, int], agg: tuple[Any, ...], worker_seconds: float,
-            by_code: dict[str, int]) -> dict[str, Any]:
+            by_code: dict[str, int], in_running: int = 0) -> dict[str, Any]:
+    """`counts.records_done` is the committed shards' records plus those the running shards'
+    heartbeats report done (a generate shard shows progress before it commits)."""
     ok, failed, done, tok_in, tok_real, tok_padded = (int(v) for v in agg)
+    done += in_running
     total = sum(counts.values())
     t = now()
     elapsed = ((row.finished_at or t) - row.started_at) if row.started_at else None
@@ -222,35 +231,50 @@ def page_errors(job_id: str, *, tenant: str | None = None, limit: int = 100, cur
     return items, encode_cursor(rows[len(items) - 1].id) if more and items else None
 
 
-def metrics_snapshot(window_seconds: float) -> dict[str, list[Any]]:
+def metrics_snapshot(window_seconds: float) -> dict[str, Any]:
     """The ledger's aggregates for the Prometheus collector, one statement each: jobs by tenant and
-    status; recent jobs (active, or finished within `window_seconds`) and their shard sums by
-    status; committed-shard sums per bundle; attempts by status; retries; quarantined shards;
-    error rows by code; schedule runs."""
-    s = shards.c
+    status (and every tenant, so that empty states read 0); recent jobs (active, or finished within
+    `window_seconds`) and their shard sums by status; committed-shard sums per bundle and the
+    bundles' names; attempt outcomes from the audit log (failed, lost, superseded from `attempt`
+    events, committed from shards' `committed` events: counts that only grow); leases expired (lost
+    attempts whose error is a lost lease); attempts running now; retries; quarantined shards; error
+    rows by code; schedule runs."""
+    s, ev = shards.c, job_events.c
     sums = (func.count(), func.coalesce(func.sum(s.num_records), 0), func.coalesce(func.sum(s.output_rows), 0),
             func.coalesce(func.sum(s.error_rows), 0), func.coalesce(func.sum(s.tokens_input), 0),
             func.coalesce(func.sum(s.tokens_real), 0), func.coalesce(func.sum(s.tokens_padded), 0),
             func.coalesce(func.sum(s.execute_seconds), 0.0))
     recent = (jobs.c.status.in_(values(JOB_ACTIVE))
               | (func.coalesce(jobs.c.finished_at, jobs.c.updated_at) >= time.time() - window_seconds))
+    losers = values(ATTEMPT_LOSERS)
     with tx() as conn:
         job_rows = conn.execute(select(jobs.c.id, jobs.c.tenant, jobs.c.name, jobs.c.bundle_digest,
                                        jobs.c.status, jobs.c.records_total).where(recent)).all()
         ids = [r.id for r in job_rows]
+        outcomes = dict(conn.execute(select(ev.to_status, func.count()).where(
+            ev.kind == "attempt", ev.to_status.in_(losers)).group_by(ev.to_status)).all())
+        outcomes[AttemptStatus.COMMITTED.value] = conn.execute(select(func.count()).where(
+            ev.kind == "shard", ev.to_status == ShardStatus.COMMITTED.value)).scalar()
         return {
+            "tenants": conn.execute(select(jobs.c.tenant).distinct()).scalars().all(),
             "by_status": conn.execute(select(jobs.c.tenant, jobs.c.status, func.count())
                                       .group_by(jobs.c.tenant, jobs.c.status)).all(),
             "jobs": job_rows,
-            "per_job": conn.execute(select(s.job_id, s.status, *sums).where(s.job_id.in_(ids))
-                                    .group_by(s.job_id, s.status)).all() if ids else [],
+            "per_job": conn.execute(select(s.job_id, s.status, *sums, func.coalesce(func.sum(s.progress_records), 0))
+                                    .where(s.job_id.in_(ids)).group_by(s.job_id, s.status)).all() if ids else [],
             "per_bundle": conn.execute(select(jobs.c.bundle_digest, *sums).join(jobs, jobs.c.id == s.job_id)
                                        .where(s.status == ShardStatus.COMMITTED.value)
                                        .group_by(jobs.c.bundle_digest)).all(),
-            "attempts": conn.execute(select(attempts.c.status, func.count()).group_by(attempts.c.status)).all(),
-            "retries": [conn.execute(select(func.count()).where(attempts.c.number > 1)).scalar()],
-            "quarantined": [conn.execute(select(func.count()).where(
-                s.status == ShardStatus.QUARANTINED.value)).scalar()],
+            "bundles": conn.execute(select(bundles.c.digest, bundles.c.name, bundles.c.task)).all(),
+            "attempt_outcomes": sorted((o, outcomes.get(o, 0)) for o in [*losers, AttemptStatus.COMMITTED.value]),
+            "leases_expired": conn.execute(select(func.count()).where(
+                ev.kind == "attempt", ev.to_status == AttemptStatus.LOST.value,
+                ev.detail.like('%"error": "lease lost%'))).scalar(),
+            "attempts_running": conn.execute(select(func.count()).where(
+                attempts.c.status == AttemptStatus.RUNNING.value)).scalar(),
+            "retries": conn.execute(select(func.count()).where(attempts.c.number > 1)).scalar(),
+            "quarantined": conn.execute(select(func.count()).where(
+                s.status == ShardStatus.QUARANTINED.value)).scalar(),
             "errors": conn.execute(select(record_errors.c.error, func.count())
                                    .group_by(record_errors.c.error)).all(),
             "schedule_runs": conn.execute(select(schedule_runs.c.schedule, func.count())

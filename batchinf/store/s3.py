@@ -1,7 +1,14 @@
 """s3:// backend (AWS, MinIO, moto) on boto3.
 
-Endpoint from ``BATCHINF_S3_ENDPOINT_URL`` (unset: AWS), region from ``AWS_DEFAULT_REGION`` (default us-east-1),
-credentials from the usual AWS_* chain. Clients are created lazily and per process (forked workers make their own).
+Endpoint from ``BATCHINF_S3_ENDPOINT_URL`` (unset: AWS). Region: ``BATCHINF_S3_REGION``, else ``AWS_REGION``,
+else boto3's own chain (``AWS_DEFAULT_REGION``, the profile's ``region``), and us-east-1 only when nothing is
+configured. Credentials from the usual AWS chain. Clients are created lazily and per process (forked workers make
+their own).
+
+Uploads carry the SHA-256 of their bytes as the object checksum (``ChecksumSHA256``, which S3 verifies on receipt;
+above SINGLE_PUT_MAX, a multipart upload with per-part SHA-256 checksums), and the operator's options:
+``BATCHINF_S3_SSE`` / ``BATCHINF_S3_SSE_KMS_KEY_ID`` (SSE-S3 or SSE-KMS), ``BATCHINF_S3_EXPECTED_BUCKET_OWNER``
+(sent with every request) and ``BATCHINF_S3_PUT_EXTRA`` (more PutObject arguments, e.g. StorageClass).
 
 Listing uses ListObjectVersions (latest versions only): one request per 1000 versions yields key, size, ETag and
 VersionId from one consistent record, instead of a HeadObject per object. Where a store refuses it (no
@@ -12,7 +19,9 @@ instead of reading the old version.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import os
 import tempfile
 import threading
@@ -35,7 +44,9 @@ _CHANGED = _MISSING | {"412", "PreconditionFailed", "NoSuchVersion"}
 _TRANSIENT = {"SlowDown", "RequestTimeout", "RequestTimeTooSkewed", "Throttling", "ThrottlingException"}
 _NO_VERSION_LISTING = {"AccessDenied", "NotImplemented", "MethodNotAllowed", "InvalidRequest"}
 
-_clients: dict[tuple[int, str | None, str], Any] = {}
+SINGLE_PUT_MAX = 1 << 30  # files up to this size go in one PutObject with their full-object SHA-256
+_clients: dict[tuple[int, int, str | None, str | None], Any] = {}
+_for: list[Any] = [None]   # the settings object _clients were made for
 _lock = threading.Lock()
 os.register_at_fork(after_in_child=lambda: globals().update(_lock=threading.Lock()))
 
@@ -43,20 +54,52 @@ os.register_at_fork(after_in_child=lambda: globals().update(_lock=threading.Lock
 def client() -> Any:
     """This process's S3 client for the current endpoint and region (cached by pid)."""
     s = settings()
-    endpoint, region = s.s3_endpoint_url, s.s3_region
-    key = (os.getpid(), endpoint, region)
+    endpoint = s.s3_endpoint_url
+    if _for[0] is not s:    # settings reloaded (tests): the region chain may resolve differently
+        _for[0] = s
+        _clients.clear()
+    key = (os.getpid(), 0, endpoint, s.s3_region)
     if key not in _clients:
         with _lock:
             if key not in _clients:
+                session = boto3.session.Session()
+                region = s.s3_region or session.region_name or "us-east-1"
                 config = Config(
                     retries={"max_attempts": 8, "mode": "adaptive"},
                     connect_timeout=5,
                     read_timeout=60,
                     s3={"addressing_style": "path"} if endpoint else None,
                 )
-                session = boto3.session.Session()
                 _clients[key] = session.client("s3", endpoint_url=endpoint, region_name=region, config=config)
     return _clients[key]
+
+
+def _owner() -> dict[str, str]:
+    """ExpectedBucketOwner for every request, when the operator set one."""
+    owner = settings().s3_expected_bucket_owner
+    return {"ExpectedBucketOwner": owner} if owner else {}
+
+
+def put_args() -> dict[str, Any]:
+    """The operator's arguments for every upload: encryption, bucket owner, extra PutObject arguments."""
+    s = settings()
+    args: dict[str, Any] = {**_owner(), **s.s3_put_extra}
+    if s.s3_sse or s.s3_sse_kms_key_id:
+        args["ServerSideEncryption"] = s.s3_sse or "aws:kms"
+    if s.s3_sse_kms_key_id:
+        args["SSEKMSKeyId"] = s.s3_sse_kms_key_id
+    return args
+
+
+def _sha256_b64(data: bytes | None = None, path: Path | None = None) -> str:
+    h = hashlib.sha256()
+    if data is not None:
+        h.update(data)
+    else:
+        with open(path, "rb") as f:  # type: ignore[arg-type]
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    return base64.b64encode(h.digest()).decode()
 
 
 def _code(exc: ClientError) -> tuple[str, int]:
@@ -115,7 +158,7 @@ class S3Store(Store):
             try:
                 pins = [
                     ObjectPin(f"s3://{bucket}/{v['Key']}", v["Size"], v["ETag"].strip('"'), _version(v.get("VersionId")))
-                    for page in client().get_paginator("list_object_versions").paginate(Bucket=bucket, Prefix=key)
+                    for page in client().get_paginator("list_object_versions").paginate(Bucket=bucket, Prefix=key, **_owner())
                     for v in page.get("Versions", [])
                     if v["IsLatest"] and not v["Key"].endswith("/")
                 ]
@@ -124,7 +167,7 @@ class S3Store(Store):
                     raise
                 pins = [
                     ObjectPin(f"s3://{bucket}/{o['Key']}", o["Size"], o["ETag"].strip('"'), None)
-                    for page in client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key)
+                    for page in client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key, **_owner())
                     for o in page.get("Contents", [])
                     if not o["Key"].endswith("/")
                 ]
@@ -133,7 +176,7 @@ class S3Store(Store):
     def head(self, uri: str, version_id: str | None = None) -> ObjectPin:
         bucket, key = _bucket_key(uri)
         with _errors("HeadObject", uri):
-            r = client().head_object(Bucket=bucket, Key=key,
+            r = client().head_object(Bucket=bucket, Key=key, **_owner(),
                                      **({"VersionId": version_id} if version_id else {}))
         return ObjectPin(uri, r["ContentLength"], r["ETag"].strip('"'), _version(r.get("VersionId")))
 
@@ -145,7 +188,7 @@ class S3Store(Store):
         with tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY) as spool:
             with _errors("GetObject", pin.uri):
                 try:
-                    r = client().get_object(Bucket=bucket, Key=key, **exact)
+                    r = client().get_object(Bucket=bucket, Key=key, **exact, **_owner())
                 except ClientError as exc:
                     if _code(exc)[0] in _CHANGED or _code(exc)[1] in (404, 412):
                         raise changed_error(pin, self._current_etag(pin.uri)) from exc
@@ -170,35 +213,47 @@ class S3Store(Store):
     def get_bytes(self, uri: str) -> bytes:
         bucket, key = _bucket_key(uri)
         with _errors("GetObject", uri):
-            return client().get_object(Bucket=bucket, Key=key)["Body"].read()
+            return client().get_object(Bucket=bucket, Key=key, **_owner())["Body"].read()
 
     def put_bytes(self, uri: str, data: bytes) -> None:
         bucket, key = _bucket_key(uri)
         with _errors("PutObject", uri):
-            client().put_object(Bucket=bucket, Key=key, Body=data)
+            client().put_object(Bucket=bucket, Key=key, Body=data, ChecksumAlgorithm="SHA256",
+                                ChecksumSHA256=_sha256_b64(data), **put_args())
 
     def put_file(self, uri: str, path: str | Path) -> None:
         bucket, key = _bucket_key(uri)
+        local = as_path(path)
         with _errors("PutObject", uri):
-            client().upload_file(str(as_path(path)), bucket, key)
+            if local.stat().st_size <= SINGLE_PUT_MAX:
+                checksum = _sha256_b64(path=local)
+                with open(local, "rb") as body:
+                    client().put_object(Bucket=bucket, Key=key, Body=body, ChecksumAlgorithm="SHA256",
+                                        ChecksumSHA256=checksum, **put_args())
+            else:
+                client().upload_file(str(local), bucket, key, ExtraArgs={"ChecksumAlgorithm": "SHA256", **put_args()})
 
     def download_file(self, uri: str, path: str | Path) -> None:
         """s3transfer writes a temp file next to ``path`` and renames it, so ``path`` is never partial."""
         bucket, key = _bucket_key(uri)
         with _errors("GetObject", uri):
             as_path(path).parent.mkdir(parents=True, exist_ok=True)
-            client().download_file(bucket, key, str(as_path(path)))
+            client().download_file(bucket, key, str(as_path(path)), ExtraArgs=_owner() or None)
 
     def copy(self, src_uri: str, dst_uri: str) -> None:
         (src_bucket, src_key), (dst_bucket, dst_key) = _bucket_key(src_uri), _bucket_key(dst_uri)
         with _errors("CopyObject", src_uri):
-            client().copy({"Bucket": src_bucket, "Key": src_key}, dst_bucket, dst_key)
+            extra = put_args()
+            if extra.get("ExpectedBucketOwner"):
+                extra["ExpectedSourceBucketOwner"] = extra["ExpectedBucketOwner"]
+            client().copy({"Bucket": src_bucket, "Key": src_key}, dst_bucket, dst_key,
+                          ExtraArgs={"ChecksumAlgorithm": "SHA256", **extra})
 
     def delete(self, uri: str) -> None:
         """On a versioned bucket this adds a delete marker; pins with a VersionId still read their version."""
         bucket, key = _bucket_key(uri)
         with _errors("DeleteObject", uri):
-            client().delete_object(Bucket=bucket, Key=key)
+            client().delete_object(Bucket=bucket, Key=key, **_owner())
 
     def delete_prefix(self, prefix_uri: str) -> None:
         bucket, key = _bucket_key(prefix_uri)
@@ -208,7 +263,7 @@ class S3Store(Store):
             keys = ([key] if key != under else []) + [o["Key"] for p in pages for o in p.get("Contents", [])]
             for i in range(0, len(keys), 1000):
                 batch = [{"Key": k} for k in keys[i : i + 1000]]
-                r = client().delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True})
+                r = client().delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True}, **_owner())
                 if r.get("Errors"):
                     e = r["Errors"][0]
                     raise StoreError(f"S3 DeleteObjects {prefix_uri}: {len(r['Errors'])} failed, e.g. {e['Key']}: {e['Code']}")

@@ -266,20 +266,23 @@ def test_job_lifecycle_through_the_api(svc: Service, monkeypatch: pytest.MonkeyP
         assert job["job_id"] not in {j["job_id"] for j in other.get("/v1/jobs").json()["items"]}
 
     samples = _metrics(svc)
-    lab = {"job": job["job_id"], "tenant": "acme"}
+    lab = {"job_id": job["job_id"]}
+    bundle = {"bundle_id": svc.bundle_digest.removeprefix("sha256:")[:12]}
+    assert _sample(samples, "batchinf_job_info", tenant="acme", bundle_digest=svc.bundle_digest, **lab) == 1
     assert _sample(samples, "batchinf_job_records", outcome="succeeded", **lab) == 300
     assert _sample(samples, "batchinf_job_records", outcome="failed", **lab) == 6
-    assert _sample(samples, "batchinf_job_records", outcome="total", **lab) == 306
+    assert _sample(samples, "batchinf_job_records_planned", **lab) == 306
     assert _sample(samples, "batchinf_job_shards", status="committed", **lab) == sh["total"]
+    assert _sample(samples, "batchinf_job_shards", status="failed", **lab) == 0      # zeros are present
     assert _sample(samples, "batchinf_job_queue_depth", **lab) == 0
-    assert _sample(samples, "batchinf_job_padding_efficiency", **lab) == pytest.approx(tok["padding_efficiency"])
-    assert _sample(samples, "batchinf_job_tokens", kind="padded", **lab) == tok["padded"]
-    assert _sample(samples, "batchinf_bundle_records_total", bundle=svc.bundle_digest, outcome="succeeded") >= 300
-    assert _sample(samples, "batchinf_bundle_shard_seconds_count", bundle=svc.bundle_digest) >= sh["total"]
+    assert _sample(samples, "batchinf_job_padding_efficiency_ratio", **lab) == pytest.approx(tok["padding_efficiency"])
+    assert _sample(samples, "batchinf_job_padded_tokens", **lab) == tok["padded"]
+    assert _sample(samples, "batchinf_bundle_records_total", outcome="succeeded", **bundle) >= 300
+    assert _sample(samples, "batchinf_bundle_shard_seconds_count", **bundle) >= sh["total"]
     assert _sample(samples, "batchinf_jobs", tenant="acme", status="succeeded") >= 1
-    assert _sample(samples, "batchinf_attempts_total", status="committed") >= sh["total"]
-    for name in ("batchinf_leases_expired_total", "batchinf_retries_total", "batchinf_quarantined_records_total",
-                 "batchinf_queue_depth"):
+    assert _sample(samples, "batchinf_attempts_total", outcome="committed") >= sh["total"]
+    for name in ("batchinf_leases_expired_total", "batchinf_retries_total", "batchinf_quarantined_shards_total",
+                 "batchinf_queue_depth", "batchinf_attempts_running"):
         assert _sample(samples, name) >= 0
     assert _sample(samples, "batchinf_api_requests_total", method="GET", route="/v1/jobs/{job_id}", status="200") >= len(seen)
 

@@ -52,7 +52,7 @@ class Cluster:
 
     def worker(self, name: str, **extra_env: str) -> subprocess.Popen:
         return self.start(name, "worker", "--concurrency", "1", "--threads", "1", "--device", "cpu",
-                          extra_env=extra_env)
+                          "--hostname", f"{name}@%h", extra_env=extra_env)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         p = self.procs.pop(name)

@@ -136,6 +136,21 @@ def test_set_alias_validates(bi_home: Path, tiny_bundle: str) -> None:
     assert resolve_ref("tiny@stable") == tiny_bundle
 
 
+def test_alias_refuses_a_bundle_of_another_task(bi_home: Path, tiny_bundle: str, tmp_path: Path) -> None:
+    """`bundle alias tiny@x <a generate bundle>` would silently turn `bundle: tiny@x` into a
+    generate job: refused, naming both tasks; the same bundle under its own name is fine."""
+    from tests.helpers.tiny_llama import make_tiny_llama
+
+    gen = import_bundle(make_tiny_llama(tmp_path / "llama"), "tinyllama").digest
+    with pytest.raises(BundleError, match=r"tiny@x cannot point at .*generate bundle.*tiny's bundles are embed"):
+        set_alias("tiny@x", gen)
+    with pytest.raises(BundleError, match="embed bundle"):
+        set_alias("tinyllama@prod", tiny_bundle)
+    assert resolve_ref("tiny@prod") == tiny_bundle
+    set_alias("tinyllama@prod", gen)
+    assert resolve_ref("tinyllama@prod") == gen
+
+
 # --- load-time verification ------------------------------------------------------------------------
 
 
@@ -351,3 +366,19 @@ def test_cli_import_pickle_dir_exits_2(bi_home: Path, tiny_model_dir: Path) -> N
     assert r.exit_code == 2
     err = r.stderr.strip()
     assert len(err.splitlines()) == 1 and "weights.ckpt" in err and "Traceback" not in r.output
+
+
+def test_submit_refuses_max_length_above_the_bundle(bi_home: Path, tiny_bundle: str, tmp_path: Path) -> None:
+    """`max_length: 100000` used to be clamped without a word: now a manifest error naming the limit."""
+    from batchinf.errors import ManifestError
+    from batchinf.ledger.registry import meta
+    from batchinf.manifest import parse_manifest
+    from batchinf.submit import submit
+    from tests.helpers.corpus import manifest
+
+    limit = meta(tiny_bundle)["max_length"]
+    m = manifest(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), options={"max_length": 100000})
+    with pytest.raises(ManifestError, match=rf"options.max_length 100000 exceeds bundle tiny@prod's max length {limit}"):
+        submit(parse_manifest(m))
+    job_id, created = submit(parse_manifest(dict(m, options={"max_length": limit})))
+    assert created and job_id.startswith("job-")

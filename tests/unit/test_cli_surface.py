@@ -21,9 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 TREE: dict[str, set[str]] = {
     "": {"run", "submit", "status", "cancel", "jobs", "verify", "bundle", "db", "serve", "token", "schedule",
-         "scheduler", "worker", "controller", "tenant"},
+         "scheduler", "worker", "controller", "tenant", "info"},
     "bundle": {"import", "import-gguf", "list", "verify", "alias"},
-    "db": {"upgrade"},
+    "db": {"upgrade", "current", "history", "downgrade", "check"},
     "token": {"create", "list", "revoke"},
     "schedule": {"add", "list", "pause", "resume", "backfill"},
     "tenant": {"grant", "revoke", "show", "limit"},
@@ -121,7 +121,7 @@ def test_json_result_on_stdout(bi_home: Path) -> None:
 
 def test_import_stays_light() -> None:
     """`batchinf --help` must not pay for torch, pyarrow, SQLAlchemy, FastAPI or Celery."""
-    heavy = ["torch", "pyarrow", "numpy", "sqlalchemy", "fastapi", "celery", "uvicorn", "workers"]
+    heavy = ["torch", "pyarrow", "numpy", "sqlalchemy", "fastapi", "celery", "uvicorn", "batchinf.workers"]
     code = ("import sys, batchinf.cli; "
             f"print(','.join(m for m in {heavy!r} if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
