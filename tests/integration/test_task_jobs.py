@@ -104,7 +104,7 @@ def test_classify_job_labels(tmp_path: Path, bi_home: Path) -> None:
     rng = np.random.default_rng(1)
     rows = [{"id": f"t{i}", "text": _text(rng, heavy=True)} for i in range(80)]
     _write(tmp_path / "in" / "classify" / "t.jsonl", rows[:10] + [{"id": "e", "text": ""}] + rows[10:])
-    out, job_id = _run(tmp_path, "cls", "classify", {}, {"top_k": 2})
+    out, job_id = _run(tmp_path, "cls-out", "classify", {}, {"top_k": 2})
     res, errs = _read(out)
     assert [(e["record_id"], e["error"]) for e in errs] == [("e", "empty_text")]
     assert len(res) == 80
