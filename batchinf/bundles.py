@@ -14,6 +14,7 @@ from batchinf.ledger import registry
 from batchinf.ledger.models import BundleInfo
 from batchinf.runtime import bundle as rb
 from batchinf.store import get_store, join, split_uri
+from batchinf.tasks import build_meta, get_task
 
 
 def import_bundle(src: str | Path, name: str, *, alias: str | None = None,
@@ -22,7 +23,7 @@ def import_bundle(src: str | Path, name: str, *, alias: str | None = None,
     src = Path(src)
     if not src.is_dir():
         raise BundleError(f"{src} is not a directory of model files")
-    meta = rb.build_meta(src, max_length=max_length, dtype=dtype)
+    meta = build_meta(src, max_length=max_length, dtype=dtype)
     digest = rb.digest_of(meta)
     uri = join(settings().bundle_store, digest.removeprefix("sha256:"))
     scheme, _, path = split_uri(uri)
@@ -96,22 +97,18 @@ _loaded: dict[tuple[str, str, bool], Any] = {}
 
 def open_runtime(digest: str, *, device: str = "cpu", with_model: bool = True) -> Any:
     """Load a bundle once per process: every digest and fixture is verified before it is returned.
-    An EmbedRuntime for task "embed", a GenerateRuntime for task "generate"."""
+    The runtime is the bundle's task's (an EmbedRuntime, a GenerateRuntime, ...)."""
     key = (digest, device, with_model)
     if key not in _loaded:
         root = local_dir(digest)
         meta = rb.read_meta(root)
         rb.verify_files(root, meta, digest)
-        if meta.get("task") == "generate":
-            from batchinf.runtime.generate import GenerateRuntime
-
-            runtime = GenerateRuntime(root, meta, device=device)
-        else:
-            runtime = rb.EmbedRuntime(root, meta, device=device)
+        task = get_task(meta.get("task", "embed"))
+        runtime = task.open_runtime(root, meta, device)
         rb.verify_tokenizer_fixtures(runtime)
         if with_model:
             runtime.load_model()
-            rb.verify_model_fixtures(runtime)
+            task.verify_model(runtime)
         _loaded[key] = runtime
     return _loaded[key]
 

@@ -11,7 +11,7 @@ import argparse
 import hashlib
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Union
 
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
                       model_validator)
@@ -19,24 +19,23 @@ from pydantic.json_schema import GenerateJsonSchema
 
 from batchinf.documents import DocumentError, parse_document
 from batchinf.errors import ManifestError
-from batchinf.manifest_rules import (BOOLEAN, DURATION, KEY, NULL_IS_DEFAULT, OUTPUT, POSITIVE, STOP, STRING,
-                                     TEXT, TOKEN_IDS, Refused, choice, integer, manifest_error, nullable, number,
-                                     parse_duration)
+from batchinf.manifest_rules import (DURATION, KEY, NULL_IS_DEFAULT, OUTPUT, POSITIVE, STRING, TEXT, Part,
+                                     Refused, choice, integer, manifest_error, nullable, parse_duration)
+from batchinf.tasks import TASKS as TASK_REGISTRY
+from batchinf.tasks import EmbedOptions, GenerateOptions
+from batchinf.tasks.embed import DEVICES
 
 __all__ = ["DEVICES", "FORMATS", "TASKS", "EmbedOptions", "GenerateOptions", "InputSpec", "JobManifest",
            "ShardSpec", "job_schema", "load_manifest", "manifest_from_dict", "parse_duration", "parse_manifest",
            "schema_text"]
 
-TASKS = ("embed", "generate")
+TASKS = tuple(TASK_REGISTRY)
 FORMATS = ("jsonl", "parquet", "openai-batch")
-DEVICES = ("auto", "cpu", "cuda")
+LATER_INPUT_FIELDS = ("query_field", "document_field", "documents_field", "image_field")
 NOT_A_MAPPING = "a job manifest must be a mapping with name, task, bundle, input and output"
 
 
-class _Part(BaseModel):
-    """A manifest or a part of one: immutable, unknown keys refused. (Built in Python with a bad
-    value, a part raises pydantic's ValidationError; a document gets ManifestError.)"""
-    model_config = ConfigDict(extra="forbid", frozen=True)
+_Part = Part
 
 
 class InputSpec(_Part):
@@ -58,13 +57,18 @@ class InputSpec(_Part):
         None, description="generate, instead of a prompt: the field holding chat messages [{role, content}], "
                           "rendered with the bundle's chat template")
 
+    query_field: Annotated[str | None, nullable(STRING)] = Field(
+        None, description='score: the field holding the query (default "query")')
+    document_field: Annotated[str | None, nullable(STRING)] = Field(
+        None, description='score, one pair per record: the field holding the document (default "document")')
+    documents_field: Annotated[str | None, nullable(STRING)] = Field(
+        None, description="score, one query per record: the field holding its list of documents")
+    image_field: Annotated[str | None, nullable(STRING)] = Field(
+        None, description='classify_image: the field holding the image, bytes or an object URI (default "image")')
+
     def value_field(self, task: str) -> tuple[str, str]:
-        """(field name, kind) a jsonl/parquet record is read by: kind is text, prompt or messages."""
-        if task == "embed":
-            return self.text_field, "text"
-        if self.messages_field:
-            return self.messages_field, "messages"
-        return self.prompt_field or "prompt", "prompt"
+        """(field name, kind) a jsonl/parquet record is read by: kind text, prompt, messages or record."""
+        return TASK_REGISTRY[task].read_as(self)
 
 
 class ShardSpec(_Part):
@@ -73,39 +77,11 @@ class ShardSpec(_Part):
     max_tokens: Annotated[int, POSITIVE] = Field(1_000_000, description="input tokens per shard, at most")
 
 
-class EmbedOptions(_Part):
-    """Options of task embed."""
-    max_length: Annotated[int | None, nullable(POSITIVE)] = Field(
-        None, description="tokens kept per record; default and ceiling: the bundle's max length")
-    max_batch_tokens: Annotated[int, POSITIVE] = Field(
-        2048, description="padded tokens per forward batch (the CPU sweet spot)")
-    truncate: Annotated[bool, BOOLEAN] = Field(
-        True, description="false: over-long records become error rows (too_long) instead of being truncated")
-    device: Annotated[str, choice(DEVICES)] = "auto"
+OPTIONS: dict[str, type[Part]] = {name: t.options for name, t in TASK_REGISTRY.items()}
+TaskOptions = Union[tuple(OPTIONS.values())]  # type: ignore[valid-type]  # noqa: UP007 -- built from the registry
 
 
-class GenerateOptions(_Part):
-    """Options of task generate."""
-    max_tokens: Annotated[int, POSITIVE] = Field(256, description="generated tokens per record, at most")
-    temperature: Annotated[float, number(0, 2)] = Field(0.0, description="0: greedy")
-    top_k: Annotated[int, integer(0)] = Field(0, description="0: off")
-    top_p: Annotated[float, number(0, 1, lo_open=True)] = 1.0
-    seed: Annotated[int, integer(0)] = Field(
-        0, description="job seed; each record samples with a seed derived from it and the record's id")
-    stop: Annotated[tuple[str, ...], STOP] = Field(
-        (), description="stop strings: a record's text ends before the first match")
-    stop_token_ids: Annotated[tuple[int, ...], TOKEN_IDS] = Field(
-        (), description="token ids that end a record, in addition to the bundle's end-of-sequence ids")
-    max_batch_tokens: Annotated[int, POSITIVE] = Field(
-        16384, description="KV-cache budget: the sum over decoding slots of prompt + max_tokens")
-    max_slots: Annotated[int, POSITIVE] = Field(64, description="sequences decoded together")
-    device: Annotated[str, choice(DEVICES)] = "auto"
-
-
-OPTIONS: dict[str, type[EmbedOptions | GenerateOptions]] = {"embed": EmbedOptions, "generate": GenerateOptions}
-
-
-def _default_options(data: dict[str, Any]) -> EmbedOptions | GenerateOptions:
+def _default_options(data: dict[str, Any]) -> Part:
     return OPTIONS.get(data.get("task", "embed"), EmbedOptions)()
 
 
@@ -121,8 +97,9 @@ class JobManifest(_Part):
     input: InputSpec
     output_uri: Annotated[str, OUTPUT] = Field(alias="output", description="where the output is published")
     shards: Annotated[ShardSpec, NULL_IS_DEFAULT] = Field(default_factory=ShardSpec)
-    options: EmbedOptions | GenerateOptions = Field(
-        default_factory=_default_options, description="the task's options: EmbedOptions or GenerateOptions")
+    options: TaskOptions = Field(
+        default_factory=_default_options,
+        description="the task's options: " + ", ".join(o.__name__ for o in OPTIONS.values()))
     deadline_seconds: Annotated[float | None, DURATION] = Field(
         None, alias="deadline", description="e.g. 90s, 30m, 6h, 1d (or seconds): a job not finished this long "
                                            "after submit is cancelled")
@@ -169,6 +146,9 @@ class JobManifest(_Part):
         if d["max_error_fraction"] is None:     # unset: the same content key as before the option existed
             del d["max_error_fraction"]
         d["output"] = {"uri": d.pop("output_uri")}
+        for key in LATER_INPUT_FIELDS:   # absent when unset: content keys of older manifests stay
+            if d["input"][key] is None:
+                del d["input"][key]
         return d
 
     def content_key(self) -> str:
@@ -182,19 +162,12 @@ def _input_problem(inp: InputSpec, task: str) -> str | None:
         return "input needs exactly one of uri (a prefix or object) or manifest (a JSONL list of objects)"
     if inp.format == "openai-batch":
         # each line's custom_id, url and body say everything; field names do not apply
-        if (inp.id_field, inp.text_field, inp.prompt_field, inp.messages_field) != ("id", "text", None, None):
+        if (inp.id_field, inp.text_field, inp.prompt_field, inp.messages_field, inp.query_field, inp.document_field,
+                inp.documents_field, inp.image_field) != ("id", "text", None, None, None, None, None, None):
             return ("input.format openai-batch reads custom_id and body from each line; "
                     "remove input.id_field / text_field / prompt_field / messages_field")
         return None
-    if task == "embed" and (inp.prompt_field or inp.messages_field):
-        return ("input.prompt_field and input.messages_field are for task: generate; "
-                "an embed job reads input.text_field")
-    if task == "generate" and inp.prompt_field and inp.messages_field:
-        return "input: give prompt_field (plain prompts) or messages_field (chat messages), not both"
-    if task == "generate" and inp.text_field != "text":
-        return ("input.text_field is for task: embed; a generate job reads "
-                "input.prompt_field (plain prompts) or input.messages_field (chat)")
-    return None
+    return TASK_REGISTRY[task].input_problem(inp)
 
 
 def parse_manifest(raw: Any) -> JobManifest:

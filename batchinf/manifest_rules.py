@@ -13,11 +13,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic_core import core_schema
 
 from batchinf.checks import integer_problem, number_problem, stop_strings
 from batchinf.errors import ManifestError
+
+
+class Part(BaseModel):
+    """A manifest or a part of one: immutable, unknown keys refused. (Built in Python with a bad
+    value, a part raises pydantic's ValidationError; a document gets ManifestError.)"""
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Refused(ValueError):

@@ -49,7 +49,7 @@ def result_line(row: dict[str, Any], ctx: RenderContext) -> dict[str, Any]:
     """A succeeded line: status 200 and the body OpenAI returns for the job's task and the row's kind."""
     h = _hash(ctx, row["record_id"], row["source"], row["ordinal"])
     usage = {"prompt_tokens": row["input_tokens"]}
-    if ctx.task == "embed":
+    if "embedding" in row:
         body: dict[str, Any] = {"object": "list", "model": ctx.model,
                                 "data": [{"object": "embedding", "index": 0, "embedding": row["embedding"]}],
                                 "usage": {**usage, "total_tokens": row["input_tokens"]}}

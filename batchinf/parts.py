@@ -12,6 +12,8 @@ import pyarrow.parquet as pq
 
 from batchinf.digests import sha256_file
 from batchinf.store import get_store, split_uri
+from batchinf.tasks.embed import embedding_schema  # noqa: F401 -- the result schemas live with their tasks
+from batchinf.tasks.generate import GENERATION_SCHEMA  # noqa: F401
 
 ERROR_SCHEMA = pa.schema([
     ("record_id", pa.string()), ("source", pa.string()), ("ordinal", pa.int64()),
@@ -24,24 +26,6 @@ def error_row(record_id: str | None, source: str, ordinal: int, error: str, mess
     """One row of ERROR_SCHEMA: the record (by id and by place), its error code and message."""
     return {"record_id": record_id, "source": source, "ordinal": ordinal, "error": error, "message": message,
             "attempts": attempts}
-
-
-def embedding_schema(dim: int) -> pa.Schema:
-    return pa.schema([
-        ("record_id", pa.string()), ("source", pa.string()), ("ordinal", pa.int64()),
-        ("embedding", pa.list_(pa.float32(), dim)),
-        ("input_tokens", pa.int32()), ("output_tokens", pa.int32()), ("truncated", pa.bool_()),
-    ])
-
-
-# task generate: one row per record that got an answer. kind: chat | completion; seed: the seed it
-# sampled with; output_ids: the generated token ids (without the prompt and the stop token)
-GENERATION_SCHEMA = pa.schema([
-    ("record_id", pa.string()), ("source", pa.string()), ("ordinal", pa.int64()), ("kind", pa.string()),
-    ("text", pa.string()), ("finish_reason", pa.string()),
-    ("input_tokens", pa.int32()), ("output_tokens", pa.int32()),
-    ("seed", pa.int64()), ("output_ids", pa.list_(pa.int32())),
-])
 
 
 STAGE_ROW_GROUP = 1024   # rows per row group in staged files: what a worker holds at once

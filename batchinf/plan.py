@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -25,149 +25,45 @@ from batchinf.ledger import jobs as job_repo
 from batchinf.ledger.events import now
 from batchinf.ledger.models import Job
 from batchinf.ledger.states import JobStatus, ShardStatus
-from batchinf.manifest import GenerateOptions
-from batchinf.formats import InputRecord, read_records
+from batchinf.formats import read_records
 from batchinf.parts import STAGE_ROW_GROUP, read_table, write_table
 from batchinf.store import ObjectPin, get_store, join
 from batchinf.submit import pin_inputs
+from batchinf.tasks import get_task
+from batchinf.tasks.base import STAGE_SCHEMA  # noqa: F401 -- re-exported
+from batchinf.tasks.generate import GENERATE_STAGE_SCHEMA, record_params  # noqa: F401 -- re-exported
 
 ERROR_BUCKET = -1          # shard bucket for records that failed validation: nothing to compute
-TOKENIZE_CHUNK = 4096
-
-STAGE_SCHEMA = pa.schema([
-    ("ordinal", pa.int64()), ("record_id", pa.string()), ("error", pa.string()),
-    ("message", pa.string()), ("n_tokens", pa.int32()), ("truncated", pa.bool_()),
-    ("input_ids", pa.list_(pa.int32())),
-])
-# task generate: input_ids are the prompt's; each record carries its own resolved sampling params,
-# so a worker needs nothing but the staged shard (and a retry reads the very same params)
-GENERATE_STAGE_SCHEMA = pa.schema(list(STAGE_SCHEMA) + [
-    ("kind", pa.string()),                      # chat | completion
-    ("max_tokens", pa.int32()), ("temperature", pa.float64()), ("top_k", pa.int32()),
-    ("top_p", pa.float64()), ("seed", pa.int64()), ("stop", pa.list_(pa.string())),
-    ("stop_token_ids", pa.list_(pa.int32())),
-])
 
 
 @dataclass(frozen=True)
 class ObjectTask:
-    """One planning task: read and tokenize one pinned input object."""
+    """One planning task: read and stage one pinned input object."""
     idx: int
     pin: ObjectPin
     fmt: str
     id_field: str
     text_field: str         # the field read as `kind`
     digest: str
-    max_length: int         # embed: tokens kept per record; generate: the context length
+    max_length: int         # text tasks: tokens kept per record; generate: the context length
     truncate: bool
     stage_uri: str
     task: str = "embed"
-    kind: str = "text"      # text | prompt | messages (jsonl/parquet; openai-batch lines say it)
-    options: GenerateOptions | None = None
+    kind: str = "text"      # text | prompt | messages | record (openai-batch lines say it)
+    options: Any = None     # the job's options (its task's options model)
+    input: Any = None       # the manifest's input section (tasks reading whole records name their fields there)
 
 
 def plan_object(task: ObjectTask) -> int:
-    """Read, validate and tokenize one object; stage the result. Returns its record count."""
+    """Read, validate and stage one object (its task tokenizes, decodes or preprocesses each
+    record); write the staged table. Returns its record count."""
     runtime = open_runtime(task.digest, with_model=False)
     with get_store(task.pin.uri).open_read(task.pin) as fh:
         records = read_records(fh, task.fmt, task.pin.uri, task.id_field, task.text_field,
                                kind=task.kind, task=task.task)
-        table = (_stage_generate(task, runtime, records) if task.task == "generate"
-                 else _stage_embed(task, runtime, records))
+        table = get_task(task.task).stage(task, runtime, records)
     write_table(task.stage_uri, table)
     return table.num_rows
-
-
-def _stage_embed(task: ObjectTask, runtime: Any, records: Iterator[InputRecord]) -> pa.Table:
-    tok = runtime.tokenizer
-    if task.max_length != tok.max_length:
-        from batchinf.runtime.tokenizer import TextTokenizer
-
-        tok = TextTokenizer.from_file(runtime.root / "tokenizer.json", task.max_length)
-    cols: dict[str, list[Any]] = {name: [] for name in STAGE_SCHEMA.names}
-
-    def flush(batch: list) -> None:
-        valid = [r for r in batch if r.error is None]
-        encoded = iter(tok.encode_batch([r.text for r in valid]))
-        for r in batch:
-            e = next(encoded) if r.error is None else None
-            error, message = r.error, r.message
-            if e is not None and e.truncated and not task.truncate:
-                error, message = "too_long", (f"{task.pin.uri} record {r.record_id!r} is longer than "
-                                              f"max_length {task.max_length} tokens; set "
-                                              "options.truncate: true to truncate it")
-            ok = error is None
-            cols["ordinal"].append(r.ordinal)
-            cols["record_id"].append(r.record_id)
-            cols["error"].append(error)
-            cols["message"].append(message)
-            cols["n_tokens"].append(len(e.ids) if ok else 0)
-            cols["truncated"].append(bool(e.truncated) if ok else False)
-            cols["input_ids"].append(e.ids if ok else None)
-
-    batch: list = []
-    for rec in records:
-        batch.append(rec)
-        if len(batch) >= TOKENIZE_CHUNK:
-            flush(batch)
-            batch = []
-    flush(batch)
-    return pa.table(cols, schema=STAGE_SCHEMA)
-
-
-def record_params(opts: GenerateOptions, record_id: str, over: dict[str, Any] | None) -> dict[str, Any]:
-    """A record's sampling params: the job's options, overridden by the record's own (an
-    openai-batch body). The seed is the body's if it gives one (same seed, same answer, as
-    OpenAI promises), else derived from the job seed and the record id."""
-    from batchinf.runtime.sampling import derive_seed
-
-    over = over or {}
-    return {"max_tokens": over.get("max_tokens", opts.max_tokens),
-            "temperature": over.get("temperature", opts.temperature),
-            "top_k": over.get("top_k", opts.top_k), "top_p": over.get("top_p", opts.top_p),
-            "seed": over["seed"] if "seed" in over else derive_seed(opts.seed, record_id),
-            "stop": list(over.get("stop", opts.stop)), "stop_token_ids": list(opts.stop_token_ids)}
-
-
-def _stage_generate(task: ObjectTask, runtime: Any, records: Iterator[InputRecord]) -> pa.Table:
-    """Tokenize prompts (chat messages through the bundle's chat template) and resolve each
-    record's sampling params; a prompt that cannot fit becomes a `prompt_too_long` error row."""
-    opts = task.options or GenerateOptions()
-    rows: list[dict[str, Any]] = []
-    for r in records:
-        row: dict[str, Any] = {"ordinal": r.ordinal, "record_id": r.record_id, "error": r.error,
-                               "message": r.message, "n_tokens": 0, "truncated": False}
-        rows.append(row)
-        if r.error is not None:
-            continue
-        where = f"{task.pin.uri} record {r.record_id!r}"
-        try:
-            ids = runtime.encode_chat(r.messages) if r.messages is not None else runtime.encode_prompt(r.text)
-        except Exception as exc:  # noqa: BLE001 -- a template that rejects a record fails that record
-            row.update(error="invalid_messages" if r.messages is not None else "invalid_prompt",
-                       message=f"{where}: {exc}")
-            continue
-        if not ids:
-            row.update(error="empty_prompt", message=f"{where}: the prompt encodes to no tokens; nothing to "
-                                                     "generate from")
-            continue
-        params = record_params(opts, r.record_id, r.params)
-        need = len(ids) + params["max_tokens"]
-        for limit, what, fix in (
-                (task.max_length, "the bundle's context length",
-                 "shorten the prompt or lower max_tokens (options.max_tokens, or the line's body.max_tokens)"),
-                (opts.max_batch_tokens, "options.max_batch_tokens (the KV-cache budget)",
-                 "raise options.max_batch_tokens or lower max_tokens")):
-            if need > limit:
-                row.update(error="prompt_too_long", message=(
-                    f"{where}: prompt of {len(ids)} tokens + max_tokens {params['max_tokens']} = {need} "
-                    f"exceeds {what} {limit}; {fix}"))
-                break
-        if row["error"] is not None:
-            continue
-        kind = "chat" if r.messages is not None else "completion"
-        row.update(n_tokens=len(ids), input_ids=ids, kind=kind, **params)
-    return pa.Table.from_pylist(rows, schema=GENERATE_STAGE_SCHEMA)
 
 
 def bucket_bounds(lengths: np.ndarray, max_records: int, max_buckets: int = 32) -> list[int]:
@@ -218,15 +114,13 @@ def object_tasks(job: Job) -> list[ObjectTask]:
     if runtime.meta["task"] != m.task:
         raise ManifestError(f"bundle {m.bundle} ({job.bundle_digest[:19]}…) is a {runtime.meta['task']} "
                             f"model; this job's task is {m.task}: choose a {m.task} bundle")
-    field, kind = m.input.value_field(m.task)
-    if isinstance(m.options, GenerateOptions):
-        max_length, truncate, options = runtime.context_length, False, m.options
-    else:
-        limit = runtime.meta["max_length"]
-        max_length, truncate, options = min(m.options.max_length or limit, limit), m.options.truncate, None
+    task = get_task(m.task)
+    field, kind = task.read_as(m.input)
+    max_length, truncate = task.limits(runtime, m.options)
+    options = m.options
     return [ObjectTask(o.idx, o.pin, m.input.format, m.input.id_field, field, job.bundle_digest, max_length,
                        truncate, join(job.work_uri, "plan", f"obj-{o.idx:05d}.parquet"),
-                       task=m.task, kind=kind, options=options)
+                       task=m.task, kind=kind, options=options, input=m.input)
             for o in job_repo.inputs(job.id)]
 
 
@@ -251,7 +145,7 @@ def finish_plan(job: Job) -> None:
 
     # Global step: all records of the job, by (object, ordinal); token ids stay in Arrow.
     tables = [read_table(t.stage_uri) for t in tasks]
-    table = pa.concat_tables(tables) if tables else pa.table({}, schema=STAGE_SCHEMA)
+    table = pa.concat_tables(tables) if tables else get_task(m.task).stage_schema.empty_table()
     src = np.repeat(np.arange(len(tasks), dtype=np.int64), counts)
     ordinal = table.column("ordinal").to_numpy()
     n_tokens = table.column("n_tokens").to_numpy().astype(np.int64)

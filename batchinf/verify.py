@@ -26,6 +26,7 @@ from batchinf.ledger.states import SHARD_DONE, JobStatus, ShardStatus
 from batchinf.openai_output import RenderContext, render_part, render_to_path
 from batchinf.parts import digest_of_uri, read_table
 from batchinf.store import get_store, join, normalize_uri
+from batchinf.tasks import get_task
 
 MANIFEST = "_MANIFEST.json"
 SUCCESS = "_SUCCESS"
@@ -109,14 +110,14 @@ def _render_openai(out: str, parts: list[dict[str, Any]], ctx: RenderContext) ->
     return rendered
 
 
-def _finish_reasons(out: str, parts: list[dict[str, Any]]) -> dict[str, int]:
-    """How many answers ended on a stop condition and how many ran into max_tokens."""
-    counts: dict[str, int] = {}
-    for p in parts:
-        if p["kind"] == "results":
-            for reason in read_table(join(out, p["key"]), columns=["finish_reason"]).column(0).to_pylist():
-                counts[reason] = counts.get(reason, 0) + 1
-    return dict(sorted(counts.items()))
+def _summary(job: Job, out: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The task's own counts for `_MANIFEST.json` (generate: finish reasons; classify: labels;
+    score: a score histogram), from the promoted result parts."""
+    task = get_task(job.task)
+    if not task.summary_columns:
+        return {}
+    return task.summarize(read_table(join(out, p["key"]), columns=list(task.summary_columns))
+                          for p in parts if p["kind"] == "results")
 
 
 def _openai_context(job: Job) -> RenderContext | None:
@@ -205,8 +206,7 @@ def publish(job: Job) -> dict[str, Any]:
                     "verify": time.perf_counter() - t0},
         "created_at": datetime.now(timezone.utc).isoformat(),
     }
-    if job.task == "generate":
-        manifest["counts"]["finish_reasons"] = _finish_reasons(out, parts)
+    manifest["counts"].update(_summary(job, out, parts))
     if ctx is not None:
         manifest["openai"] = ctx.to_dict()
     if manifest["counts"]["records_succeeded"] + manifest["counts"]["records_failed"] != job.records_total:

@@ -89,4 +89,5 @@ def read_jsonl(fh: BinaryIO, uri: str, id_field: str, text_field: str,
         if isinstance(obj, InputRecord):
             yield obj
         else:
-            yield _check(ordinal, obj.get(id_field), obj.get(text_field), where, id_field, text_field, kind)
+            value = obj if kind == "record" else obj.get(text_field)
+            yield _check(ordinal, obj.get(id_field), value, where, id_field, text_field, kind)

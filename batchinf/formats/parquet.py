@@ -29,6 +29,9 @@ def read_parquet(fh: BinaryIO, uri: str, id_field: str, text_field: str, *,
         return
     pf = pq.ParquetFile(fh, buffer_size=1 << 20, pre_buffer=False)
     names = pf.schema_arrow.names
+    if kind == "record":      # every column: the task reads the fields it needs
+        yield from _records(pf, uri, id_field)
+        return
     missing = [f for f in (id_field, text_field) if f not in names]
     if missing:
         msg = (f"{uri}: has no column {missing[0]!r} (columns: {', '.join(names)}); "
@@ -48,4 +51,13 @@ def read_parquet(fh: BinaryIO, uri: str, id_field: str, text_field: str, *,
                                   "the record or shorten it")
             else:
                 yield _check(ordinal, rid, text, where, id_field, text_field, kind)
+            ordinal += 1
+
+
+def _records(pf: pq.ParquetFile, uri: str, id_field: str) -> Iterator[InputRecord]:
+    """Whole rows (kind record), the id read from `id_field`."""
+    ordinal = 0
+    for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS):
+        for row in batch.to_pylist():
+            yield _check(ordinal, row.get(id_field), row, f"{uri} row {ordinal}", id_field, "", "record")
             ordinal += 1

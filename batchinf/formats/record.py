@@ -26,6 +26,7 @@ class InputRecord:
     messages: list[dict[str, str]] | None = None   # chat messages [{role, content}] (generate)
     params: dict[str, Any] | None = None           # per-record overrides of the job's options
     endpoint: str | None = None                    # openai-batch: the line's url
+    fields: dict[str, Any] | None = None           # kind record: the whole record, checked by its task
 
 
 MAX_LINE_BYTES = 64 << 20   # a longer JSONL line or text value becomes an error row
@@ -94,6 +95,8 @@ def _check(ordinal: int, rid_raw: object, value: object, where: str, id_field: s
         return InputRecord(ordinal, None, None, "missing_id",
                            f"{where}: id field {id_field!r} is {what}; every record needs a unique "
                            f"string or integer id (set input.id_field if it has another name)")
+    if kind == "record":      # the task reads the fields it needs (score, classify_image)
+        return InputRecord(ordinal, rid, None, fields=value if isinstance(value, dict) else {})
     if value is None:
         return InputRecord(ordinal, rid, None, f"missing_{kind}",
                            f"{where}: record {rid!r} has no {kind} field {field!r} "

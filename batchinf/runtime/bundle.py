@@ -72,22 +72,35 @@ def _family(config: dict[str, Any]) -> tuple[str, str]:
                       f"llama ({', '.join(DECODER_TYPES)}: generate)")
 
 
+def bundle_files(src: Path) -> list[str]:
+    """The files a bundle of `src` pins (hidden files and bundle.json aside); pickles refused."""
+    return _bundle_files(src)
+
+
 def build_meta(src: Path, *, max_length: int | None = None, dtype: str = "float32") -> dict[str, Any]:
-    """bundle.json for a model directory: file digests, task settings, and fixtures computed with
-    our own runtime on CPU in float32."""
+    """bundle.json for a BERT encoder or a Llama-family decoder directory (the task registry's
+    `batchinf.tasks.build_meta` covers every task)."""
+    files = _bundle_files(src)
+    if "tokenizer.json" not in files or "config.json" not in files:
+        raise BundleError(f"{src}: a bundle needs config.json and tokenizer.json")
+    family, _ = _family(json.loads((src / "config.json").read_text()))
+    if family == "llama":
+        return _build_generate_meta(src, files, max_length=max_length, dtype=dtype)
+    return build_embed_meta(src, files, max_length=max_length, dtype=dtype)
+
+
+def build_embed_meta(src: Path, files: list[str], *, max_length: int | None = None,
+                     dtype: str = "float32") -> dict[str, Any]:
+    """bundle.json for a BERT encoder: file digests, max length, pooling, and fixtures computed
+    with our own runtime on CPU in float32."""
     from batchinf.runtime.encoder import (
         read_pooling_config,
         sentence_transformers_max_length,
     )
     from batchinf.runtime.tokenizer import TextTokenizer
 
-    files = _bundle_files(src)
-    if "tokenizer.json" not in files or "config.json" not in files:
-        raise BundleError(f"{src}: a bundle needs config.json and tokenizer.json")
     config = json.loads((src / "config.json").read_text())
     family, task = _family(config)
-    if task == "generate":
-        return _build_generate_meta(src, files, max_length=max_length, dtype=dtype)
     limit = int(config.get("max_position_embeddings", 512))
     max_length = max_length or sentence_transformers_max_length(src) or limit
     if max_length > limit:
@@ -238,7 +251,8 @@ def verify_tokenizer_fixtures(runtime: Any) -> None:
 
 
 def verify_model_fixtures(runtime: Any) -> None:
-    if runtime.meta["task"] == "generate":
+    """Encoder: each fixture's embedding within cosine 0.9999 (float32); decoder: see below."""
+    if runtime.meta["family"] == "llama":
         return verify_generate_fixtures(runtime)
     ids = [fx["token_ids"] for fx in runtime.meta["fixtures"]]
     got, _ = runtime.embed(ids)

@@ -23,7 +23,8 @@ def external_imports() -> dict[str, set[str]]:
 LAYERS: list[tuple[str, ...]] = [
     ("batchinf.errors", "batchinf.config", "batchinf.checks", "batchinf.failpoints", "batchinf.digests",
      "batchinf.cron", "batchinf.documents", "batchinf.version", "batchinf.logs"),
-    ("batchinf.store", "batchinf.manifest", "batchinf.manifest_rules", "batchinf.formats", "batchinf.runtime", "batchinf.retry"),
+    ("batchinf.store", "batchinf.manifest", "batchinf.manifest_rules", "batchinf.formats", "batchinf.runtime", "batchinf.retry",
+     "batchinf.tasks"),
     ("batchinf.parts", "batchinf.openai_output"),
     ("batchinf.ledger",),
     ("batchinf.bundles", "batchinf.tenants", "batchinf.scopes", "batchinf.limits", "batchinf.submit",

@@ -1,0 +1,58 @@
+"""Task strategies: the registry of tasks a manifest may name (`task:`), and bundle import's
+detection of a model's task from its config.json. Adding a task is adding a module here and its
+entry in TASKS; plan, execute, verify and the bundle registry call only the Task protocol
+(tasks/base.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from batchinf.errors import BundleError, ManifestError
+from batchinf.tasks.base import RunOutput, Task
+from batchinf.tasks.classify import Classify, ClassifyOptions
+from batchinf.tasks.embed import Embed, EmbedOptions
+from batchinf.tasks.generate import Generate, GenerateOptions
+from batchinf.tasks.score import Score, ScoreOptions
+
+__all__ = ["TASKS", "ClassifyOptions", "EmbedOptions", "GenerateOptions", "RunOutput", "ScoreOptions", "Task",
+           "build_meta", "get_task"]
+
+TASKS: dict[str, Task] = {t.name: t for t in (Embed(), Generate(), Score(), Classify())}
+# bundle import asks the tasks in this order (more specific model heads first)
+DETECTION_ORDER = ("generate", "score", "classify", "embed")
+SUPPORTED = ("bert (embed), llama, mistral, qwen2 (generate), Bert/XLMRobertaForSequenceClassification "
+             "(score: cross-encoders; classify)")
+
+
+def get_task(name: str) -> Task:
+    task = TASKS.get(name)
+    if task is None:
+        raise ManifestError(f"task {name!r} is not supported; use one of {', '.join(TASKS)}")
+    return task
+
+
+def detect(config: dict[str, Any], src: Path) -> Task:
+    """The task a model directory serves, from its config.json."""
+    for name in DETECTION_ORDER:
+        if TASKS[name].detects(config, src):
+            return TASKS[name]
+    raise BundleError(f"{src}: model_type {config.get('model_type')!r} is not supported yet (architectures "
+                      f"{config.get('architectures')}); supported: {SUPPORTED}")
+
+
+def build_meta(src: Path, *, max_length: int | None = None, dtype: str = "float32") -> dict[str, Any]:
+    """bundle.json for a model directory: its task detected from config.json, then that task's
+    settings, file digests and fixtures computed with our own runtime on CPU in float32."""
+    from batchinf.runtime.bundle import bundle_files
+
+    files = bundle_files(src)
+    if "config.json" not in files:
+        raise BundleError(f"{src}: a bundle needs config.json and {TASKS['embed'].needs[-1]}")
+    config = json.loads((src / "config.json").read_text())
+    task = detect(config, src)
+    missing = [f for f in task.needs if f not in files]
+    if missing:
+        raise BundleError(f"{src}: a bundle needs {' and '.join(task.needs)}; {', '.join(missing)} is missing")
+    return task.build_meta(src, files, max_length=max_length, dtype=dtype)

@@ -1,0 +1,129 @@
+"""The task strategy: what every task (embed, generate, score, classify, classify_image) does, so
+plan, execute, verify and the bundle registry never branch on a task's name.
+
+A task
+- validates its manifest options (its `options` model) and input fields (`input_problem`),
+- says which record field its reader reads and as what kind (`read_as`),
+- stages one object's records at plan time (`stage`): tokenize, decode or preprocess, with its
+  own length measure in the staged `n_tokens` column (what buckets and shards are cut by),
+- runs a staged batch on a runtime (`run`) into rows of its result schema (`result_schema`),
+- summarises its results for `_MANIFEST.json` (`summary_columns` + `summarize`),
+- detects its models at bundle import (`detects`), builds their bundle.json with fixtures
+  (`build_meta`), and opens and checks a runtime for them (`open_runtime`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Iterable, Iterator
+
+import pyarrow as pa
+
+# Columns every staged table starts with; a task appends its own.
+STAGE_FIELDS = [
+    ("ordinal", pa.int64()), ("record_id", pa.string()), ("error", pa.string()),
+    ("message", pa.string()), ("n_tokens", pa.int32()), ("truncated", pa.bool_()),
+]
+STAGE_SCHEMA = pa.schema(STAGE_FIELDS + [("input_ids", pa.list_(pa.int32()))])
+RECORD_FIELDS = [("record_id", pa.string()), ("source", pa.string()), ("ordinal", pa.int64())]
+
+# Input fields each task may read; a field of another task is refused by name.
+INPUT_FIELDS = ("text_field", "prompt_field", "messages_field", "query_field", "document_field",
+                "documents_field", "image_field")
+INPUT_DEFAULTS: dict[str, Any] = {"text_field": "text"}
+FIELD_TASKS = {"text_field": "embed / classify", "prompt_field": "generate", "messages_field": "generate",
+               "query_field": "score", "document_field": "score", "documents_field": "score",
+               "image_field": "classify_image"}
+
+
+@dataclass
+class RunOutput:
+    """What running one staged batch gives: result rows (a table of the task's result schema),
+    failures by staged position (exception text) and token counts."""
+    table: pa.Table
+    failures: dict[int, str] = field(default_factory=dict)
+    tokens: dict[str, int] = field(default_factory=lambda: {"input": 0, "output": 0, "real": 0, "padded": 0})
+
+
+class Task:
+    """Base of every task strategy (see the module docstring). Subclasses set the class variables
+    and override what differs."""
+    name: ClassVar[str]
+    options: ClassVar[type]                     # its pydantic options model
+    fields: ClassVar[tuple[str, ...]] = ()      # the input.* fields it reads
+    stage_schema: ClassVar[pa.Schema] = STAGE_SCHEMA
+    streams: ClassVar[bool] = True              # execute runs row group by row group (else whole shard)
+    summary_columns: ClassVar[tuple[str, ...]] = ()
+    needs: ClassVar[tuple[str, ...]] = ("config.json", "tokenizer.json")   # files a bundle must have
+
+    # --- manifest ---------------------------------------------------------------------------
+    def input_problem(self, inp: Any) -> str | None:
+        """What is wrong with the manifest's input section for this task, or None."""
+        for name in INPUT_FIELDS:
+            if name not in self.fields and getattr(inp, name, None) not in (None, INPUT_DEFAULTS.get(name)):
+                return (f"input.{name} is for task: {FIELD_TASKS[name]}; a job of task {self.name} reads "
+                        f"{', '.join('input.' + f for f in self.fields)}")
+        return None
+
+    def read_as(self, inp: Any) -> tuple[str, str]:
+        """(field name, kind) a jsonl/parquet reader reads each record by: kind text, prompt,
+        messages, or record (the whole record, checked by the task at staging)."""
+        return "", "record"
+
+    def limits(self, runtime: Any, options: Any) -> tuple[int, bool]:
+        """(max_length, truncate) for staging: tokens kept per record, and whether over-long
+        records are truncated (else they become error rows)."""
+        limit = int(runtime.meta["max_length"])
+        return min(getattr(options, "max_length", None) or limit, limit), bool(getattr(options, "truncate", True))
+
+    # --- plan -------------------------------------------------------------------------------
+    def stage(self, obj: Any, runtime: Any, records: Iterator[Any]) -> pa.Table:
+        """One input object's records -> its staged table (stage_schema). `obj` is the planning
+        task (pin, max_length, truncate, options)."""
+        raise NotImplementedError
+
+    # --- execute ----------------------------------------------------------------------------
+    def result_schema(self, meta: dict[str, Any]) -> pa.Schema:
+        raise NotImplementedError
+
+    def run(self, c: dict[str, list[Any]], runtime: Any, options: Any, check: Callable[[], None]) -> RunOutput:
+        """Staged columns (`c`, with `source` as strings) of one batch -> RunOutput. Only rows
+        whose `error` is None are computed; positions index `c`."""
+        raise NotImplementedError
+
+    # --- verify -----------------------------------------------------------------------------
+    def summarize(self, tables: Iterable[pa.Table]) -> dict[str, Any]:
+        """Extra `_MANIFEST.json` counts from the result parts' `summary_columns`."""
+        return {}
+
+    # --- bundles ----------------------------------------------------------------------------
+    def detects(self, config: dict[str, Any], src: Path) -> bool:
+        """Whether a model directory with this config.json is a model of this task."""
+        return False
+
+    def build_meta(self, src: Path, files: list[str], *, max_length: int | None, dtype: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def open_runtime(self, root: Path, meta: dict[str, Any], device: str) -> Any:
+        raise NotImplementedError
+
+    def verify_model(self, runtime: Any) -> None:
+        """Run the bundle's fixtures through the loaded model; BundleError when they drift."""
+        raise NotImplementedError
+
+
+def ok_rows(c: dict[str, list[Any]]) -> list[int]:
+    """Positions of the staged rows that carry no error."""
+    return [i for i, e in enumerate(c["error"]) if e is None]
+
+
+def record_columns(c: dict[str, list[Any]], ok: list[int]) -> dict[str, list[Any]]:
+    """record_id, source and ordinal of the rows at `ok`."""
+    return {k: [c[k][i] for i in ok] for k in ("record_id", "source", "ordinal")}
+
+
+def staged_row(r: Any) -> dict[str, Any]:
+    """The common staged columns of an input record (its error, if it has one)."""
+    return {"ordinal": r.ordinal, "record_id": r.record_id, "error": r.error, "message": r.message,
+            "n_tokens": 0, "truncated": False}

@@ -1,0 +1,193 @@
+"""Task generate: text from a Llama-family decoder for a plain prompt or chat messages. Staged:
+prompt token ids and each record's resolved sampling params (length measure: prompt tokens); run:
+one continuous batch over the whole shard."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Callable, Iterator
+
+import pyarrow as pa
+from pydantic import Field
+
+from batchinf.manifest_rules import POSITIVE, STOP, TOKEN_IDS, Part, choice, integer, number
+from batchinf.tasks.base import RECORD_FIELDS, STAGE_SCHEMA, RunOutput, Task, ok_rows, record_columns, staged_row
+from batchinf.tasks.batching import GenOutcome, generate_isolating
+from batchinf.tasks.embed import DEVICES
+
+# input_ids are the prompt's; each record carries its own resolved sampling params, so a worker
+# needs nothing but the staged shard (and a retry reads the very same params)
+GENERATE_STAGE_SCHEMA = pa.schema(list(STAGE_SCHEMA) + [
+    ("kind", pa.string()),                      # chat | completion
+    ("max_tokens", pa.int32()), ("temperature", pa.float64()), ("top_k", pa.int32()),
+    ("top_p", pa.float64()), ("seed", pa.int64()), ("stop", pa.list_(pa.string())),
+    ("stop_token_ids", pa.list_(pa.int32())),
+])
+
+# one row per record that got an answer. kind: chat | completion; seed: the seed it sampled
+# with; output_ids: the generated token ids (without the prompt and the stop token)
+GENERATION_SCHEMA = pa.schema(RECORD_FIELDS + [
+    ("kind", pa.string()), ("text", pa.string()), ("finish_reason", pa.string()),
+    ("input_tokens", pa.int32()), ("output_tokens", pa.int32()),
+    ("seed", pa.int64()), ("output_ids", pa.list_(pa.int32())),
+])
+
+
+class GenerateOptions(Part):
+    """Options of task generate."""
+    max_tokens: Annotated[int, POSITIVE] = Field(256, description="generated tokens per record, at most")
+    temperature: Annotated[float, number(0, 2)] = Field(0.0, description="0: greedy")
+    top_k: Annotated[int, integer(0)] = Field(0, description="0: off")
+    top_p: Annotated[float, number(0, 1, lo_open=True)] = 1.0
+    seed: Annotated[int, integer(0)] = Field(
+        0, description="job seed; each record samples with a seed derived from it and the record's id")
+    stop: Annotated[tuple[str, ...], STOP] = Field(
+        (), description="stop strings: a record's text ends before the first match")
+    stop_token_ids: Annotated[tuple[int, ...], TOKEN_IDS] = Field(
+        (), description="token ids that end a record, in addition to the bundle's end-of-sequence ids")
+    max_batch_tokens: Annotated[int, POSITIVE] = Field(
+        16384, description="KV-cache budget: the sum over decoding slots of prompt + max_tokens")
+    max_slots: Annotated[int, POSITIVE] = Field(64, description="sequences decoded together")
+    device: Annotated[str, choice(DEVICES)] = "auto"
+
+
+def record_params(opts: GenerateOptions, record_id: str, over: dict[str, Any] | None) -> dict[str, Any]:
+    """A record's sampling params: the job's options, overridden by the record's own (an
+    openai-batch body). The seed is the body's if it gives one (same seed, same answer, as
+    OpenAI promises), else derived from the job seed and the record id."""
+    from batchinf.runtime.sampling import derive_seed
+
+    over = over or {}
+    return {"max_tokens": over.get("max_tokens", opts.max_tokens),
+            "temperature": over.get("temperature", opts.temperature),
+            "top_k": over.get("top_k", opts.top_k), "top_p": over.get("top_p", opts.top_p),
+            "seed": over["seed"] if "seed" in over else derive_seed(opts.seed, record_id),
+            "stop": list(over.get("stop", opts.stop)), "stop_token_ids": list(opts.stop_token_ids)}
+
+
+class Generate(Task):
+    name = "generate"
+    options = GenerateOptions
+    fields = ("prompt_field", "messages_field")
+    stage_schema = GENERATE_STAGE_SCHEMA
+    streams = False
+    summary_columns = ("finish_reason",)
+
+    def input_problem(self, inp: Any) -> str | None:
+        if inp.prompt_field and inp.messages_field:
+            return "input: give prompt_field (plain prompts) or messages_field (chat messages), not both"
+        if inp.text_field != "text":
+            return ("input.text_field is for task: embed; a generate job reads "
+                    "input.prompt_field (plain prompts) or input.messages_field (chat)")
+        return super().input_problem(inp)
+
+    def read_as(self, inp: Any) -> tuple[str, str]:
+        if inp.messages_field:
+            return inp.messages_field, "messages"
+        return inp.prompt_field or "prompt", "prompt"
+
+    def limits(self, runtime: Any, options: Any) -> tuple[int, bool]:
+        return int(runtime.context_length), False
+
+    def stage(self, obj: Any, runtime: Any, records: Iterator[Any]) -> pa.Table:
+        """Tokenize prompts (chat messages through the bundle's chat template) and resolve each
+        record's sampling params; a prompt that cannot fit becomes a `prompt_too_long` error row."""
+        opts = obj.options or GenerateOptions()
+        rows: list[dict[str, Any]] = []
+        for r in records:
+            row = staged_row(r)
+            rows.append(row)
+            if r.error is not None:
+                continue
+            where = f"{obj.pin.uri} record {r.record_id!r}"
+            try:
+                ids = runtime.encode_chat(r.messages) if r.messages is not None else runtime.encode_prompt(r.text)
+            except Exception as exc:  # noqa: BLE001 -- a template that rejects a record fails that record
+                row.update(error="invalid_messages" if r.messages is not None else "invalid_prompt",
+                           message=f"{where}: {exc}")
+                continue
+            if not ids:
+                row.update(error="empty_prompt", message=f"{where}: the prompt encodes to no tokens; nothing to "
+                                                         "generate from")
+                continue
+            params = record_params(opts, r.record_id, r.params)
+            need = len(ids) + params["max_tokens"]
+            for limit, what, fix in (
+                    (obj.max_length, "the bundle's context length",
+                     "shorten the prompt or lower max_tokens (options.max_tokens, or the line's body.max_tokens)"),
+                    (opts.max_batch_tokens, "options.max_batch_tokens (the KV-cache budget)",
+                     "raise options.max_batch_tokens or lower max_tokens")):
+                if need > limit:
+                    row.update(error="prompt_too_long", message=(
+                        f"{where}: prompt of {len(ids)} tokens + max_tokens {params['max_tokens']} = {need} "
+                        f"exceeds {what} {limit}; {fix}"))
+                    break
+            if row["error"] is not None:
+                continue
+            kind = "chat" if r.messages is not None else "completion"
+            row.update(n_tokens=len(ids), input_ids=ids, kind=kind, **params)
+        return pa.Table.from_pylist(rows, schema=GENERATE_STAGE_SCHEMA)
+
+    def result_schema(self, meta: dict[str, Any]) -> pa.Schema:
+        return GENERATION_SCHEMA
+
+    def run(self, c: dict[str, list[Any]], runtime: Any, options: Any, check: Callable[[], None]) -> RunOutput:
+        """One continuous batch over all of the shard's records in staged order (by prompt
+        length), so slots freed by short answers are refilled from the whole shard; rows are
+        written in staged order, whatever order sequences finish in. Each record samples with its
+        own staged seed: a retry is identical."""
+        from batchinf.runtime.generate import GenRequest, GenStats, SamplingParams
+
+        valid = ok_rows(c)
+        requests = [GenRequest(i, c["input_ids"][i], SamplingParams(
+            max_tokens=c["max_tokens"][i], temperature=c["temperature"][i], top_k=c["top_k"][i],
+            top_p=c["top_p"][i], seed=c["seed"][i], stop=tuple(c["stop"][i] or ()),
+            stop_token_ids=tuple(c["stop_token_ids"][i] or ()))) for i in valid]
+        stats, out = GenStats(), GenOutcome()
+
+        def generate(reqs: list[Any]) -> Any:
+            return runtime.generate(reqs, max_batch_tokens=options.max_batch_tokens, max_slots=options.max_slots,
+                                    stats=stats)
+
+        if requests:
+            generate_isolating(generate, requests, c["record_id"], out, check)
+        ok = [i for i in valid if i in out.results]
+        res = [out.results[i] for i in ok]
+        table = pa.table({
+            **record_columns(c, ok), "kind": [c["kind"][i] for i in ok],
+            "text": [r.text for r in res], "finish_reason": [r.finish_reason for r in res],
+            "input_tokens": [r.input_tokens for r in res], "output_tokens": [r.output_tokens for r in res],
+            "seed": [c["seed"][i] for i in ok], "output_ids": [r.token_ids for r in res],
+        }, schema=GENERATION_SCHEMA)
+        tokens = {"input": sum(r.input_tokens for r in res), "output": sum(r.output_tokens for r in res),
+                  "real": stats.real_positions, "padded": stats.computed_positions}
+        return RunOutput(table, out.failures, tokens)
+
+    def summarize(self, tables: Any) -> dict[str, Any]:
+        """How many answers ended on a stop condition and how many ran into max_tokens."""
+        counts: dict[str, int] = {}
+        for t in tables:
+            for reason in t.column("finish_reason").to_pylist():
+                counts[reason] = counts.get(reason, 0) + 1
+        return {"finish_reasons": dict(sorted(counts.items()))}
+
+    def detects(self, config: dict[str, Any], src: Path) -> bool:
+        from batchinf.runtime.bundle import DECODER_ARCHITECTURES, DECODER_TYPES
+
+        return (config.get("model_type", "") in DECODER_TYPES
+                or any(a in DECODER_ARCHITECTURES for a in config.get("architectures") or ()))
+
+    def build_meta(self, src: Path, files: list[str], *, max_length: int | None, dtype: str) -> dict[str, Any]:
+        from batchinf.runtime import bundle as rb
+
+        return rb._build_generate_meta(src, files, max_length=max_length, dtype=dtype)
+
+    def open_runtime(self, root: Path, meta: dict[str, Any], device: str) -> Any:
+        from batchinf.runtime.generate import GenerateRuntime
+
+        return GenerateRuntime(root, meta, device=device)
+
+    def verify_model(self, runtime: Any) -> None:
+        from batchinf.runtime import bundle as rb
+
+        rb.verify_generate_fixtures(runtime)

@@ -1,0 +1,218 @@
+"""Task score: cross-encoder reranking and pair scoring. A record is one (query, document) pair
+(`input.query_field`, `input.document_field`) -> `score`, or one query with a list of documents
+(`input.documents_field`) -> `scores` and `ranks` in document order (rank 1 = best), and with
+`options.top_n` the indices of the best `top`. Every pair is a unit of work: staged as token ids
+(length measure: the record's pair tokens), run in token-budget batches sorted by pair length."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Callable, Iterable, Iterator
+
+import numpy as np
+import pyarrow as pa
+from pydantic import Field
+
+from batchinf.manifest_rules import BOOLEAN, POSITIVE, Part, choice, nullable
+from batchinf.tasks.base import RECORD_FIELDS, STAGE_FIELDS, RunOutput, Task, ok_rows, record_columns, staged_row
+from batchinf.tasks.batching import run_units
+from batchinf.tasks.embed import DEVICES
+
+SCORE_STAGE_SCHEMA = pa.schema(STAGE_FIELDS + [
+    ("form", pa.string()),                                   # pair | list
+    ("pair_ids", pa.list_(pa.list_(pa.int32()))), ("pair_types", pa.list_(pa.list_(pa.int8()))),
+])
+SCORE_SCHEMA = pa.schema(RECORD_FIELDS + [
+    ("score", pa.float32()),                                 # pair form
+    ("scores", pa.list_(pa.float32())), ("ranks", pa.list_(pa.int32())),   # list form, document order
+    ("top", pa.list_(pa.int32())),                           # list form with top_n: best documents' indices
+    ("input_tokens", pa.int32()), ("truncated", pa.bool_()),
+])
+HISTOGRAM_BINS = 10
+
+
+class ScoreOptions(Part):
+    """Options of task score."""
+    max_length: Annotated[int | None, nullable(POSITIVE)] = Field(
+        None, description="tokens kept per pair (query + document); default and ceiling: the bundle's")
+    max_batch_tokens: Annotated[int, POSITIVE] = Field(4096, description="padded tokens per forward batch")
+    truncate: Annotated[bool, BOOLEAN] = Field(
+        True, description="false: an over-long pair makes its record a too_long error row")
+    top_n: Annotated[int | None, nullable(POSITIVE)] = Field(
+        None, description="list form: also give the indices of the top_n best documents (`top`)")
+    device: Annotated[str, choice(DEVICES)] = "auto"
+
+
+def _text(fields: dict[str, Any], name: str, what: str, where: str, key: str) -> tuple[str | None, tuple[str, str]]:
+    value = fields.get(name)
+    if value is None:
+        return None, (f"missing_{what}", f"{where} has no {what} field {name!r} (set input.{key} if it has "
+                                         "another name)")
+    if not isinstance(value, str):
+        return None, (f"invalid_{what}", f"{where} field {name!r} must be a string, got {type(value).__name__}")
+    if not value.strip():
+        return None, (f"empty_{what}", f"{where} has an empty {what}; nothing to score")
+    return value, ("", "")
+
+
+def _documents(fields: dict[str, Any], name: str, where: str) -> tuple[list[str] | None, tuple[str, str]]:
+    docs = fields.get(name)
+    if docs is None:
+        return None, ("missing_documents", f"{where} has no documents field {name!r} (set input.documents_field "
+                                           "if it has another name)")
+    if not isinstance(docs, list):
+        return None, ("invalid_documents", f"{where} field {name!r} must be a list of strings, got "
+                                           f"{type(docs).__name__}")
+    if not docs:
+        return None, ("empty_documents", f"{where} has an empty documents list; give at least one document")
+    for k, d in enumerate(docs):
+        if not isinstance(d, str) or not d.strip():
+            return None, ("invalid_documents", f"{where} document {k} must be a non-empty string, got {d!r:.40}")
+    return docs, ("", "")
+
+
+class Score(Task):
+    name = "score"
+    options = ScoreOptions
+    fields = ("query_field", "document_field", "documents_field")
+    stage_schema = SCORE_STAGE_SCHEMA
+    summary_columns = ("score", "scores")
+
+    def input_problem(self, inp: Any) -> str | None:
+        if inp.document_field and inp.documents_field:
+            return ("input: give document_field (one pair per record) or documents_field (a query and its "
+                    "list of documents), not both")
+        return super().input_problem(inp)
+
+    def stage(self, obj: Any, runtime: Any, records: Iterator[Any]) -> pa.Table:
+        inp = obj.input
+        qf, df, lf = inp.query_field or "query", inp.document_field or "document", inp.documents_field
+        rows: list[dict[str, Any]] = []
+        pairs: list[tuple[int, list[tuple[str, str]]]] = []
+        for r in records:
+            row = staged_row(r)
+            rows.append(row)
+            if r.error is not None:
+                continue
+            where = f"{obj.pin.uri} record {r.record_id!r}"
+            fields = r.fields or {}
+            query, (code, msg) = _text(fields, qf, "query", where, "query_field")
+            docs: list[str] | None = None
+            if query is not None:
+                if lf:
+                    docs, (code, msg) = _documents(fields, lf, where)
+                else:
+                    doc, (code, msg) = _text(fields, df, "document", where, "document_field")
+                    docs = None if doc is None else [doc]
+            if docs is None:
+                row.update(error=code, message=msg)
+                continue
+            row["form"] = "list" if lf else "pair"
+            pairs.append((len(rows) - 1, [(query, d) for d in docs]))
+        flat = [p for _, ps in pairs for p in ps]
+        encoded = iter(runtime.encode(flat, obj.max_length)) if flat else iter(())
+        for pos, ps in pairs:
+            enc = [next(encoded) for _ in ps]
+            row = rows[pos]
+            truncated = any(e[2] for e in enc)
+            if truncated and not obj.truncate:
+                row.update(error="too_long", message=(
+                    f"{obj.pin.uri} record {row['record_id']!r}: a query + document pair is longer than max_length "
+                    f"{obj.max_length} tokens; shorten it or set options.truncate: true"), form=None)
+                continue
+            row.update(n_tokens=sum(len(e[0]) for e in enc), truncated=truncated,
+                       pair_ids=[e[0] for e in enc], pair_types=[e[1] for e in enc])
+        return pa.Table.from_pylist(rows, schema=SCORE_STAGE_SCHEMA)
+
+    def result_schema(self, meta: dict[str, Any]) -> pa.Schema:
+        return SCORE_SCHEMA
+
+    def run(self, c: dict[str, list[Any]], runtime: Any, options: Any, check: Callable[[], None]) -> RunOutput:
+        from batchinf.runtime.classifier import activate
+
+        valid = ok_rows(c)
+        owner, ids, types = [], [], []
+        for i in valid:
+            for pid, pty in zip(c["pair_ids"][i], c["pair_types"][i]):
+                owner.append(i)
+                ids.append(pid)
+                types.append(pty)
+
+        def forward(units: list[int]) -> tuple[np.ndarray, int]:
+            check()
+            return runtime.logits([ids[u] for u in units], [types[u] for u in units])
+
+        out = run_units(forward, [len(x) for x in ids], list(range(len(ids))),
+                        [c["record_id"][i] for i in owner], options.max_batch_tokens)
+        failures: dict[int, str] = {}
+        for u, msg in out.failures.items():
+            failures.setdefault(owner[u], msg)
+        done = [u for u in range(len(ids)) if owner[u] not in failures]
+        scores = activate(np.stack([out.vectors[u] for u in done]), runtime.meta["activation"])[:, 0] \
+            if done else np.zeros(0, np.float32)
+        per_row: dict[int, list[float]] = {}
+        for u, v in zip(done, scores.tolist()):
+            per_row.setdefault(owner[u], []).append(v)
+        ok = [i for i in valid if i not in failures]
+        table = pa.table({**record_columns(c, ok), **_score_columns(c, ok, per_row, options.top_n),
+                          "input_tokens": [c["n_tokens"][i] for i in ok],
+                          "truncated": [c["truncated"][i] for i in ok]}, schema=SCORE_SCHEMA)
+        n = sum(c["n_tokens"][i] for i in ok)
+        return RunOutput(table, failures, {"input": n, "output": 0, "real": n, "padded": out.padded})
+
+    def summarize(self, tables: Iterable[pa.Table]) -> dict[str, Any]:
+        """A histogram of the scores (pair form: `score`; list form: every document's)."""
+        values: list[float] = []
+        for t in tables:
+            values += [v for v in t.column("score").to_pylist() if v is not None]
+            values += [v for vs in t.column("scores").to_pylist() if vs for v in vs]
+        if not values:
+            return {"score_histogram": {"edges": [], "counts": []}, "scores": 0}
+        counts, edges = np.histogram(np.asarray(values, dtype=np.float64), bins=HISTOGRAM_BINS)
+        return {"score_histogram": {"edges": [round(float(e), 6) for e in edges], "counts": counts.tolist()},
+                "scores": len(values)}
+
+    def detects(self, config: dict[str, Any], src: Path) -> bool:
+        from batchinf.tasks.classifier_bundle import is_cross_encoder, is_sequence_classifier
+
+        return is_sequence_classifier(config) and is_cross_encoder(config)
+
+    def build_meta(self, src: Path, files: list[str], *, max_length: int | None, dtype: str) -> dict[str, Any]:
+        from batchinf.runtime.bundle import FIXTURE_TEXTS
+        from batchinf.tasks.classifier_bundle import build_classifier_meta
+
+        pairs = [(FIXTURE_TEXTS[i], FIXTURE_TEXTS[j]) for i, j in ((0, 1), (1, 0), (2, 0), (0, 3))]
+        return build_classifier_meta(src, files, task=self.name, max_length=max_length, dtype=dtype,
+                                     fixture_inputs=pairs)
+
+    def open_runtime(self, root: Path, meta: dict[str, Any], device: str) -> Any:
+        from batchinf.runtime.classifier import ClassifierRuntime
+
+        return ClassifierRuntime(root, meta, device=device)
+
+    def verify_model(self, runtime: Any) -> None:
+        from batchinf.runtime.classifier import verify_logit_fixtures
+
+        verify_logit_fixtures(runtime)
+
+
+def _score_columns(c: dict[str, list[Any]], ok: list[int], per_row: dict[int, list[float]],
+                   top_n: int | None) -> dict[str, list[Any]]:
+    cols: dict[str, list[Any]] = {"score": [], "scores": [], "ranks": [], "top": []}
+    for i in ok:
+        s = per_row[i]
+        if c["form"][i] == "pair":
+            cols["score"].append(s[0])
+            cols["scores"].append(None)
+            cols["ranks"].append(None)
+            cols["top"].append(None)
+            continue
+        order = sorted(range(len(s)), key=lambda k: (-s[k], k))     # best first, ties by document order
+        ranks = [0] * len(s)
+        for r, k in enumerate(order, start=1):
+            ranks[k] = r
+        cols["score"].append(None)
+        cols["scores"].append(s)
+        cols["ranks"].append(ranks)
+        cols["top"].append(order[:top_n] if top_n else None)
+    return cols

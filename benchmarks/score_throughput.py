@@ -1,0 +1,113 @@
+"""Task score against sentence-transformers' CrossEncoder.predict: pairs/s and padding
+efficiency (real / computed token positions) on the same heavy-tailed pair-length corpus, one
+run each, same threads, same random-weight MiniLM-sized BERT cross-encoder (6 layers, hidden
+384, written by transformers; no download):
+
+    python benchmarks/score_throughput.py --threads 2 --pairs 2000
+
+batchinf runs the pairs as its score task does (tokenized once, sorted by pair length,
+token-budget batches of `--budget` padded tokens); CrossEncoder.predict runs them in input order
+in batches of `--batch-size` (its default 32), padding each batch to its longest pair.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+WORDS = ("the of and to a in is it you that he was for on are with as his they be at one have this from or "
+         "had by word but what some we can out other were all there when up use your how said an each").split()
+
+
+def corpus(n: int, seed: int = 0) -> list[tuple[str, str]]:
+    """Short queries; documents whose word counts follow a Pareto tail (most short, a few long)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        q = " ".join(rng.choice(WORDS, size=int(rng.integers(3, 12))))
+        d = " ".join(rng.choice(WORDS, size=int(min(400, 8 + rng.pareto(1.3) * 25))))
+        out.append((q, d))
+    return out
+
+
+def model_dir(root: Path) -> Path:
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from tests.helpers.tiny_models import _build_tokenizer, _vocab
+
+    tok = _build_tokenizer(_vocab(None))
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=tok.get_vocab_size(), hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+                     intermediate_size=1536, max_position_embeddings=512, num_labels=1)
+    BertForSequenceClassification(cfg).eval().save_pretrained(root, safe_serialization=True)
+    tok.save(str(root / "tokenizer.json"))
+    (root / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "BertTokenizerFast", "model_max_length": 512, "pad_token": "[PAD]", "unk_token": "[UNK]",
+        "cls_token": "[CLS]", "sep_token": "[SEP]", "mask_token": "[MASK]"}))
+    return root
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--pairs", type=int, default=2000)
+    ap.add_argument("--budget", type=int, default=4096)
+    ap.add_argument("--batch-size", type=int, default=32)
+    args = ap.parse_args()
+
+    import torch
+    from sentence_transformers import CrossEncoder
+
+    from batchinf.runtime.classifier import ClassifierRuntime, activate
+    from batchinf.tasks.batching import token_budget_batches
+    from batchinf.tasks.classifier_bundle import build_classifier_meta
+    from batchinf.runtime.bundle import bundle_files
+
+    torch.set_num_threads(args.threads)
+    src = model_dir(Path(tempfile.mkdtemp()) / "ce")
+    pairs = corpus(args.pairs)
+    meta = build_classifier_meta(src, bundle_files(src), task="score", max_length=512, dtype="float32",
+                                 fixture_inputs=[("a", "b")])
+    rt = ClassifierRuntime(src, meta)
+    rt.load_model()
+
+    t0 = time.perf_counter()
+    enc = rt.encode(pairs)                        # plan time: tokenize once
+    order = sorted(range(len(enc)), key=lambda i: len(enc[i][0]))
+    ours = np.zeros(len(enc), np.float32)
+    padded = 0
+    for batch in token_budget_batches([len(enc[i][0]) for i in order], args.budget):
+        idx = [order[j] for j in batch]
+        logits, p = rt.logits([enc[i][0] for i in idx], [enc[i][1] for i in idx])
+        ours[idx] = activate(logits, "sigmoid")[:, 0]
+        padded += p
+    t_ours = time.perf_counter() - t0
+    real = sum(len(e[0]) for e in enc)
+
+    ce = CrossEncoder(str(src), device="cpu", max_length=512)
+    t0 = time.perf_counter()
+    theirs = ce.predict(pairs, batch_size=args.batch_size)
+    t_st = time.perf_counter() - t0
+    st_padded = sum(len(b) * max(len(enc[i][0]) for i in b)
+                    for b in (range(s, min(s + args.batch_size, len(enc))) for s in range(0, len(enc), args.batch_size)))
+    print(json.dumps({
+        "pairs": len(pairs), "threads": args.threads, "real_tokens": real,
+        "batchinf": {"seconds": round(t_ours, 2), "pairs_per_s": round(len(pairs) / t_ours, 1),
+                     "padding_efficiency": round(real / padded, 3)},
+        "cross_encoder_predict": {"seconds": round(t_st, 2), "pairs_per_s": round(len(pairs) / t_st, 1),
+                                  "padding_efficiency": round(real / st_padded, 3)},
+        "speedup": round(t_st / t_ours, 2), "max_abs_diff": float(np.abs(ours - theirs).max()),
+    }, indent=1))
+
+
+if __name__ == "__main__":
+    main()
