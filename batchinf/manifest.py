@@ -20,7 +20,7 @@ from pydantic.json_schema import GenerateJsonSchema
 from batchinf.documents import DocumentError, parse_document
 from batchinf.errors import ManifestError
 from batchinf.manifest_rules import (DURATION, KEY, NULL_IS_DEFAULT, OUTPUT, POSITIVE, STRING, TEXT, Part,
-                                     Refused, choice, integer, manifest_error, nullable, parse_duration)
+                                     Refused, choice, integer, manifest_error, nullable, number, parse_duration)
 from batchinf.tasks import TASKS as TASK_REGISTRY
 from batchinf.tasks import EmbedOptions, GenerateOptions
 from batchinf.tasks.embed import DEVICES
