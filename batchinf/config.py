@@ -23,6 +23,10 @@ class Settings:
     speculate_min_seconds: float    # (and at least this long) gets a speculative attempt; 0: off
     max_step_failures: int = 10     # consecutive failed lifecycle steps of one job before it fails
     price_per_worker_hour: float | None = None  # BATCHINF_PRICE_PER_WORKER_HOUR: cost in status
+    files_uri: str = ""             # BATCHINF_FILES_URI: OpenAI API files and batch outputs, per tenant
+    max_file_bytes: int = 200 << 20  # BATCHINF_MAX_FILE_BYTES: largest file POST /v1/files accepts
+    openai_models: str = ""         # BATCHINF_OPENAI_MODELS: "gpt-4o-mini=smollm2@prod,..." model -> bundle
+    openai_shard_records: int = 1000  # BATCHINF_OPENAI_SHARD_RECORDS: requests per shard of a batch's job
 
     @property
     def embedded(self) -> bool:
@@ -51,4 +55,8 @@ def settings() -> Settings:
         max_step_failures=int(os.environ.get("BATCHINF_MAX_STEP_FAILURES", 10)),
         price_per_worker_hour=float(os.environ["BATCHINF_PRICE_PER_WORKER_HOUR"])
         if os.environ.get("BATCHINF_PRICE_PER_WORKER_HOUR") else None,
+        files_uri=os.environ.get("BATCHINF_FILES_URI") or (home / "files").as_uri(),
+        max_file_bytes=int(os.environ.get("BATCHINF_MAX_FILE_BYTES", 200 << 20)),
+        openai_models=os.environ.get("BATCHINF_OPENAI_MODELS", ""),
+        openai_shard_records=int(os.environ.get("BATCHINF_OPENAI_SHARD_RECORDS", 1000)),
     )

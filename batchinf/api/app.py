@@ -9,6 +9,7 @@ from fastapi import FastAPI, Request, Response
 
 from batchinf import metrics
 from batchinf.api import errors
+from batchinf.api.openai_routes import router as openai_router
 from batchinf.api.routes import router
 
 
@@ -21,6 +22,7 @@ def create_app() -> FastAPI:
                               "tenant's jobs.")
     errors.install(app)
     app.include_router(router)
+    app.include_router(openai_router)
 
     @app.middleware("http")
     async def _observe(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:

@@ -13,6 +13,7 @@ imports this one back. Library modules never import `batchinf.cli`.
 | `service.py` | serve, token create, list, revoke |
 | `schedules.py` | schedule add, list, pause, resume, backfill; scheduler |
 | `fleet.py` | worker, controller |
+| `batches.py` | files upload, list, show, download, delete; batches create, list, show, cancel |
 | `common.py` | console, emit, friendly, shared options, progress bars, print_status |
 """
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import click
 
-from batchinf.cli import bundles, db, fleet, jobs, schedules, service
+from batchinf.cli import batches, bundles, db, fleet, jobs, schedules, service
 
 
 @click.group()
@@ -29,7 +30,7 @@ def main() -> None:
     """Durable batch inference over object storage."""
 
 
-for _module in (jobs, bundles, db, service, schedules, fleet):
+for _module in (jobs, bundles, db, service, schedules, fleet, batches):
     for _command in _module.COMMANDS:
         main.add_command(_command)
 

@@ -5,6 +5,18 @@ from __future__ import annotations
 import click
 
 from batchinf.cli.common import friendly, metrics_port_option
+from batchinf.errors import BatchinfError
+
+
+def refuse_embedded(what: str) -> None:
+    """A Celery controller or worker needs a shared ledger and broker; on SQLite nothing would run."""
+    from batchinf.config import settings
+
+    if settings().embedded:
+        raise BatchinfError(f"`batchinf {what}` is for distributed mode, and the ledger is the embedded SQLite "
+                            f"database ({settings().database_url}). Run `batchinf serve` (it runs the jobs on "
+                            "this machine) or `batchinf run MANIFEST`; for a cluster set "
+                            "BATCHINF_DATABASE_URL=postgresql://... and BATCHINF_BROKER_URL")
 
 
 @click.command("worker")
@@ -16,6 +28,8 @@ from batchinf.cli.common import friendly, metrics_port_option
 def worker(concurrency: int, device: str, threads: int | None, metrics_port: int | None) -> None:
     """A Celery worker (distributed mode). Its processes keep loaded bundles cached by digest."""
     import os
+
+    refuse_embedded("worker")
 
     if metrics_port:
         import tempfile
@@ -50,6 +64,8 @@ def controller(max_in_flight: int, requeue_seconds: float, tick: float, metrics_
     import threading
 
     from batchinf.controller import Controller
+
+    refuse_embedded("controller")
 
     if metrics_port:
         from batchinf import metrics

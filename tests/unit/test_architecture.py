@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("batchinf.store", "batchinf.manifest", "batchinf.formats", "batchinf.runtime", "batchinf.retry"),
     ("batchinf.parts", "batchinf.openai_output"),
     ("batchinf.ledger",),
-    ("batchinf.bundles", "batchinf.tenants", "batchinf.submit", "batchinf.metrics"),
+    ("batchinf.bundles", "batchinf.tenants", "batchinf.submit", "batchinf.metrics", "batchinf.openai_batches"),
     ("batchinf.plan", "batchinf.execute", "batchinf.verify", "batchinf.schedules"),
     ("batchinf.quarantine", "batchinf.dispatch"),
     ("batchinf.lifecycle",),

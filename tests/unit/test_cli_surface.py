@@ -21,7 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 TREE: dict[str, set[str]] = {
     "": {"run", "submit", "status", "cancel", "jobs", "verify", "bundle", "db", "serve", "token", "schedule",
-         "scheduler", "worker", "controller"},
+         "scheduler", "worker", "controller", "files", "batches"},
+    "files": {"upload", "list", "show", "download", "delete"},
+    "batches": {"create", "list", "show", "cancel"},
     "bundle": {"import", "import-gguf", "list", "verify", "alias"},
     "db": {"upgrade"},
     "token": {"create", "list", "revoke"},
