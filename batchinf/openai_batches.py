@@ -310,7 +310,7 @@ def _not_run_from_input(row: dict[str, Any], out: str, code: str) -> list[str]:
             h = hashlib.sha256(f"{row['id']}\0{cid}\0{len(lines)}".encode()).hexdigest()
             lines.append(json.dumps({"id": f"batch_req_{h[:32]}", "custom_id": cid, "response": None,
                                      "error": {"code": code, "message": NOT_RUN_MESSAGES[code]}}))
-    uri = join(out, "openai", "not-run", "unplanned.jsonl")
+    uri = join(out, "openai", "not-run-unplanned.jsonl")
     get_store(uri).put_bytes(uri, ("\n".join(lines) + "\n").encode())
     return [uri]
 

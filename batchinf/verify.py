@@ -138,7 +138,7 @@ def _render_not_run(job: Job, rows: list[Shard], code: str, ctx: RenderContext) 
     not-done shard, so each custom_id appears exactly once across the openai/ files."""
     rendered = []
     for n, r in enumerate(_not_done(rows)):
-        key = f"openai/not-run/part-{n:05d}.jsonl"
+        key = f"openai/not-run-{n:05d}.jsonl"
         sha, lines = render_not_run(r.input_uri, code, ctx, join(job.output_uri, key))
         rendered.append({"key": key, "kind": "openai", "sha256": sha, "rows": lines, "from": r.id, "error": code})
     return rendered
