@@ -86,6 +86,12 @@ class Settings:
     limits: dict[str, int]          # LIMITS' variables: the operator's default of each tenant-overridable bound
     max_kv_cache_bytes: int         # BATCHINF_MAX_KV_CACHE_BYTES: a worker's KV-cache budget per generate call
     max_error_rows: int             # BATCHINF_MAX_ERROR_ROWS: error rows per job before it fails (default 1,000,000)
+    # --- OpenAI Files and Batches API
+    files_uri: str                  # BATCHINF_FILES_URI: OpenAI API files and batch outputs, per tenant
+                                    # (default: files/ under BATCHINF_HOME)
+    max_file_bytes: int             # BATCHINF_MAX_FILE_BYTES: largest file POST /v1/files accepts (200 MiB)
+    openai_models: str              # BATCHINF_OPENAI_MODELS: "gpt-4o-mini=smollm2@prod,..." model -> bundle
+    openai_shard_records: int       # BATCHINF_OPENAI_SHARD_RECORDS: requests per shard of a batch's job (1000)
     # --- fault injection (tests, chaos)
     failpoints: str                 # BATCHINF_FAILPOINTS: "point=action;..." (batchinf/failpoints.py)
     failpoints_seed: str | None     # BATCHINF_FAILPOINTS_SEED: seeds the probabilistic failpoints' draws
@@ -208,6 +214,10 @@ def load_settings() -> Settings:
         limits={name: _int(var, default) for name, (var, default, _) in LIMITS.items()},
         max_kv_cache_bytes=_int("BATCHINF_MAX_KV_CACHE_BYTES", LIMITS["kv_cache_bytes"][1]),
         max_error_rows=_int("BATCHINF_MAX_ERROR_ROWS", 1_000_000),
+        files_uri=_text("BATCHINF_FILES_URI") or (home / "files").as_uri(),
+        max_file_bytes=_int("BATCHINF_MAX_FILE_BYTES", 200 << 20),
+        openai_models=_text("BATCHINF_OPENAI_MODELS") or "",
+        openai_shard_records=_int("BATCHINF_OPENAI_SHARD_RECORDS", 1000),
         failpoints=_text("BATCHINF_FAILPOINTS") or "",
         failpoints_seed=_text("BATCHINF_FAILPOINTS_SEED"),
     )

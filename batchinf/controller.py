@@ -88,3 +88,37 @@ class Controller:
                     step(job_id, self.dispatcher, slots=shares.get(job_id, 0))
             except Exception as exc:  # noqa: BLE001 -- this job waits for the next tick; others go on
                 log.warning("job %s: %s: %s", job_id, type(exc).__name__, exc)
+
+
+def serve_embedded(stop: threading.Event, *, workers: int = 1, device: str = "auto", threads: int | None = None,
+                   tick_seconds: float = 0.5, scheduler_interval: float = 30.0) -> list[threading.Thread]:
+    """What the jobs of an embedded (SQLite) ledger need, beside `batchinf serve`'s API: a
+    controller loop over every active job, a pool of local worker processes that lease shards of
+    any running job, and the scheduler. Returns the threads; setting `stop` ends them (and the
+    workers)."""
+    from batchinf.dispatch import SharedPool
+    from batchinf.schedules import tick as schedule_tick
+
+    pool = SharedPool(workers=workers, device=device, threads=threads)
+    controller = Controller(pool, name=f"serve@{socket.gethostname()}:{os.getpid()}",
+                            max_in_flight=2 * max(1, workers), tick_seconds=tick_seconds)
+
+    def run_controller() -> None:
+        try:
+            controller.run_forever(stop)
+        finally:
+            pool.stop(timeout=5)
+
+    def run_scheduler() -> None:
+        while not stop.is_set():
+            try:
+                schedule_tick()
+            except Exception as exc:  # noqa: BLE001 -- the next tick retries
+                log.warning("scheduler tick failed: %s: %s", type(exc).__name__, exc)
+            stop.wait(scheduler_interval)
+
+    threads_ = [threading.Thread(target=run_controller, name="batchinf-controller", daemon=True),
+                threading.Thread(target=run_scheduler, name="batchinf-scheduler", daemon=True)]
+    for t in threads_:
+        t.start()
+    return threads_

@@ -248,3 +248,84 @@ class LocalPool(Dispatcher):
                 p.kill()
                 p.join()
         self.procs.clear()
+
+
+def pool_worker_main(device: str, threads: int, parent_pid: int, twins: mp.Queue) -> None:
+    """Entry point of a shared pool's worker process (embedded `batchinf serve`): lease shards of
+    any running job until the parent exits; bundles stay loaded per digest between jobs."""
+    import signal
+
+    import torch
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(threads)
+    torch.set_num_interop_threads(1)
+    device = pick_device(device)
+    me = worker_name()
+    while os.getppid() == parent_pid:
+        try:
+            lease = retrying(leases.claim_next, None, me, settings().lease_seconds)
+            while lease is None:
+                try:
+                    lease = retrying(leases.claim_speculative, twins.get_nowait(), me)
+                except queue.Empty:
+                    break
+        except Exception:  # noqa: BLE001 -- ledger briefly unavailable: try again
+            lease = None
+        if lease is not None:
+            run_lease(lease, device, parent_pid)
+        else:
+            time.sleep(0.2)
+
+
+class SharedPool(Dispatcher):
+    """N long-lived worker processes on this machine that lease shards of every running job from
+    the ledger (embedded `batchinf serve`, driven by `controller.Controller`). Planning runs in
+    the driver's process."""
+
+    def __init__(self, *, workers: int = 1, device: str = "auto", threads: int | None = None) -> None:
+        super().__init__()
+        self.n, self.device = max(1, workers), device
+        self.threads = threads or max(1, (os.cpu_count() or 1) // self.n)
+        self.ctx = mp.get_context("spawn")
+        self.procs: list[mp.process.BaseProcess] = []
+        self.twins: mp.Queue = self.ctx.Queue()
+        self.dead: set[str] = set()
+
+    def start(self) -> None:
+        while len(self.procs) < self.n:
+            p = self.ctx.Process(target=pool_worker_main, name="batchinf-worker", daemon=True,
+                                 args=(self.device, self.threads, os.getpid(), self.twins))
+            p.start()
+            self.procs.append(p)
+
+    def plan(self, job: Job, idxs: list[int]) -> None:
+        plan_objects_here(job, idxs, 1)
+
+    def _send_twin(self, shard_id: str) -> None:
+        self.twins.put(shard_id)
+
+    def dead_workers(self, job: Job) -> list[str]:
+        for p in list(self.procs):
+            if not p.is_alive():
+                p.join()
+                self.procs.remove(p)
+                if p.exitcode != 0:
+                    self.dead.add(worker_name(p.pid))
+        host = socket.gethostname()
+        for owner in shard_repo.lease_owners(job.id):   # leases of a previous server killed with -9
+            h, _, pid = owner.rpartition(":")
+            if h == host and pid.isdigit() and not _pid_alive(int(pid)):
+                self.dead.add(owner)
+        return sorted(self.dead)
+
+    def keep_up(self, job: Job, open_shards: int) -> None:
+        self.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        for p in self.procs:
+            p.join(timeout)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        self.procs.clear()

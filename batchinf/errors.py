@@ -41,3 +41,7 @@ class TransientError(BatchinfError):
 
 class VerificationError(BatchinfError):
     """Published output does not match its manifest (coverage, digests, row counts)."""
+
+
+class NotFoundError(BatchinfError):
+    """No such object for this tenant (another tenant's looks exactly the same)."""

@@ -35,9 +35,31 @@ class RenderContext:
     created: int        # the job's creation time (UNIX seconds)
     model: str          # the bundle reference the job was submitted with
     task: str
+    system_fingerprint: str | None = None   # fp_ + the bundle digest's first 12 hex digits
 
     def to_dict(self) -> dict[str, Any]:
-        return {"job_id": self.job_id, "created": self.created, "model": self.model, "task": self.task}
+        d = {"job_id": self.job_id, "created": self.created, "model": self.model, "task": self.task}
+        if self.system_fingerprint is not None:
+            d["system_fingerprint"] = self.system_fingerprint
+        return d
+
+
+def fingerprint(bundle_digest: str) -> str:
+    """A chat/completions body's system_fingerprint: which exact model weights answered."""
+    return "fp_" + bundle_digest.removeprefix("sha256:")[:12]
+
+
+NOT_RUN_MESSAGES = {
+    "batch_cancelled": "This request was not executed because the batch was cancelled.",
+    "batch_expired": "This request could not be executed before the completion window expired.",
+}
+
+
+def not_run_line(record_id: str | None, source: str, ordinal: int, code: str, ctx: RenderContext) -> dict[str, Any]:
+    """A request that never ran because its batch was cancelled or expired (as OpenAI writes it)."""
+    h = _hash(ctx, record_id, source, ordinal)
+    return {"id": f"batch_req_{h[:32]}", "custom_id": record_id, "response": None,
+            "error": {"code": code, "message": NOT_RUN_MESSAGES[code]}}
 
 
 def _hash(ctx: RenderContext, custom_id: str | None, source: str, ordinal: int) -> str:
@@ -64,6 +86,8 @@ def result_line(row: dict[str, Any], ctx: RenderContext) -> dict[str, Any]:
             choice = {"index": 0, "text": row["text"], "logprobs": None, "finish_reason": row["finish_reason"]}
             body = {"id": f"cmpl-{h[:32]}", "object": "text_completion"}
         body.update(created=ctx.created, model=ctx.model, choices=[choice], usage=usage)
+        if ctx.system_fingerprint is not None:
+            body["system_fingerprint"] = ctx.system_fingerprint
     return {"id": f"batch_req_{h[:32]}", "custom_id": row["record_id"],
             "response": {"status_code": 200, "request_id": f"req_{h[32:64]}", "body": body}, "error": None}
 
@@ -95,6 +119,24 @@ def render_to_path(part_uri: str, kind: str, ctx: RenderContext, path: str) -> t
                 f.write(_dumps(line(row, ctx)))
                 lines += 1
     return sha256_file(path), lines
+
+
+def render_not_run(staged_uri: str, code: str, ctx: RenderContext, dest_uri: str) -> tuple[str, int]:
+    """A not-done shard's requests (from its staged file) as `code` error lines, uploaded to dest_uri."""
+    fd, tmp = tempfile.mkstemp(suffix=".jsonl")
+    os.close(fd)
+    lines = 0
+    try:
+        with open(tmp, "wb") as f, open_parquet(staged_uri) as pf:
+            for rb in pf.iter_batches(batch_size=1024, columns=["record_id", "source", "ordinal"]):
+                for row in rb.to_pylist():
+                    f.write(_dumps(not_run_line(row["record_id"], row["source"], row["ordinal"], code, ctx)))
+                    lines += 1
+        digest = sha256_file(tmp)
+        get_store(dest_uri).put_file(dest_uri, tmp)
+        return digest, lines
+    finally:
+        os.unlink(tmp)
 
 
 def render_part(part_uri: str, kind: str, ctx: RenderContext, dest_uri: str) -> tuple[str, int]:

@@ -23,7 +23,7 @@ from batchinf.ledger import shards as shard_repo
 from batchinf.ledger.events import now
 from batchinf.ledger.models import Job, Shard
 from batchinf.ledger.states import SHARD_DONE, JobStatus, ShardStatus
-from batchinf.openai_output import RenderContext, render_part, render_to_path
+from batchinf.openai_output import RenderContext, fingerprint, render_not_run, render_part, render_to_path
 from batchinf.parts import digest_of_uri, read_table
 from batchinf.store import get_store, join, normalize_uri
 from batchinf.tasks import get_task
@@ -123,7 +123,26 @@ def _summary(job: Job, out: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
 def _openai_context(job: Job) -> RenderContext | None:
     if job.manifest.input.format != "openai-batch":
         return None
-    return RenderContext(job_id=job.id, created=int(job.created_at), model=job.bundle_ref, task=job.task)
+    return RenderContext(job_id=job.id, created=int(job.created_at), model=job.bundle_ref, task=job.task,
+                         system_fingerprint=fingerprint(job.bundle_digest))
+
+
+def _not_done(rows: list[Shard]) -> list[Shard]:
+    """Shards whose records have no committed row: neither done nor split into children."""
+    parents = {r.parent_id for r in rows if r.parent_id}
+    return [r for r in rows if r.id not in parents
+            and (r.status not in SHARD_DONE or (r.status == ShardStatus.QUARANTINED and not r.errors_uri))]
+
+
+def _render_not_run(job: Job, rows: list[Shard], code: str, ctx: RenderContext) -> list[dict[str, Any]]:
+    """`batch_cancelled` / `batch_expired` lines for every request that never ran, one file per
+    not-done shard, so each custom_id appears exactly once across the openai/ files."""
+    rendered = []
+    for n, r in enumerate(_not_done(rows)):
+        key = f"openai/not-run-{n:05d}.jsonl"
+        sha, lines = render_not_run(r.input_uri, code, ctx, join(job.output_uri, key))
+        rendered.append({"key": key, "kind": "openai", "sha256": sha, "rows": lines, "from": r.id, "error": code})
+    return rendered
 
 
 def _inputs(job: Job) -> list[dict[str, Any]]:
@@ -138,9 +157,10 @@ def publish_partial(job: Job) -> dict[str, Any]:
     parts, sources = _committed_parts(rows)
     _promote(job.output_uri, parts, sources)
     ctx = _openai_context(job)
-    if ctx is not None:     # the done records' OpenAI lines, as a cancelled OpenAI batch has
-        parts += _render_openai(job.output_uri, parts, ctx)
     expired = job.deadline_at is not None and job.deadline_at <= now()
+    if ctx is not None:     # the done records' OpenAI lines, and an error line for each one not run
+        parts += _render_openai(job.output_uri, parts, ctx)
+        parts += _render_not_run(job, rows, "batch_expired" if expired else "batch_cancelled", ctx)
     done = [r for r in rows if r.status == ShardStatus.COMMITTED]
     partial = {
         "job_id": job.id, "status": (JobStatus.EXPIRED if expired else JobStatus.CANCELLED).value, "reason": job.error,

@@ -8,8 +8,10 @@ from collections.abc import Awaitable, Callable
 from fastapi import FastAPI, Request, Response
 
 from batchinf import metrics
+from batchinf.config import settings
 from batchinf.api import errors
 from batchinf.api.body import BodyLimit
+from batchinf.api.openai_routes import router as openai_router
 from batchinf.api.routes import MAX_MANIFEST_BYTES, router
 
 
@@ -22,6 +24,7 @@ def create_app() -> FastAPI:
                               "tenant's jobs.")
     errors.install(app)
     app.include_router(router)
+    app.include_router(openai_router)
 
     @app.middleware("http")
     async def _observe(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
@@ -36,5 +39,6 @@ def create_app() -> FastAPI:
             metrics.observe_request(request.method, getattr(route, "path", "unmatched"), status,
                                     time.perf_counter() - t0)
 
-    app.add_middleware(BodyLimit, limit=MAX_MANIFEST_BYTES)     # outermost: before anything reads a body
+    uploads = {"/v1/files": settings().max_file_bytes + (1 << 20)}     # the file, plus its multipart framing
+    app.add_middleware(BodyLimit, limit=MAX_MANIFEST_BYTES, uploads=uploads)   # outermost: before any body is read
     return app

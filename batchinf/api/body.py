@@ -53,17 +53,22 @@ async def read_limited(request: Request, limit: int) -> bytes:
 
 
 class BodyLimit:
-    """ASGI middleware: any request whose Content-Length is over `limit` gets 413 (or 400 for a
-    Content-Length that is not a number) without its body being read, on every route."""
+    """ASGI middleware: any request whose Content-Length is over its route's limit gets 413 (or
+    400 for a Content-Length that is not a number) without its body being read, on every route:
+    `limit`, or for a path under one of `uploads` (file uploads, which stream with a limit of
+    their own) that path's limit."""
 
-    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]], limit: int) -> None:
-        self.app, self.limit = app, limit
+    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]], limit: int,
+                 uploads: dict[str, int] | None = None) -> None:
+        self.app, self.limit, self.uploads = app, limit, uploads or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
+            path = scope.get("path", "")
+            limit = next((n for prefix, n in self.uploads.items() if path.startswith(prefix)), self.limit)
             try:
-                declared_length(headers, self.limit)
+                declared_length(headers, limit)
             except ApiError as exc:
                 payload = json.dumps(body(exc.code, exc.message)).encode()
                 await send({"type": "http.response.start", "status": exc.status,

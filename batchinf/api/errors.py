@@ -15,6 +15,7 @@ from batchinf.errors import (
     BundleError,
     LedgerError,
     ManifestError,
+    NotFoundError,
     TransientError,
 )
 
@@ -59,6 +60,8 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(BatchinfError)
     async def _batchinf(_: Request, exc: BatchinfError) -> JSONResponse:
+        if isinstance(exc, NotFoundError):
+            return _json(404, "not_found", str(exc))
         if isinstance(exc, TransientError):
             return _json(503, "unavailable", f"{exc}; retry shortly")
         if isinstance(exc, (ManifestError, BundleError)):

@@ -15,6 +15,7 @@ imports this one back. Library modules never import `batchinf.cli`.
 | `schedules.py` | schedule add, list, pause, resume, backfill; scheduler |
 | `fleet.py` | worker, controller |
 | `tenants.py`, `limits.py` | tenant grant, revoke, show, limit |
+| `batches.py` | files upload, list, show, download, delete; batches create, list, show, cancel |
 | `common.py` | console, emit, friendly, shared options, progress bars, print_status |
 """
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import click
 
-from batchinf.cli import bundles, db, fleet, info, jobs, schedules, service, tenants
+from batchinf.cli import batches, bundles, db, fleet, info, jobs, schedules, service, tenants
 from batchinf.version import __version__
 
 # long-running processes log at INFO by default; other commands print results and log warnings
@@ -53,7 +54,7 @@ def main(ctx: click.Context, log_format: str | None, log_level: str | None) -> N
     logs.configure(s.log_format, s.log_level or ("INFO" if ctx.invoked_subcommand in DAEMONS else "WARNING"))
 
 
-for _module in (jobs, bundles, db, service, schedules, fleet, tenants, info):
+for _module in (jobs, bundles, db, service, schedules, fleet, tenants, info, batches):
     for _command in _module.COMMANDS:
         main.add_command(_command)
 

@@ -5,6 +5,18 @@ from __future__ import annotations
 import click
 
 from batchinf.cli.common import friendly, metrics_port_option
+from batchinf.errors import BatchinfError
+
+
+def refuse_embedded(what: str) -> None:
+    """A Celery controller or worker needs a shared ledger and broker; on SQLite nothing would run."""
+    from batchinf.config import settings
+
+    if settings().embedded:
+        raise BatchinfError(f"`batchinf {what}` is for distributed mode, and the ledger is the embedded SQLite "
+                            f"database ({settings().database_url}). Run `batchinf serve` (it runs the jobs on "
+                            "this machine) or `batchinf run MANIFEST`; for a cluster set "
+                            "BATCHINF_DATABASE_URL=postgresql://... and BATCHINF_BROKER_URL")
 
 
 @click.command("worker", context_settings={"ignore_unknown_options": True})
@@ -25,6 +37,8 @@ def worker(concurrency: int, device: str, threads: int | None, hostname: str, me
     import os
 
     from batchinf.config import settings
+
+    refuse_embedded("worker")
 
     if metrics_port:
         import tempfile
@@ -62,6 +76,8 @@ def controller(max_in_flight: int, requeue_seconds: float, tick: float, metrics_
     import threading
 
     from batchinf.controller import Controller
+
+    refuse_embedded("controller")
 
     if metrics_port:
         from batchinf import metrics

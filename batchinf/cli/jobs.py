@@ -65,6 +65,11 @@ def submit(manifest: str, wait: bool, as_json: bool, tenant: str) -> None:
 
     job_id, _ = do_submit(load_manifest(manifest), tenant=tenant)
     s = status(job_id)
+    from batchinf.config import settings
+
+    if wait and settings().embedded and not as_json:
+        click.echo(f"{job_id} submitted to the embedded ledger; `batchinf serve` runs it (start it if it is "
+                   f"not running, or use `batchinf run {manifest}`)", err=True)
     if wait:
         with progress(as_json) as bar:
             tick = ticker(bar, job_id)

@@ -13,15 +13,41 @@ from batchinf.cli.common import emit, friendly, json_option
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8080, show_default=True, type=int)
 @click.option("--log-level", default="info", show_default=True)
+@click.option("--workers", default=1, show_default=True, type=int,
+              help="Embedded ledger: local worker processes that run the jobs' shards.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--threads", type=int, default=None, help="Torch threads per worker (default: cores / workers).")
 @friendly
-def serve(host: str, port: int, log_level: str) -> None:
-    """The REST API over the ledger (OpenAPI document at /openapi.json, docs at /docs)."""
+def serve(host: str, port: int, log_level: str, workers: int, device: str, threads: int | None) -> None:
+    """The REST API over the ledger (OpenAPI document at /openapi.json, docs at /docs), with the
+    OpenAI-compatible /v1/files and /v1/batches. On the embedded (SQLite) ledger it also runs what
+    the jobs need on this machine: a controller loop, --workers local worker processes and the
+    scheduler, so `batchinf serve` alone is a working batch server. In distributed mode it is
+    only the API; controllers and workers run the jobs."""
+    import threading
+
     import uvicorn
 
     from batchinf.api import create_app
+    from batchinf.config import settings
 
-    # log_config=None: uvicorn's loggers go through batchinf's one configuration (`--log-format`)
-    uvicorn.run(create_app(), host=host, port=port, log_level=log_level, access_log=False, log_config=None)
+    stop = threading.Event()
+    runners = []
+    if settings().embedded:
+        from batchinf.controller import serve_embedded
+        from batchinf.ledger.db import engine
+
+        engine()       # create or upgrade the embedded ledger before anything else touches it
+        runners = serve_embedded(stop, workers=workers, device=device, threads=threads)
+        click.echo(f"embedded ledger {settings().database_url}: running jobs here with {workers} worker "
+                   "process(es), a controller loop and the scheduler", err=True)
+    try:
+        # log_config=None: uvicorn's loggers go through batchinf's one configuration (`--log-format`)
+        uvicorn.run(create_app(), host=host, port=port, log_level=log_level, access_log=False, log_config=None)
+    finally:
+        stop.set()
+        for t in runners:
+            t.join(timeout=15)
 
 
 @click.group("token")

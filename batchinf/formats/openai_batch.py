@@ -23,7 +23,8 @@ CHAT, COMPLETIONS, EMBEDDINGS = "/v1/chat/completions", "/v1/completions", "/v1/
 ENDPOINT_TASK = {CHAT: "generate", COMPLETIONS: "generate", EMBEDDINGS: "embed"}
 
 # Body keys that do not change the answer: accepted and ignored.
-IGNORED = {"model", "user", "metadata", "store", "service_tier", "stream_options", "parallel_tool_calls"}
+IGNORED = {"model", "user", "metadata", "store", "service_tier", "stream_options", "parallel_tool_calls",
+           "prompt_cache_key", "safety_identifier", "prompt_cache_retention"}
 # Body keys with a value batchinf honours only at its default: (is-default test, why and what to do).
 _NOT_SUPPORTED: dict[str, tuple[Any, str]] = {
     "n": (lambda v: v in (None, 1), ("n > 1 is not supported (one answer per line); repeat the line with "

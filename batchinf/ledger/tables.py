@@ -198,3 +198,38 @@ tenant_limits = Table(
     Column("name", String(64), primary_key=True),         # a limit of config.LIMITS
     Column("value", BigInteger, nullable=False),
 )
+
+files = Table(
+    "files", metadata,
+    Column("id", String(40), primary_key=True),           # file-<hex>: OpenAI-style file id
+    Column("tenant", String(100), nullable=False),
+    Column("filename", String(300), nullable=False),
+    Column("purpose", String(32), nullable=False),        # batch (uploaded) | batch_output (a batch's output)
+    Column("bytes", BigInteger, nullable=False),
+    Column("uri", Text, nullable=True),                   # an uploaded file's object
+    Column("parts", Text, nullable=True),                 # a batch output file: JSON list of object uris, in order
+    Column("meta", Text, nullable=True),                  # what the upload's line-by-line scan found (JSON)
+    Column("created_at", Float, nullable=False),
+    Column("deleted_at", Float, nullable=True),
+    Index("ix_files_tenant_created", "tenant", "created_at"),
+)
+
+batches = Table(
+    "batches", metadata,
+    Column("id", String(40), primary_key=True),           # batch_<hex>
+    Column("tenant", String(100), nullable=False),
+    Column("input_file_id", String(40), nullable=False),
+    Column("endpoint", String(64), nullable=False),
+    Column("completion_window", String(32), nullable=False),
+    Column("model", String(300), nullable=True),          # the bundle reference the lines named
+    Column("metadata", Text, nullable=True),              # the caller's metadata (JSON)
+    Column("job_id", String(40), ForeignKey("jobs.id"), nullable=True),   # null: failed validation
+    Column("errors", Text, nullable=True),                # validation errors (JSON list)
+    Column("output_file_id", String(40), nullable=True),
+    Column("error_file_id", String(40), nullable=True),
+    Column("created_at", Float, nullable=False),
+    Column("failed_at", Float, nullable=True),
+    Column("cancelling_at", Float, nullable=True),
+    Column("finalized_at", Float, nullable=True),         # output and error files recorded
+    Index("ix_batches_tenant_created", "tenant", "created_at"),
+)

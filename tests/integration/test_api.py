@@ -323,7 +323,9 @@ def test_bundles_and_openapi_document(svc: Service) -> None:
     doc = httpx.get(svc.url + "/openapi.json").json()
     assert set(doc["paths"]) == {"/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/shards",
                                  "/v1/jobs/{job_id}/errors", "/v1/jobs/{job_id}/cancel", "/v1/bundles",
-                                 "/healthz", "/metrics"}
+                                 "/healthz", "/metrics", "/v1/files", "/v1/files/{file_id}",
+                                 "/v1/files/{file_id}/content", "/v1/batches", "/v1/batches/{batch_id}",
+                                 "/v1/batches/{batch_id}/cancel"}
     from batchinf.api.schemas import JobStatus
     from batchinf.ledger.status import status
 
@@ -349,7 +351,7 @@ def test_schema_driven_fuzz_finds_no_server_errors(svc: Service) -> None:
     headers = {"Authorization": f"Bearer {svc.tokens['acme']}"}
     checks = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
     operations = [r.ok() for r in schema.get_all_operations()]
-    assert len(operations) == 9        # 8 paths, /v1/jobs with GET and POST
+    assert len(operations) == 18       # 8 paths, /v1/jobs with GET and POST; 9 OpenAI files/batches operations
     modes = (schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE)
     no_inputs = {"/healthz", "/metrics", "/v1/bundles"}        # nothing to make invalid there
     for op, mode in ((op, m) for op in operations for m in modes if op.path not in no_inputs or m is modes[0]):

@@ -271,12 +271,18 @@ def test_a_cancelled_openai_batch_keeps_the_done_records_openai_lines(tmp_path: 
     assert drive(job_id, workers=1, threads=1, on_tick=cancel_after_first_commit) == "cancelled"
     p = json.loads((out / PARTIAL).read_text())
     assert p["shards_done"] and p["shards_not_done"] and p["openai"]["job_id"] == job_id
-    got = parse_openai(out, p)
+    lines = parse_openai(out, p)
+    got = [g for g in lines if g["response"] is not None]
     done = [r["record_id"] for part in p["parts"] if part["kind"] in ("results", "errors")
             for r in read_table(join(str(out), part["key"]), columns=["record_id"]).to_pylist()]
     assert len(got) == len(done) == p["counts"]["records_done"] < 40
     assert sorted(g["custom_id"] for g in got) == sorted(done)
     assert all(g["response"]["status_code"] == 200 for g in got)
+    # the requests that never ran get a batch_cancelled line each, as OpenAI writes them
+    not_run = [g for g in lines if g["response"] is None]
+    assert {g["error"]["code"] for g in not_run} == {"batch_cancelled"}
+    assert len(not_run) == p["counts"]["records_not_done"] and len(lines) == 40
+    assert len({g["custom_id"] for g in lines}) == 40
 
 
 def test_openai_batch_embeddings_round_trip(tmp_path: Path, tiny_bundle: str) -> None:

@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("batchinf.parts", "batchinf.openai_output"),
     ("batchinf.ledger",),
     ("batchinf.bundles", "batchinf.tenants", "batchinf.scopes", "batchinf.limits", "batchinf.submit",
-     "batchinf.metrics"),
+     "batchinf.metrics", "batchinf.openai_batches"),
     ("batchinf.plan", "batchinf.execute", "batchinf.verify", "batchinf.schedules"),
     ("batchinf.quarantine", "batchinf.dispatch"),
     ("batchinf.lifecycle",),

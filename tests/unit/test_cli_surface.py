@@ -21,7 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 TREE: dict[str, set[str]] = {
     "": {"run", "submit", "status", "cancel", "jobs", "verify", "bundle", "db", "serve", "token", "schedule",
-         "scheduler", "worker", "controller", "tenant", "info"},
+         "scheduler", "worker", "controller", "tenant", "info", "files", "batches"},
+    "files": {"upload", "list", "show", "download", "delete"},
+    "batches": {"create", "list", "show", "cancel"},
     "bundle": {"import", "import-gguf", "list", "verify", "alias"},
     "db": {"upgrade", "current", "history", "downgrade", "check"},
     "token": {"create", "list", "revoke"},

@@ -1,0 +1,357 @@
+"""The OpenAI-compatible Files and Batches API with the official `openai` client against a real
+`batchinf serve`: on the embedded default (SQLite; serve runs the jobs itself) and in distributed
+mode (PostgreSQL, a controller and a Celery worker, an S3 server)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import _free_port, _reset_process_state, _unavailable, stop_process
+from tests.helpers.corpus import texts
+
+pytestmark = pytest.mark.integration
+openai = pytest.importorskip("openai")
+
+
+@dataclass
+class Server:
+    url: str
+    tokens: dict[str, str]
+    log: Path
+    env: dict[str, str]
+
+    def client(self, tenant: str = "acme") -> Any:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=self.tokens[tenant], max_retries=0, timeout=60)
+
+    def cli(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "batchinf.cli", *args], env=self.env, capture_output=True,
+                              text=True, timeout=timeout, check=False)
+
+
+def _cli(*args: str) -> str:
+    r = subprocess.run([sys.executable, "-m", "batchinf.cli", *args], env=dict(os.environ), capture_output=True,
+                       text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def _start(root: Path, serve_args: list[str], procs: list[subprocess.Popen]) -> Server:
+    from batchinf.bundles import import_bundle
+    from tests.helpers.tiny_llama import make_tiny_llama
+    from tests.helpers.tiny_models import make_tiny_bert
+
+    import_bundle(make_tiny_bert(root / "tiny-bert"), "tiny", alias="prod")
+    import_bundle(make_tiny_llama(root / "tiny-llama"), "tinyllama", alias="prod")
+    tokens = {t: json.loads(_cli("token", "create", "--tenant", t, "--json"))["token"] for t in ("acme", "globex")}
+    _reset_process_state()
+    port = _free_port()
+    log = root / "serve.log"
+    with open(log, "wb") as out:
+        procs.append(subprocess.Popen([sys.executable, "-m", "batchinf.cli", "serve", "--port", str(port),
+                                       "--log-level", "warning", *serve_args], env=dict(os.environ),
+                                      stdout=out, stderr=subprocess.STDOUT))
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if procs[-1].poll() is not None or time.monotonic() > deadline:
+            _unavailable(f"batchinf serve did not start: {log.read_text()[-3000:]}")
+        time.sleep(0.2)
+    return Server(url, tokens, log, dict(os.environ))
+
+
+def _env(mp: pytest.MonkeyPatch, root: Path, **extra: str) -> None:
+    mp.setenv("BATCHINF_HOME", str(root / "home"))
+    for k in ("BATCHINF_DATABASE_URL", "BATCHINF_BUNDLE_STORE", "BATCHINF_FILES_URI", "BATCHINF_TENANT"):
+        mp.delenv(k, raising=False)
+    mp.setenv("BATCHINF_HEARTBEAT_SECONDS", "0.5")
+    mp.setenv("BATCHINF_LEASE_SECONDS", "5")
+    mp.setenv("BATCHINF_OPENAI_SHARD_RECORDS", "8")
+    mp.setenv("BATCHINF_OPENAI_MODELS", "gpt-4o-mini=tinyllama@prod")
+    for k, v in extra.items():
+        mp.setenv(k, v)
+    _reset_process_state()
+
+
+@pytest.fixture(scope="module")
+def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp("oai-embedded")
+    mp = pytest.MonkeyPatch()
+    _env(mp, root)
+    procs: list[subprocess.Popen] = []
+    try:
+        yield _start(root, ["--workers", "2", "--device", "cpu", "--threads", "1"], procs)
+    finally:
+        for p in procs:
+            stop_process(p, timeout=20)
+        mp.undo()
+        _reset_process_state()
+
+
+def chat_lines(n: int, model: str = "tinyllama@prod", **body: Any) -> list[dict[str, Any]]:
+    return [{"custom_id": f"chat-{i}", "method": "POST", "url": "/v1/chat/completions",
+             "body": {"model": model, "messages": [{"role": "user", "content": " ".join(t.split()[:12])}], "max_tokens": 6,
+                      "user": "u-1", "metadata": {"k": "v"}, "prompt_cache_key": "p", "safety_identifier": "s",
+                      **body}}
+            for i, t in enumerate(texts(n, seed=3))]
+
+
+def embed_lines(n: int, model: str = "tiny@prod") -> list[dict[str, Any]]:
+    return [{"custom_id": f"emb-{i}", "method": "POST", "url": "/v1/embeddings",
+             "body": {"model": model, "input": t, "encoding_format": "float"}} for i, t in enumerate(texts(n, seed=5))]
+
+
+def _upload(client: Any, lines: list[dict[str, Any]], tmp: Path, name: str) -> Any:
+    path = tmp / f"{name}.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    with open(path, "rb") as fh:
+        return client.files.create(file=fh, purpose="batch")
+
+
+def _wait(client: Any, batch_id: str, until: set[str], timeout: float = 240, log: Path | None = None) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        b = client.batches.retrieve(batch_id)
+        if b.status in until:
+            return b
+        time.sleep(0.3)
+    raise AssertionError(f"batch {batch_id} is {b.status}\n{log.read_text()[-3000:] if log else ''}")
+
+
+def _lines(client: Any, file_id: str | None) -> list[dict[str, Any]]:
+    if file_id is None:
+        return []
+    return [json.loads(x) for x in client.files.content(file_id).text.splitlines() if x.strip()]
+
+
+def _run_batch(srv: Server, lines: list[dict[str, Any]], endpoint: str, tmp: Path, name: str) -> tuple[Any, list, list]:
+    client = srv.client()
+    f = _upload(client, lines, tmp, name)
+    assert f.object == "file" and f.purpose == "batch" and f.bytes > 0 and f.filename == f"{name}.jsonl"
+    b = client.batches.create(input_file_id=f.id, endpoint=endpoint, completion_window="24h",
+                              metadata={"run": name})
+    assert b.status in ("validating", "in_progress") and b.metadata == {"run": name}
+    b = _wait(client, b.id, {"completed", "failed", "expired", "cancelled"}, log=srv.log)
+    assert b.status == "completed", b
+    out, err = _lines(client, b.output_file_id), _lines(client, b.error_file_id)
+    ids = [x["custom_id"] for x in out + err]
+    assert sorted(ids) == sorted(x["custom_id"] for x in lines)       # every custom_id exactly once
+    assert b.request_counts.total == len(lines) and b.request_counts.completed == len(out)
+    assert b.request_counts.failed == len(err)
+    assert b.completed_at and b.in_progress_at and b.finalizing_at and b.expires_at
+    return b, out, err
+
+
+def test_chat_and_embeddings_batches_with_the_openai_client(embedded: Server, tmp_path: Path) -> None:
+    from openai.types import CreateEmbeddingResponse
+    from openai.types.chat import ChatCompletion
+
+    lines = chat_lines(20)
+    lines[3]["body"]["n"] = 2                       # cannot be honoured: its own error line
+    b, out, err = _run_batch(embedded, lines, "/v1/chat/completions", tmp_path, "chat")
+    assert len(out) == 19 and [e["custom_id"] for e in err] == ["chat-3"]
+    assert err[0]["response"]["status_code"] == 400 and err[0]["error"]["code"] == "unsupported_n"
+    for line in out:
+        body = ChatCompletion.model_validate(line["response"]["body"])
+        assert body.model == "tinyllama@prod" and body.system_fingerprint.startswith("fp_")
+        assert body.usage.completion_tokens <= 6 and body.choices[0].message.role == "assistant"
+    assert b.usage.input_tokens > 0 and b.usage.output_tokens == sum(
+        x["response"]["body"]["usage"]["completion_tokens"] for x in out)
+    # the batch is a job underneath: visible in /v1/jobs and `batchinf jobs`
+    job = httpx.get(f"{embedded.url}/v1/jobs/{b.job_id}",
+                    headers={"Authorization": f"Bearer {embedded.tokens['acme']}"}).json()
+    assert job["status"] == "succeeded" and job["name"] == b.id
+    assert b.id in embedded.cli("jobs", "--json").stdout
+
+    b, out, err = _run_batch(embedded, embed_lines(12), "/v1/embeddings", tmp_path, "emb")
+    assert not err and b.error_file_id is None
+    for line in out:
+        body = CreateEmbeddingResponse.model_validate(line["response"]["body"])
+        assert len(body.data[0].embedding) > 0 and body.model == "tiny@prod"
+
+    client = embedded.client()
+    listed = {f.id for f in client.files.list()}
+    assert b.output_file_id in listed and b.input_file_id in listed
+    assert client.files.retrieve(b.output_file_id).purpose == "batch_output"
+
+
+def test_an_operator_mapped_model_name(embedded: Server, tmp_path: Path) -> None:
+    b, out, _ = _run_batch(embedded, chat_lines(3, model="gpt-4o-mini"), "/v1/chat/completions", tmp_path, "mapped")
+    assert b.model == "tinyllama@prod" and len(out) == 3
+
+
+def test_validation_failure_gives_a_failed_batch_with_errors(embedded: Server, tmp_path: Path) -> None:
+    client = embedded.client()
+    f = _upload(client, chat_lines(3, model="no-such-model"), tmp_path, "nomodel")
+    b = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+    assert b.status == "failed" and b.failed_at
+    assert [(e.code, e.line) for e in b.errors.data] == [("model_not_found", 1)]
+    assert "no-such-model" in b.errors.data[0].message
+    lines = chat_lines(3)
+    lines[1]["url"] = "/v1/embeddings"
+    lines[2]["custom_id"] = "chat-0"
+    f = _upload(client, lines, tmp_path, "mixed")
+    b = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+    assert b.status == "failed"
+    assert sorted((e.code, e.line) for e in b.errors.data) == [("duplicate_custom_id", 3), ("invalid_url", 2)]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"custom_id": "x"}\nnot json\n')
+    with open(bad, "rb") as fh, pytest.raises(openai.BadRequestError) as info:
+        client.files.create(file=fh, purpose="batch")
+    assert "line 2 is not valid JSON" in info.value.response.json()["message"]
+
+
+def test_cancel_mid_run_writes_batch_cancelled_lines(embedded: Server, tmp_path: Path) -> None:
+    client = embedded.client()
+    lines = chat_lines(120, max_tokens=40)
+    f = _upload(client, lines, tmp_path, "cancelme")
+    b = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+    b = _wait(client, b.id, {"in_progress"}, log=embedded.log)
+    deadline = time.monotonic() + 120
+    while client.batches.retrieve(b.id).request_counts.completed == 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    c = client.batches.cancel(b.id)
+    assert c.status in ("cancelling", "cancelled") and c.cancelling_at
+    b = _wait(client, b.id, {"cancelled"}, log=embedded.log)
+    assert b.cancelled_at
+    out, err = _lines(client, b.output_file_id), _lines(client, b.error_file_id)
+    assert out, "some requests finished before the cancel"
+    not_run = [e for e in err if e["error"]["code"] == "batch_cancelled"]
+    assert not_run and all(e["response"] is None for e in not_run)
+    assert sorted(x["custom_id"] for x in out + err) == sorted(x["custom_id"] for x in lines)
+    with pytest.raises(openai.ConflictError):
+        client.batches.cancel(b.id)
+
+
+def test_list_pagination_and_tenant_isolation(embedded: Server, tmp_path: Path) -> None:
+    client = embedded.client("globex")
+    f = _upload(client, chat_lines(2, model="nope"), tmp_path, "page")
+    made = [client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                                  completion_window="24h").id for _ in range(5)]
+    first = client.batches.list(limit=2)
+    assert len(first.data) == 2 and first.has_more and first.data[0].id == made[-1]
+    assert [b.id for b in client.batches.list(limit=2)] == made[::-1]       # auto-pagination over `after`
+    other = embedded.client("acme")
+    for call in (lambda: other.batches.retrieve(made[0]), lambda: other.batches.cancel(made[0]),
+                 lambda: other.files.retrieve(f.id), lambda: other.files.content(f.id),
+                 lambda: other.files.delete(f.id),
+                 lambda: other.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                                              completion_window="24h")):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    assert f.id not in {x.id for x in other.files.list()}
+    assert made[0] not in {b.id for b in other.batches.list()}
+    assert client.files.delete(f.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(f.id)
+
+
+def test_files_and_batches_cli(embedded: Server, tmp_path: Path) -> None:
+    path = tmp_path / "cli.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in embed_lines(4)))
+    srv = embedded
+    f = json.loads(srv.cli("files", "upload", str(path), "--tenant", "acme", "--json").stdout)
+    assert json.loads(srv.cli("files", "show", f["id"], "--tenant", "acme", "--json").stdout)["bytes"] == f["bytes"]
+    b = json.loads(srv.cli("batches", "create", "--input-file-id", f["id"], "--endpoint", "/v1/embeddings",
+                           "--tenant", "acme", "--json").stdout)
+    b = _wait(srv.client(), b["id"], {"completed"}, log=srv.log)
+    shown = json.loads(srv.cli("batches", "show", b.id, "--tenant", "acme", "--json").stdout)
+    assert shown["status"] == "completed" and shown["output_file_id"] == b.output_file_id
+    out = srv.cli("files", "download", b.output_file_id, "--tenant", "acme").stdout
+    assert len(out.splitlines()) == 4
+    assert b.id in srv.cli("batches", "list", "--tenant", "acme").stdout
+    assert srv.cli("files", "show", f["id"], "--tenant", "globex").returncode == 2
+
+
+def test_submit_wait_schedule_and_backfill_run_under_embedded_serve(embedded: Server, tmp_path: Path) -> None:
+    import yaml
+
+    from tests.helpers.corpus import manifest, write_jsonl
+
+    src = tmp_path / "in.jsonl"
+    write_jsonl(src, 30, seed=1)
+    m = tmp_path / "m.yaml"
+    m.write_text(yaml.safe_dump(manifest(str(src), str(tmp_path / "out"), name="waited")))
+    r = embedded.cli("submit", str(m), "--wait", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["status"] == "succeeded"
+    tpl = tmp_path / "nightly.yaml"
+    tpl.write_text(yaml.safe_dump(manifest(str(src), str(tmp_path / "nightly" / "{ds}"), name="nightly")))
+    r = embedded.cli("schedule", "add", "nightly", str(tpl), "--cron", "0 2 * * *", "--start", "2026-11-01",
+                     "--no-catchup", "--json")
+    assert r.returncode == 0, r.stderr
+    r = embedded.cli("schedule", "backfill", "nightly", "--from", "2026-11-01", "--to", "2026-11-02", "--json")
+    assert r.returncode == 0, r.stderr
+    # the serve process's scheduler submits the latest due date; its controller runs all of them
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        jobs = json.loads(embedded.cli("jobs", "--schedule", "nightly", "--json").stdout)
+        if len(jobs) >= 3 and all(j["status"] == "succeeded" for j in jobs):
+            break
+        time.sleep(1)
+    else:
+        raise AssertionError(f"schedule jobs: {[(j['name'], j['status']) for j in jobs]}\n{embedded.log.read_text()[-3000:]}")
+
+
+def test_celery_controller_and_worker_refuse_the_embedded_ledger(embedded: Server) -> None:
+    for cmd in ("controller", "worker"):
+        r = embedded.cli(cmd, timeout=60)
+        assert r.returncode == 2 and "batchinf serve" in r.stderr and "postgresql" in r.stderr
+
+
+def test_distributed_serve_with_controller_and_celery_worker(tmp_path: Path, s3_bucket: str) -> None:
+    """distributed mode: serve is only the API; a controller and a Celery worker run the batch."""
+    import uuid
+
+    from tests.conftest import _fresh_postgres_db
+    try:
+        import redis
+        broker = f"redis://127.0.0.1:6379/{1 + uuid.uuid4().int % 15}"
+        redis.Redis.from_url(broker, socket_connect_timeout=3).ping()
+    except Exception as exc:  # noqa: BLE001
+        _unavailable(f"Redis is not reachable: {exc}")
+    mp = pytest.MonkeyPatch()
+    url = _fresh_postgres_db()
+    _env(mp, tmp_path, BATCHINF_DATABASE_URL=url, BATCHINF_BROKER_URL=broker,
+         BATCHINF_QUEUE=f"batchinf-test-{uuid.uuid4().hex[:8]}", BATCHINF_BUNDLE_STORE=f"{s3_bucket}/bundles/",
+         BATCHINF_FILES_URI=f"{s3_bucket}/files/")
+    from batchinf.ledger.db import upgrade
+
+    procs: list[subprocess.Popen] = []
+    try:
+        upgrade(url)
+        srv = _start(tmp_path, [], procs)
+        logs = tmp_path / "logs"
+        logs.mkdir()
+        for name, args in (("controller", ["controller", "--tick", "0.2", "--max-in-flight", "4"]),
+                           ("worker", ["worker", "--concurrency", "1", "--threads", "1", "--device", "cpu"])):
+            with open(logs / f"{name}.log", "wb") as out:
+                procs.append(subprocess.Popen([sys.executable, "-m", "batchinf.cli", *args], env=dict(os.environ),
+                                              stdout=out, stderr=subprocess.STDOUT))
+        lines = embed_lines(10)
+        lines[2]["body"]["dimensions"] = 3          # not declared by the bundle: an error line
+        b, out, err = _run_batch(srv, lines, "/v1/embeddings", tmp_path, "dist")
+        assert len(out) == 9 and [e["custom_id"] for e in err] == ["emb-2"]
+        lines = chat_lines(6)
+        b, out, err = _run_batch(srv, lines, "/v1/chat/completions", tmp_path, "dist-chat")
+        assert len(out) == 6
+    finally:
+        for p in procs[::-1]:
+            stop_process(p, timeout=20)
+        mp.undo()
+        _reset_process_state()
