@@ -18,7 +18,7 @@ from batchinf.errors import LedgerError
 from batchinf.ledger import jobs as job_repo
 from batchinf.ledger import leases
 from batchinf.ledger import shards as shard_repo
-from batchinf.ledger.states import JOB_TERMINAL, JobStatus
+from batchinf.ledger.states import JOB_PLANNING, JOB_TERMINAL, JobStatus
 from batchinf.lifecycle import share_slots, step
 from batchinf.retry import compute_backoff
 
@@ -31,6 +31,8 @@ def drive(job_id: str, *, workers: int = 1, device: str = "auto", threads: int |
     pool = LocalPool(job_id, workers=workers, device=device, threads=threads)
     failures = 0
     try:
+        if job_repo.get(job_id).status in {JobStatus.RUNNING, *JOB_PLANNING}:
+            pool.start()            # workers load the bundle while the job is pinned and planned
         while (status := job_repo.get(job_id).status) not in JOB_TERMINAL:
             ok = step(job_id, pool)
             failures = 0 if ok else failures + 1
