@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import zlib
 from pathlib import Path
 
 import pyarrow as pa
@@ -21,8 +20,9 @@ import pytest
 
 from batchinf import records
 from batchinf.records import read_records
+from tests.helpers.corpus import bomb, numbered_lines
 
-LINES = [json.dumps({"id": f"r{i}", "text": f"record number {i}"}) for i in range(50)]
+LINES = numbered_lines(50)
 PLAIN = ("\n".join(LINES) + "\n").encode()
 
 
@@ -50,20 +50,10 @@ def test_compression_is_detected_by_magic_bytes_too() -> None:
     assert _read(gzip.compress(PLAIN), "file:///in/part.jsonl") == _read(PLAIN, "file:///in/part.jsonl")
 
 
-def _bomb(real_lines: int, blank_mib: int) -> bytes:
-    """A few real records, then `blank_mib` MiB of spaces: tiny compressed, huge expanded."""
-    z = zlib.compressobj(9, zlib.DEFLATED, 31)
-    parts = [z.compress(("\n".join(LINES[:real_lines]) + "\n").encode())]
-    block = b" " * (1 << 20)
-    parts += [z.compress(block) for _ in range(blank_mib)]
-    parts.append(z.flush())
-    return b"".join(parts)
-
-
 def test_decompression_bomb_becomes_one_error_for_the_rest_of_the_object(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(records, "MIN_EXPANSION_BYTES", 1 << 20)
     monkeypatch.setattr(records, "MAX_EXPANSION", 100)
-    data = _bomb(5, 64)
+    data = bomb(5, 64)
     got = _read(data, "s3://b/bomb.jsonl.gz")
     assert [r.record_id for r in got[:5]] == [f"r{i}" for i in range(5)] and all(r.error is None for r in got[:5])
     assert len(got) == 6 and got[5].error == "object_too_large" and got[5].ordinal == 5
@@ -127,7 +117,7 @@ def test_bomb_is_bounded_in_memory_without_patched_limits(tmp_path: Path) -> Non
     """400 MiB of spaces in ~0.4 MiB of gzip: reading stops at the expansion limit (256 MiB)
     with one error row, and memory stays near one line buffer (MAX_LINE_BYTES), not the object."""
     path = tmp_path / "bomb.jsonl.gz"
-    path.write_bytes(_bomb(3, 400))
+    path.write_bytes(bomb(3, 400))
     records_read, errors, growth = _peak(path, "jsonl")
     assert (records_read, errors) == (4, 1)       # 3 records, then the rest of the object as one error
     assert growth < 2.5 * (records.MAX_LINE_BYTES >> 20), f"grew by {growth} MiB"

@@ -11,7 +11,7 @@ import pytest
 
 from batchinf.errors import InputError, StoreError
 from batchinf.store import ObjectPin, Store, get_store, join, normalize_uri, split_uri
-from tests.conftest import make_bucket
+from tests.helpers.services import make_bucket
 
 
 @pytest.fixture(params=["local", "s3"])

@@ -13,14 +13,14 @@ from batchinf.errors import LedgerError
 from batchinf.ledger import db
 from batchinf.ledger.db import tx
 from batchinf.ledger.tables import api_tokens
-from tests.conftest import _fresh_postgres_db
+from tests.helpers.services import fresh_postgres_db
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_migration_0004_up_down_up(backend: str, tmp_path: Path) -> None:
     from alembic import command
 
-    url = f"sqlite:///{tmp_path / 'm.db'}" if backend == "sqlite" else _fresh_postgres_db()
+    url = f"sqlite:///{tmp_path / 'm.db'}" if backend == "sqlite" else fresh_postgres_db()
     assert db.upgrade(url, "0003") == "0003"
     sa_url = url if backend == "sqlite" else url.replace("postgresql://", "postgresql+psycopg://")
 
