@@ -57,13 +57,6 @@ def postgres_ledger(bi_home: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     return env.use_database(monkeypatch, services.fresh_postgres_db())
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def ledger(request: pytest.FixtureRequest) -> str:
-    """The same ledger contract on both backends: yields the database URL, schema at head
-    (built by Alembic, never create_all)."""
-    return request.getfixturevalue({"sqlite": "sqlite_ledger", "postgresql": "postgres_ledger"}[request.param])
-
-
 @pytest.fixture
 def tiny_model_dir(tmp_path: Path) -> Path:
     from tests.helpers.tiny_models import make_tiny_bert

@@ -1,4 +1,5 @@
-"""Fixtures for the integration tests: the distributed-mode `cluster` (tests/helpers/cluster.py)."""
+"""Fixtures for the integration tests: the ledger on both backends, and the distributed-mode
+`cluster` (tests/helpers/cluster.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,13 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.cluster import Cluster, start_cluster
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger(request: pytest.FixtureRequest) -> str:
+    """The same behaviour on both ledger backends: yields the database url, schema at head
+    (built by Alembic, never create_all)."""
+    return request.getfixturevalue({"sqlite": "sqlite_ledger", "postgresql": "postgres_ledger"}[request.param])
 
 
 @pytest.fixture
