@@ -4,8 +4,8 @@ and every tensor type we dequantise."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import ModuleType
 
-import gguf  # test-only dependency; batchinf itself never imports it
 import numpy as np
 import pytest
 
@@ -14,11 +14,20 @@ from batchinf.runtime.gguf import GGML_TYPES, GGUFFile
 
 pytestmark = pytest.mark.parity
 
-Q = gguf.GGMLQuantizationType
-TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1]
+TYPE_NAMES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"]
 
 
-def _write(path: Path, tensors: dict[str, tuple[np.ndarray, object]], **meta: object) -> dict[str, np.ndarray]:
+@pytest.fixture(scope="module")
+def gguf() -> ModuleType:
+    """The `gguf` package: a test-only dependency (batchinf itself never imports it), imported here
+    rather than at the top so that collecting the suite imports no reference implementation."""
+    import gguf
+
+    return gguf
+
+
+def _write(gguf: ModuleType, path: Path, tensors: dict[str, tuple[np.ndarray, object]],
+           **meta: object) -> dict[str, np.ndarray]:
     """Write a GGUF file with gguf's writer; returns gguf's own dequantisation of each tensor."""
     w = gguf.GGUFWriter(str(path), "llama")
     for k, v in meta.items():
@@ -44,13 +53,15 @@ def _write(path: Path, tensors: dict[str, tuple[np.ndarray, object]], **meta: ob
     return want
 
 
-def test_reader_matches_gguf_package(tmp_path: Path) -> None:
+def test_reader_matches_gguf_package(gguf: ModuleType, tmp_path: Path) -> None:
+    Q = gguf.GGMLQuantizationType
+    TYPES = [Q[name] for name in TYPE_NAMES]
     rng = np.random.default_rng(0)
     tensors = {f"t.{t.name}": (rng.normal(size=(6, 64)).astype(np.float32) * 3, t) for t in TYPES}
     meta = {"general.name": "tiny ünïcode", "x.count": 7, "x.eps": 1e-5, "x.flag": True, "x.ids": [3, 1, 2],
             "x.words": ["a", "b c", "ü"]}
     path = tmp_path / "t.gguf"
-    want = _write(path, tensors, **meta)
+    want = _write(gguf, path, tensors, **meta)
     with GGUFFile(path) as g:
         assert g.version == 3
         for k, v in meta.items():
@@ -64,9 +75,9 @@ def test_reader_matches_gguf_package(tmp_path: Path) -> None:
     assert {t.value for t in TYPES} <= set(GGML_TYPES)
 
 
-def test_unsupported_type_and_bad_files_are_clear_errors(tmp_path: Path) -> None:
+def test_unsupported_type_and_bad_files_are_clear_errors(gguf: ModuleType, tmp_path: Path) -> None:
     path = tmp_path / "q5.gguf"
-    _write(path, {"blk.0.attn_q.weight": (np.ones((2, 32), np.float32), Q.Q5_0)})
+    _write(gguf, path, {"blk.0.attn_q.weight": (np.ones((2, 32), np.float32), gguf.GGMLQuantizationType.Q5_0)})
     with GGUFFile(path) as g, pytest.raises(BundleError, match=r"blk\.0\.attn_q\.weight has ggml type 6"):
         g.tensor("blk.0.attn_q.weight")
     (tmp_path / "short.gguf").write_bytes(path.read_bytes()[:40])
