@@ -5,7 +5,6 @@ ledger, in a thread of the test process."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -17,20 +16,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import (
-    _free_port,
-    _fresh_postgres_db,
-    _reset_process_state,
-    _unavailable,
-    stop_process,
-)
+from tests.helpers.env import reset_process_state, subprocess_env, use_database, use_home
+from tests.helpers.services import free_port, fresh_postgres_db, stop_process, unavailable
 
 TENANTS = ("acme", "globex", "pager")
 PRICE_PER_WORKER_HOUR = "1.5"
 
 
 def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-m", "batchinf.cli", *args], env=dict(os.environ), check=False,
+    r = subprocess.run([sys.executable, "-m", "batchinf.cli", *args], env=subprocess_env(), check=False,
                        capture_output=True, text=True, timeout=120)
     if check and r.returncode != 0:
         raise AssertionError(f"batchinf {' '.join(args)} exited {r.returncode}: {r.stderr}")
@@ -67,30 +61,23 @@ class Service:
 
 def start_service(root: Path) -> Iterator[Service]:
     from batchinf.bundles import import_bundle
-    from batchinf.ledger.db import upgrade
     from tests.helpers.tiny_models import make_tiny_bert
 
     mp = pytest.MonkeyPatch()
-    url = _fresh_postgres_db()
-    mp.setenv("BATCHINF_HOME", str(root / "home"))
-    mp.setenv("BATCHINF_DATABASE_URL", url)
-    mp.delenv("BATCHINF_BUNDLE_STORE", raising=False)
+    url = fresh_postgres_db()
     mp.delenv("BATCHINF_TENANT", raising=False)
-    mp.setenv("BATCHINF_HEARTBEAT_SECONDS", "0.5")
-    mp.setenv("BATCHINF_LEASE_SECONDS", "5")
-    mp.setenv("BATCHINF_PRICE_PER_WORKER_HOUR", PRICE_PER_WORKER_HOUR)
-    mp.setenv("BATCHINF_METRICS_TOKEN", "metrics-secret")
-    _reset_process_state()
-    upgrade(url)
+    use_home(mp, root / "home", BATCHINF_PRICE_PER_WORKER_HOUR=PRICE_PER_WORKER_HOUR,
+             BATCHINF_METRICS_TOKEN="metrics-secret")
+    use_database(mp, url)
     digest = import_bundle(make_tiny_bert(root / "tiny"), "tiny", alias="prod").digest
     tokens = {t: json.loads(cli("token", "create", "--tenant", t, "--json").stdout)["token"] for t in TENANTS}
     for t in TENANTS:     # the API confines every job to its tenant's grants
         cli("tenant", "grant", t, "--read", str(root / "in"), "--write", str(root / "out"))
-    port = _free_port()
+    port = free_port()
     log = root / "serve.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "batchinf.cli", "serve", "--port", str(port),
-                                 "--log-level", "warning"], env=dict(os.environ), stdout=out,
+                                 "--log-level", "warning"], env=subprocess_env(), stdout=out,
                                 stderr=subprocess.STDOUT)
     svc = Service(f"http://127.0.0.1:{port}", root, tokens, "metrics-secret", digest, log, proc.pid)
     deadline = time.monotonic() + 60
@@ -102,7 +89,7 @@ def start_service(root: Path) -> Iterator[Service]:
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            _unavailable(f"batchinf serve did not start: {log.read_text()[-3000:]}")
+            unavailable(f"batchinf serve did not start: {log.read_text()[-3000:]}")
         time.sleep(0.2)
     try:
         yield svc
@@ -111,4 +98,4 @@ def start_service(root: Path) -> Iterator[Service]:
         for t in svc.drivers:
             t.join(timeout=30)
         mp.undo()
-        _reset_process_state()
+        reset_process_state()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import zlib
 from pathlib import Path
 
 WORDS = ("the quick brown fox jumps over lazy dog batch inference model shard ledger record "
@@ -48,3 +49,19 @@ def manifest(input_uri: str, output_uri: str, bundle: str = "tiny@prod", **extra
          "shards": {"max_records": 200}}
     m.update(extra)
     return m
+
+
+def numbered_lines(n: int) -> list[str]:
+    """n JSONL records `{"id": "r<i>", "text": "record number <i>"}`, without newlines."""
+    return [json.dumps({"id": f"r{i}", "text": f"record number {i}"}) for i in range(n)]
+
+
+def bomb(real_lines: int, blank_mib: int) -> bytes:
+    """A gzip object of a few real records (r0..), then `blank_mib` MiB of spaces: tiny compressed,
+    huge expanded."""
+    z = zlib.compressobj(9, zlib.DEFLATED, 31)
+    parts = [z.compress(("\n".join(numbered_lines(real_lines)) + "\n").encode())]
+    block = b" " * (1 << 20)
+    parts += [z.compress(block) for _ in range(blank_mib)]
+    parts.append(z.flush())
+    return b"".join(parts)

@@ -1,5 +1,13 @@
-"""Private service instances for tests that restart them (chaos): a PostgreSQL cluster and a Redis
-server on free loopback ports, owned by one test, so restarting them disturbs nobody else."""
+"""Real services for the tests that need them, and the one rule for when one is missing.
+
+`unavailable(reason)` skips the test, or fails it when BATCHINF_REQUIRE_SERVICES=1 (CI): nothing is
+skipped silently there. Below it: a moto S3 server in a subprocess, fresh PostgreSQL databases on the
+shared server, Redis/RabbitMQ reachability, and private PostgreSQL/Redis instances on free loopback
+ports for tests that restart them (chaos), so restarting them disturbs nobody else.
+
+Nothing here is imported by the unit suite's fixtures at collection time: psycopg, boto3 and redis
+are imported inside the functions that use them.
+"""
 
 from __future__ import annotations
 
@@ -8,18 +16,38 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
+
+POSTGRES_ADMIN_URL = os.environ.get("BATCHINF_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("BATCHINF_TEST_REDIS", "redis://127.0.0.1:6379")
+RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672//"
+
+
+def unavailable(reason: str) -> None:
+    """A service or model the test needs is missing: skip, or fail under BATCHINF_REQUIRE_SERVICES=1."""
+    if os.environ.get("BATCHINF_REQUIRE_SERVICES") == "1":
+        pytest.fail(reason)
+    pytest.skip(reason)
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _wait_port(port: int, timeout: float = 30) -> None:
+def wait_port(port: int, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -28,6 +56,126 @@ def _wait_port(port: int, timeout: float = 30) -> None:
         except OSError:
             time.sleep(0.1)
     raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 10) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within `timeout` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+# --- S3 (moto) -----------------------------------------------------------------------------------
+
+
+@contextmanager
+def moto_server() -> Iterator[str]:
+    """A real moto S3 server in a subprocess; exports its endpoint and test credentials in os.environ
+    while it runs. Yields its url."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tempfile.TemporaryFile()  # a file, not a pipe: the server logs every request
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    except OSError as exc:
+        unavailable(f"cannot start moto server: {exc}")
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=1).close()
+            break
+        except urllib.error.HTTPError:
+            break  # it answered
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                proc.wait()
+                log.seek(0)
+                unavailable(f"moto server did not answer on {url}: {log.read()[-2000:].decode(errors='replace')}")
+            time.sleep(0.1)
+    env = {
+        "BATCHINF_S3_ENDPOINT_URL": url,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    from batchinf import config
+
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    config.settings.cache_clear()       # settings are read once per process
+    try:
+        yield url
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        config.settings.cache_clear()
+        stop_process(proc)
+        log.close()
+
+
+def make_bucket(versioned: bool) -> str:
+    """Create a fresh, uniquely named bucket on the test S3 server; returns ``s3://<bucket>``."""
+    import boto3
+
+    bucket = f"test-{uuid.uuid4().hex[:24]}"
+    s3 = boto3.client("s3", endpoint_url=os.environ["BATCHINF_S3_ENDPOINT_URL"])
+    s3.create_bucket(Bucket=bucket)
+    if versioned:
+        s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    return f"s3://{bucket}"
+
+
+# --- PostgreSQL, Redis, RabbitMQ on their usual ports ---------------------------------------------
+
+
+def fresh_postgres_db() -> str:
+    """A new, empty database on the shared PostgreSQL server; returns its url."""
+    try:
+        import psycopg
+    except ImportError as exc:
+        unavailable(f"psycopg is not installed: {exc}")
+    name = f"bi_test_{uuid.uuid4().hex[:12]}"
+    try:
+        with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True, connect_timeout=5) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+    except psycopg.OperationalError as exc:
+        unavailable(f"PostgreSQL is not reachable at {POSTGRES_ADMIN_URL}: {exc}")
+    return POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
+
+
+def fresh_redis_db() -> str:
+    """A flushed Redis database (1-15, chosen at random) on the shared server; returns its url."""
+    try:
+        import redis
+
+        url = f"{REDIS_URL}/{1 + uuid.uuid4().int % 15}"
+        redis.Redis.from_url(url, socket_connect_timeout=3).flushdb()
+    except Exception as exc:  # noqa: BLE001
+        unavailable(f"Redis is not reachable at {REDIS_URL}: {exc}")
+    return url
+
+
+def require_rabbitmq() -> str:
+    """RabbitMQ's url, once something answers on 127.0.0.1:5672."""
+    try:
+        socket.create_connection(("127.0.0.1", 5672), timeout=3).close()
+    except OSError as exc:
+        unavailable(f"RabbitMQ is not reachable on 127.0.0.1:5672: {exc}")
+    return RABBITMQ_URL
+
+
+# --- private instances, for tests that restart them ----------------------------------------------
 
 
 class PrivatePostgres:
@@ -89,7 +237,7 @@ class PrivateRedis:
         self.proc = subprocess.Popen([self.exe, "--port", str(self.port), "--bind", "127.0.0.1",
                                       "--save", "", "--appendonly", "no"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait_port(self.port)
+        wait_port(self.port)
         return self
 
     def stop(self) -> None:

@@ -125,3 +125,8 @@ def make_tiny_llama(dir: Path, *, family: str = "llama", hidden: int = 64, layer
     _write_json(dir / "generation_config.json", {"bos_token_id": bos_id, "eos_token_id": [eos_id],
                                                  "do_sample": False})
     return dir
+
+
+def make_family_dirs(root: Path) -> dict[str, Path]:
+    """One tiny model per family under `root` (seeds 0, 1, 2): family -> directory."""
+    return {fam: make_tiny_llama(root / fam, family=fam, seed=i) for i, fam in enumerate(FAMILIES)}

@@ -18,6 +18,14 @@ from tokenizers import (
 )
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+# Texts for encoder tests: short and long, in and out of the tiny vocabulary, so a batch pads.
+ENCODER_TEXTS = [
+    "hello",
+    "The model reads a batch of text and writes one vector per line.",
+    "Zebras quietly x-ray 42 jovial kiwis; QED!",
+    "a b c",
+    "Every good boy does fine, " * 6,
+]
 COMMON_WORDS = (
     "the of and to a in is it you that he was for on are with as i his they be at one have this "
     "from or had by word but what some we can out other were all there when up use your how said "
@@ -168,3 +176,16 @@ def make_tiny_bert(
     )
     _write_json(dir / "sentence_bert_config.json", {"max_seq_length": max_position, "do_lower_case": False})
     return dir
+
+
+def with_fixed_padding(src: Path, dst: Path) -> Path:
+    """Copy `src`/tokenizer.json to the file `dst` with truncation to 8 and fixed padding to 8 baked
+    in (as some exported tokenizers have), which a runtime must override."""
+    tj = json.loads((src / "tokenizer.json").read_text())
+    tj["truncation"] = {"direction": "Right", "max_length": 8, "strategy": "LongestFirst", "stride": 0}
+    tj["padding"] = {
+        "strategy": {"Fixed": 8}, "direction": "Right", "pad_to_multiple_of": None,
+        "pad_id": 0, "pad_type_id": 0, "pad_token": "[PAD]",
+    }
+    dst.write_text(json.dumps(tj))
+    return dst

@@ -15,8 +15,8 @@ from batchinf.ledger.db import tx
 from batchinf.ledger.tables import attempts, job_events, shards
 from batchinf.manifest import parse_manifest
 from batchinf.store import get_store
+from tests.helpers.cluster import SLOW, Cluster, exactly_once, job, wait
 from tests.helpers.corpus import manifest, write_jsonl
-from tests.integration.test_distributed import SLOW, Cluster, _exactly_once, _job, _wait
 
 pytestmark = pytest.mark.integration
 
@@ -25,15 +25,15 @@ def test_straggler_gets_a_speculative_attempt_that_wins(cluster: Cluster, tmp_pa
     """w1 stalls (alive, heartbeating) in the one shard it takes; w2 runs the rest, then a twin
     of the stalled shard. The twin commits first; w1's attempt is superseded, can never commit,
     and removes its files when it wakes."""
-    job_id, good = _job(tmp_path, s3_bucket, n=240, max_records=40)
+    job_id, good = job(tmp_path, s3_bucket, n=240, max_records=40)
     cluster.env.update({"BATCHINF_SPECULATE_MIN_SECONDS": "1", "BATCHINF_SPECULATE_FACTOR": "3"})
     cluster.controller()
     cluster.worker("w1", BATCHINF_FAILPOINTS="execute.before_write=sleep(20)")
-    _wait(job_id, cluster, until=lambda s: s["shards"]["running"] >= 1)
+    wait(job_id, cluster, until=lambda s: s["shards"]["running"] >= 1)
     t0 = time.monotonic()
     cluster.worker("w2")
-    _wait(job_id, cluster, timeout=60)
-    _exactly_once(job_id, s3_bucket, good)
+    wait(job_id, cluster, timeout=60)
+    exactly_once(job_id, s3_bucket, good)
     with tx() as conn:
         rows = conn.execute(select(attempts.c.shard_id, attempts.c.number, attempts.c.status, attempts.c.worker)
                             .order_by(attempts.c.shard_id, attempts.c.number)).all()
@@ -55,16 +55,16 @@ def test_straggler_gets_a_speculative_attempt_that_wins(cluster: Cluster, tmp_pa
 def test_urgent_job_is_not_starved_by_a_backfill(cluster: Cluster, tmp_path: Path, s3_bucket: str) -> None:
     """Dispatch order, not preemption: once the urgent job arrives, the backfill gets no new slot
     until the urgent job has none left to fill, so the urgent job finishes first."""
-    backfill, _ = _job(tmp_path, s3_bucket, n=600, max_records=20)        # ~30 shards, priority 0
+    backfill, _ = job(tmp_path, s3_bucket, n=600, max_records=20)        # ~30 shards, priority 0
     cluster.controller()
     cluster.worker("w1", **SLOW)
-    _wait(backfill, cluster, until=lambda s: s["shards"]["committed"] >= 2)
+    wait(backfill, cluster, until=lambda s: s["shards"]["committed"] >= 2)
     write_jsonl(tmp_path / "urgent.jsonl", 60, seed=5)
     with tx() as conn:
         since = conn.execute(select(func.max(job_events.c.id))).scalar()
     urgent, _ = submit(parse_manifest(manifest(str(tmp_path / "urgent.jsonl"), f"{s3_bucket}/urgent/",
                                                shards={"max_records": 20}, priority=10)))
-    done = _wait(urgent, cluster)
+    done = wait(urgent, cluster)
     assert done["status"] == "succeeded"
     assert status(backfill)["status"] == "running", "the backfill finished first: the urgent job was starved"
     with tx() as conn:

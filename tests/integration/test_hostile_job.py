@@ -15,8 +15,7 @@ from batchinf.controller import drive
 from batchinf.submit import submit
 from batchinf.manifest import parse_manifest
 from batchinf.verify import verify_output
-from tests.helpers.corpus import manifest
-from tests.unit.test_hostile_inputs import _bomb
+from tests.helpers.corpus import bomb, manifest
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +33,7 @@ def test_hostile_objects_become_error_rows_and_the_job_succeeds(tmp_path: Path, 
         f.write(b'{"id": "huge", "text": "' + b"z" * (300 << 20) + b'"}\n')
         f.write(_lines("a2-", 20))
     (inp / "b.jsonl.gz").write_bytes(gzip.compress(_lines("b", 30)))
-    (inp / "c.jsonl.gz").write_bytes(_bomb(3, 300))          # records r0..r2, then 300 MiB of spaces
+    (inp / "c.jsonl.gz").write_bytes(bomb(3, 300))          # records r0..r2, then 300 MiB of spaces
     out = tmp_path / "out"
     job_id, _ = submit(parse_manifest(manifest(str(inp) + "/", str(out), shards={"max_records": 16})))
     assert drive(job_id, workers=1, threads=1) == "succeeded"

@@ -10,7 +10,7 @@ from sqlalchemy import create_engine, inspect
 
 from batchinf.ledger import db
 from batchinf.ledger.tables import metadata
-from tests.conftest import _fresh_postgres_db
+from tests.helpers.services import fresh_postgres_db as _fresh_postgres_db
 
 pytestmark = pytest.mark.integration
 

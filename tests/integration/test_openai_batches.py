@@ -17,7 +17,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import _free_port, _reset_process_state, _unavailable, stop_process
+from tests.helpers.env import reset_process_state as _reset_process_state
+from tests.helpers.services import free_port as _free_port
+from tests.helpers.services import stop_process
+from tests.helpers.services import unavailable as _unavailable
 from tests.helpers.corpus import texts
 
 pytestmark = pytest.mark.integration
@@ -318,7 +321,7 @@ def test_distributed_serve_with_controller_and_celery_worker(tmp_path: Path, s3_
     """distributed mode: serve is only the API; a controller and a Celery worker run the batch."""
     import uuid
 
-    from tests.conftest import _fresh_postgres_db
+    from tests.helpers.services import fresh_postgres_db as _fresh_postgres_db
     try:
         import redis
         broker = f"redis://127.0.0.1:6379/{1 + uuid.uuid4().int % 15}"

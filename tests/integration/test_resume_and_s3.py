@@ -25,8 +25,8 @@ from batchinf.manifest import parse_manifest
 from batchinf.parts import read_table
 from batchinf.store import get_store
 from batchinf.verify import verify_output
-from tests.conftest import make_bucket
 from tests.helpers.corpus import manifest, write_jsonl
+from tests.helpers.services import make_bucket
 
 pytestmark = pytest.mark.integration
 

@@ -4,7 +4,6 @@ schedulers and backfills happen."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections import Counter
@@ -20,6 +19,8 @@ from batchinf.cron import CronError
 from batchinf.errors import LedgerError, ManifestError
 from batchinf.ledger.db import tx
 from batchinf.ledger.tables import jobs, schedule_runs
+from tests.helpers.env import subprocess_env, use_database
+from tests.helpers.services import fresh_postgres_db
 
 pytestmark = pytest.mark.integration
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -54,7 +55,7 @@ def ds_list(*days: int, month: int = 1, year: int = 2026) -> list[str]:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "batchinf.cli", *args], env=dict(os.environ), check=False,
+    return subprocess.run([sys.executable, "-m", "batchinf.cli", *args], env=subprocess_env(), check=False,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -96,19 +97,13 @@ def test_three_nights_make_three_jobs_and_nothing_makes_more(ledger: str, tiny_b
 
 def test_two_schedulers_at_once_make_one_job_per_date(tmp_path: Path, bi_home: Path, tiny_model_dir: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from batchinf.ledger.db import upgrade
-    from tests.conftest import _fresh_postgres_db, _reset_process_state
-
-    url = _fresh_postgres_db()
-    monkeypatch.setenv("BATCHINF_DATABASE_URL", url)
-    _reset_process_state()
-    upgrade(url)
+    use_database(monkeypatch, fresh_postgres_db())
     from batchinf.bundles import import_bundle
     import_bundle(tiny_model_dir, "tiny", alias="prod")
     add(tmp_path)
     now = night(6).isoformat()        # five nights due, caught up at once by both
     procs = [subprocess.Popen([sys.executable, "-m", "batchinf.cli", "scheduler", "--now", now, "--json"],
-                              env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [e for _, e in outs]

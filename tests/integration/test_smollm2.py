@@ -28,20 +28,17 @@ def converted(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> I
 
     from batchinf.bundles import open_runtime
     from batchinf.cli import main
-    from tests.conftest import _reset_process_state
+    from tests.helpers.env import reset_process_state, use_home
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("BATCHINF_HOME", str(tmp_path_factory.mktemp("home")))
-        mp.delenv("BATCHINF_DATABASE_URL", raising=False)
-        mp.delenv("BATCHINF_BUNDLE_STORE", raising=False)
-        _reset_process_state()
+        use_home(mp, tmp_path_factory.mktemp("home"), fast_leases=False)
         r = CliRunner().invoke(main, ["bundle", "import-gguf", str(smollm2_gguf), "--name", "smollm2",
                                       "--alias", "prod", "--json"])
         assert r.exit_code == 0, r.output
         info = json.loads(r.output)
         assert (info["task"], info["family"], info["aliases"]) == ("generate", "llama", ["smollm2@prod"])
         yield open_runtime(info["digest"])
-        _reset_process_state()
+        reset_process_state()
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,8 @@ PAIRS = [("hello world", "the water is good"), ("a b c", "one two three four fiv
          ("what is the model", " ".join(["batch text data"] * 60)), ("Ünïcödé 中文", "emoji 🚀 and more words")]
 TEXTS = ["hello world", "the water is good for people", "a", " ".join(["long text"] * 80), "Ünïcödé 中文 🚀"]
 
+pytestmark = pytest.mark.parity
+
 
 def _ours(digest: str, inputs: list) -> tuple[np.ndarray, list]:
     rt = open_runtime(digest)

@@ -21,7 +21,8 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from tests.conftest import _free_port, stop_process
+from tests.helpers.services import free_port as _free_port
+from tests.helpers.services import stop_process
 from tests.helpers.api_service import Service, start_service
 from tests.helpers.corpus import manifest, write_jsonl
 

@@ -1,3 +1,6 @@
+"""The BERT encoder runtime and its tokenizer on tiny random models, without a reference
+implementation (their parity with transformers is in tests/parity/test_encoder_parity.py)."""
+
 from __future__ import annotations
 
 import json
@@ -18,60 +21,13 @@ from batchinf.runtime.encoder import (
     sentence_transformers_max_length,
 )
 from batchinf.runtime.tokenizer import TextTokenizer
-from tests.helpers.tiny_models import make_tiny_bert
-
-TEXTS = [
-    "hello",
-    "The model reads a batch of text and writes one vector per line.",
-    "Zebras quietly x-ray 42 jovial kiwis; QED!",
-    "a b c",
-    "Every good boy does fine, " * 6,
-]
+from tests.helpers.tiny_models import ENCODER_TEXTS as TEXTS
+from tests.helpers.tiny_models import make_tiny_bert, with_fixed_padding
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_bert(tmp_path_factory.mktemp("tiny"))
-
-
-def _padded(tok: TextTokenizer, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    ids = [e.ids for e in tok.encode_batch(texts)]
-    S = max(map(len, ids))
-    input_ids = torch.tensor([x + [tok.pad_id] * (S - len(x)) for x in ids])
-    mask = torch.tensor([[1] * len(x) + [0] * (S - len(x)) for x in ids])
-    return input_ids, mask
-
-
-def test_hidden_states_match_transformers(tiny: Path) -> None:
-    from transformers import BertModel
-
-    tok = TextTokenizer.from_file(tiny / "tokenizer.json", max_length=64)
-    input_ids, mask = _padded(tok, TEXTS)
-    assert (mask == 0).any(), "batch must contain padding"
-
-    ref = BertModel.from_pretrained(str(tiny), attn_implementation="eager", torch_dtype=torch.float32).eval()
-    ours = load_encoder(tiny)
-    with torch.inference_mode():
-        expected = ref(input_ids=input_ids, attention_mask=mask).last_hidden_state
-        got = ours(input_ids, mask)
-    assert got.shape == expected.shape
-    real = mask.bool()
-    assert (got[real] - expected[real]).abs().max().item() <= 1e-4
-
-
-@pytest.mark.parametrize("act", ["gelu_new", "gelu_pytorch_tanh"])
-def test_tanh_gelu_matches_transformers(tmp_path: Path, act: str) -> None:
-    from transformers import BertModel
-
-    d = make_tiny_bert(tmp_path, seed=3)
-    cfg = json.loads((d / "config.json").read_text())
-    (d / "config.json").write_text(json.dumps({**cfg, "hidden_act": act}))
-    input_ids, mask = _padded(TextTokenizer.from_file(d / "tokenizer.json", 64), TEXTS)
-    ref = BertModel.from_pretrained(str(d), attn_implementation="eager").eval()
-    with torch.inference_mode():
-        expected = ref(input_ids=input_ids, attention_mask=mask).last_hidden_state
-        got = load_encoder(d)(input_ids, mask)
-    assert (got[mask.bool()] - expected[mask.bool()]).abs().max().item() <= 1e-4
 
 
 def test_pool_matches_manual_reference() -> None:
@@ -123,21 +79,8 @@ def test_read_pooling_config_variants(tmp_path: Path) -> None:
         read_pooling_config(d)
 
 
-def _write_tokenizer_with_fixed_padding(src: Path, dst: Path) -> Path:
-    tj = json.loads((src / "tokenizer.json").read_text())
-    tj["truncation"] = {"direction": "Right", "max_length": 8, "strategy": "LongestFirst", "stride": 0}
-    tj["padding"] = {
-        "strategy": {"Fixed": 8}, "direction": "Right", "pad_to_multiple_of": None,
-        "pad_id": 0, "pad_type_id": 0, "pad_token": "[PAD]",
-    }
-    dst.write_text(json.dumps(tj))
-    return dst
-
-
 def test_tokenizer_max_length_overrides_tokenizer_json(tiny: Path, tmp_path: Path) -> None:
-    from transformers import PreTrainedTokenizerFast
-
-    path = _write_tokenizer_with_fixed_padding(tiny, tmp_path / "tokenizer.json")
+    path = with_fixed_padding(tiny, tmp_path / "tokenizer.json")
     text = "the man made a good picture of the world and each house"  # 12 words, all in vocab
     n = len(text.split()) + 2
     ours = TextTokenizer.from_file(path, max_length=32)
@@ -147,17 +90,13 @@ def test_tokenizer_max_length_overrides_tokenizer_json(tiny: Path, tmp_path: Pat
     assert enc.ids[0] == 2 and enc.ids[-1] == 3  # [CLS] ... [SEP], no [PAD]
     assert [len(e.ids) for e in ours.encode_batch(["hello", text])] == [3, n]  # no batch padding
 
-    hf = PreTrainedTokenizerFast(tokenizer_file=str(path))
     for max_length in (32, n, n - 1, 5, 3):
         small = TextTokenizer.from_file(path, max_length=max_length)
         got = small.encode(text)
-        want = hf(text, truncation=True, max_length=max_length)["input_ids"]
-        assert got.ids == want
         assert len(got.ids) == min(n, max_length)
         assert got.truncated == (n > max_length)
         assert got.ids[-1] == 3  # [SEP] kept when truncating
         batch = small.encode_batch([text, "hello", text])
-        assert [e.ids for e in batch] == hf([text, "hello", text], truncation=True, max_length=max_length)["input_ids"]
         assert [e.truncated for e in batch] == [n > max_length, False, n > max_length]
 
 

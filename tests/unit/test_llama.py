@@ -1,5 +1,6 @@
-"""The Llama-family runtime against transformers, and the generation loop's contract
-(continuous batching, sampling determinism, stop conditions, request checks, bundle fixtures)."""
+"""The Llama-family runtime and the generation loop's contract (continuous batching, sampling
+determinism, stop conditions, request checks, bundle fixtures) on tiny random models; their parity
+with transformers is in tests/parity/test_llama_parity.py."""
 
 from __future__ import annotations
 
@@ -21,16 +22,12 @@ from batchinf.runtime.generate import (
     common_prefix,
 )
 from batchinf.runtime.llama import Fill, KVCache, load_llama, pack_weights
-from tests.helpers.tiny_llama import FAMILIES, make_tiny_llama
-
-TEXTS = ["the people of the world", "hello", "write a long sentence about water and the earth, then stop",
-         "number 42 is the answer to: what"]
+from tests.helpers.tiny_llama import FAMILIES, make_family_dirs, make_tiny_llama
 
 
 @pytest.fixture(scope="module")
 def tiny_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("tiny-llama")
-    return {fam: make_tiny_llama(root / fam, family=fam, seed=i) for i, fam in enumerate(FAMILIES)}
+    return make_family_dirs(tmp_path_factory.mktemp("tiny-llama"))
 
 
 @pytest.fixture(scope="module")
@@ -39,47 +36,6 @@ def runtime(tiny_dirs: dict[str, Path]) -> GenerateRuntime:
     rt = GenerateRuntime(d, rb.build_meta(d))
     rt.load_model()
     return rt
-
-
-def _hf(d: Path):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
-
-
-@pytest.mark.parametrize("family", list(FAMILIES))
-def test_logits_match_transformers(tiny_dirs: dict[str, Path], family: str) -> None:
-    d = tiny_dirs[family]
-    ours, ref = load_llama(d), _hf(d)
-    rt = GenerateRuntime(d, {"context_length": 256})
-    seqs = [rt.encode_prompt(t) for t in TEXTS]
-    S = max(map(len, seqs))
-    tokens = torch.tensor([s + [0] * (S - len(s)) for s in seqs])        # right-padded batch
-    cache = KVCache(ours.config, len(seqs), S, torch.float32, torch.device("cpu"))
-    with torch.inference_mode():
-        got = ours.prefill(tokens, torch.tensor(list(map(len, seqs))), torch.arange(len(seqs)), cache,
-                           all_logits=True)
-        for i, s in enumerate(seqs):
-            want = ref(torch.tensor([s])).logits[0]                      # each sequence alone, unpadded
-            assert (got[i, :len(s)] - want).abs().max().item() <= 1e-4, (family, i)
-    scaling = json.loads((d / "config.json").read_text()).get("rope_scaling")
-    assert (ours.config.rope_scaling or {}).get("rope_type") == (scaling or {}).get("rope_type")
-
-
-@pytest.mark.parametrize("family", list(FAMILIES))
-def test_greedy_matches_transformers(tiny_dirs: dict[str, Path], family: str) -> None:
-    d = tiny_dirs[family]
-    rt = GenerateRuntime(d, {"context_length": 256, "special_tokens": {"eos_ids": []}})
-    ref = _hf(d)
-    prompts = [rt.encode_prompt(t) for t in TEXTS]
-    results = {r.key: r for r in rt.generate(GenRequest(i, p, SamplingParams(max_tokens=20))
-                                             for i, p in enumerate(prompts))}
-    for i, p in enumerate(prompts):
-        with torch.inference_mode():
-            out = ref.generate(torch.tensor([p]), max_new_tokens=20, min_new_tokens=20, do_sample=False,
-                               eos_token_id=None, pad_token_id=0)
-        assert results[i].token_ids == out[0, len(p):].tolist(), (family, i)
-        assert results[i].finish_reason == "length" and results[i].output_tokens == 20
 
 
 def _requests(rt: GenerateRuntime, n: int, **params: object) -> list[GenRequest]:
@@ -287,18 +243,6 @@ def test_impossible_requests_fail_before_anything_runs(runtime: GenerateRuntime)
         next(runtime.generate([ok], max_batch_tokens=5))
     with pytest.raises(ValueError, match="request 3.*empty"):
         next(runtime.generate([GenRequest(3, [], SamplingParams())]))
-
-
-def test_chat_template_matches_transformers(runtime: GenerateRuntime) -> None:
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(runtime.root)
-    for messages in ([{"role": "user", "content": "hello world"}],
-                     [{"role": "system", "content": "be short"}, {"role": "user", "content": "the water?"},
-                      {"role": "assistant", "content": "light"}, {"role": "user", "content": "why"}]):
-        want = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-        assert runtime.encode_chat(messages) == list(want)
-    assert runtime.render_chat([{"role": "user", "content": "x"}]).endswith("<|im_start|>assistant\n")
 
 
 def test_chat_template_errors_are_value_errors(tmp_path: Path) -> None:

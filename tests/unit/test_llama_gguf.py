@@ -1,74 +1,14 @@
-"""Our GGUF reader against the `gguf` package (test-only): metadata, and every tensor type we dequantise."""
+"""Our GGUF helpers that need no reference implementation: llama.cpp's Q/K permutation undone,
+and the tokenizer built from GGUF metadata (the reader itself against the `gguf` package is in
+tests/parity/test_gguf_parity.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import gguf  # test-only dependency; batchinf itself never imports it
 import numpy as np
 import pytest
 
 from batchinf.errors import BundleError
-from batchinf.runtime.gguf import GGML_TYPES, GGUFFile, build_tokenizer, unpermute
-
-Q = gguf.GGMLQuantizationType
-TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1]
-
-
-def _write(path: Path, tensors: dict[str, tuple[np.ndarray, object]], **meta: object) -> dict[str, np.ndarray]:
-    """Write a GGUF file with gguf's writer; returns gguf's own dequantisation of each tensor."""
-    w = gguf.GGUFWriter(str(path), "llama")
-    for k, v in meta.items():
-        if isinstance(v, str):
-            w.add_string(k, v)
-        elif isinstance(v, bool):
-            w.add_bool(k, v)
-        elif isinstance(v, int):
-            w.add_uint32(k, v)
-        elif isinstance(v, float):
-            w.add_float32(k, v)
-        else:
-            w.add_array(k, v)
-    want = {}
-    for name, (x, qtype) in tensors.items():
-        q = gguf.quants.quantize(x, qtype)
-        w.add_tensor(name, q, raw_dtype=qtype)      # q: floats, or a uint8 byte layout for the rest
-        want[name] = gguf.quants.dequantize(q, qtype).reshape(x.shape).astype(np.float32)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return want
-
-
-def test_reader_matches_gguf_package(tmp_path: Path) -> None:
-    rng = np.random.default_rng(0)
-    tensors = {f"t.{t.name}": (rng.normal(size=(6, 64)).astype(np.float32) * 3, t) for t in TYPES}
-    meta = {"general.name": "tiny ünïcode", "x.count": 7, "x.eps": 1e-5, "x.flag": True, "x.ids": [3, 1, 2],
-            "x.words": ["a", "b c", "ü"]}
-    path = tmp_path / "t.gguf"
-    want = _write(path, tensors, **meta)
-    with GGUFFile(path) as g:
-        assert g.version == 3
-        for k, v in meta.items():
-            assert g.metadata[k] == pytest.approx(v) if isinstance(v, float) else g.metadata[k] == v, k
-        for name, w in want.items():
-            got = g.tensor(name)
-            assert got.shape == (6, 64) and got.dtype == np.float32
-            np.testing.assert_array_equal(got, w, err_msg=name)
-            if "Q" in name:                  # quantised for real: lossy, not the input itself
-                assert not np.array_equal(got, tensors[name][0])
-    assert {t.value for t in TYPES} <= set(GGML_TYPES)
-
-
-def test_unsupported_type_and_bad_files_are_clear_errors(tmp_path: Path) -> None:
-    path = tmp_path / "q5.gguf"
-    _write(path, {"blk.0.attn_q.weight": (np.ones((2, 32), np.float32), Q.Q5_0)})
-    with GGUFFile(path) as g, pytest.raises(BundleError, match=r"blk\.0\.attn_q\.weight has ggml type 6"):
-        g.tensor("blk.0.attn_q.weight")
-    (tmp_path / "short.gguf").write_bytes(path.read_bytes()[:40])
-    with pytest.raises(BundleError, match="truncated or corrupt"):
-        GGUFFile(tmp_path / "short.gguf")
+from batchinf.runtime.gguf import build_tokenizer, unpermute
 
 
 def test_unpermute_inverts_llama_cpp_permute() -> None:

@@ -8,7 +8,9 @@ import pytest
 from sqlalchemy import create_engine, inspect
 
 from batchinf.ledger import db
-from tests.conftest import _fresh_postgres_db
+from tests.helpers.services import fresh_postgres_db as _fresh_postgres_db
+
+pytestmark = pytest.mark.integration
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])

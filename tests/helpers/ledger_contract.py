@@ -1,13 +1,24 @@
-"""One ledger contract, run on SQLite and PostgreSQL (schema built by Alembic)."""
+"""One ledger contract, defined once and run on each backend (schema built by Alembic): on the
+embedded SQLite ledger by tests/unit/test_ledger_contract_sqlite.py, on PostgreSQL by
+tests/integration/test_ledger_contract_postgres.py. Each of them collects these tests with
+`from tests.helpers.ledger_contract import *` and provides two fixtures:
+
+    ledger          the database url of a ledger at head, which this process uses (BATCHINF_DATABASE_URL
+                    or the embedded default), in a fresh BATCHINF_HOME
+    empty_database  the url of a fresh, empty database of the same backend (migrations)
+"""
 
 from __future__ import annotations
 
+import hashlib
 import threading
 
 import pytest
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import create_engine, func, insert, inspect, select, update
 
-from batchinf.errors import StaleAttemptError
+from batchinf import tenants
+from batchinf.errors import LedgerError, StaleAttemptError
+from batchinf.ledger import db
 from batchinf.ledger import leases as lease_repo
 from batchinf.ledger import shards as shard_repo
 from batchinf.ledger import jobs as job_repo
@@ -15,33 +26,8 @@ from batchinf.ledger import models
 from batchinf.ledger import events
 from batchinf.ledger.db import tx
 from batchinf.retry import retrying
-from batchinf.ledger.states import (
-    ATTEMPT_LOSERS,
-    ATTEMPT_TRANSITIONS,
-    JOB_ACTIVE,
-    JOB_TERMINAL,
-    JOB_TRANSITIONS,
-    SHARD_TERMINAL,
-    SHARD_TRANSITIONS,
-    AttemptStatus,
-    JobStatus,
-    ShardStatus,
-)
-from batchinf.ledger.tables import attempts, bundles, job_events, jobs, shards
-
-
-def test_state_groups_cover_the_enums() -> None:
-    assert set(JOB_TRANSITIONS) == set(JobStatus)
-    assert set(SHARD_TRANSITIONS) == set(ShardStatus)
-    assert set(ATTEMPT_TRANSITIONS) == set(AttemptStatus)
-    assert all(AttemptStatus.SWEPT in ATTEMPT_TRANSITIONS[s] for s in ATTEMPT_LOSERS)
-    assert not ATTEMPT_TRANSITIONS[AttemptStatus.COMMITTED]      # a winner never changes outcome
-    assert JOB_ACTIVE | JOB_TERMINAL == set(JobStatus) and not JOB_ACTIVE & JOB_TERMINAL
-    assert all(not JOB_TRANSITIONS[s] for s in JOB_TERMINAL)
-    assert all(not SHARD_TRANSITIONS[s] for s in SHARD_TERMINAL)
-    for s in JOB_ACTIVE:   # any non-final state can fail, be cancelled or expire
-        assert {JobStatus.FAILED, JobStatus.EXPIRED} <= JOB_TRANSITIONS[s]
-        assert s is JobStatus.CANCELLING or JobStatus.CANCELLING in JOB_TRANSITIONS[s]
+from batchinf.ledger.states import JobStatus
+from batchinf.ledger.tables import api_tokens, attempts, bundles, job_events, jobs, shards
 
 
 def _job(n_shards: int = 3, job_id: str = "job-1") -> str:
@@ -268,3 +254,58 @@ def test_dispatch_demand_counts_ready_and_in_flight(ledger: str) -> None:
     assert lease_repo.claim_next([job_id], "w:1", 30) is not None
     (d,) = shard_repo.dispatch_demand()
     assert (d.job_id, d.in_flight, d.ready, d.priority) == (job_id, 2, 3, 0)
+
+
+# --- migration 0004 (API tokens, schedule runs) and hashed tokens ----------------------------------
+
+
+def test_migration_0004_up_down_up(empty_database: str) -> None:
+    from alembic import command
+
+    url = empty_database
+    assert db.upgrade(url, "0003") == "0003"
+    sa_url = url.replace("postgresql://", "postgresql+psycopg://")   # SQLAlchemy's driver; SQLite as is
+
+    def tables() -> set[str]:
+        eng = create_engine(sa_url)
+        try:
+            insp = inspect(eng)
+            names = set(insp.get_table_names())
+            cols = {c["name"] for c in insp.get_columns("schedules")}
+        finally:
+            eng.dispose()
+        return names | {f"schedules.{c}" for c in cols}
+
+    assert not {"api_tokens", "schedule_runs", "schedules.start_at"} & tables()
+    assert db.upgrade(url, "0004") == "0004"
+    assert {"api_tokens", "schedule_runs", "schedules.start_at"} <= tables()
+    command.downgrade(db.alembic_config(sa_url), "0003")
+    assert not {"api_tokens", "schedule_runs", "schedules.start_at"} & tables()
+    assert db.upgrade(url, "0004") == "0004"
+
+
+def test_tokens_are_stored_hashed_and_revocable(ledger: str) -> None:
+    made = tenants.create_token("acme", name="ci")
+    token = made["token"]
+    assert token.startswith("bi_") and len(token) > 40
+    with tx() as conn:
+        rows = [dict(r._mapping) for r in conn.execute(select(api_tokens)).all()]
+    assert len(rows) == 1
+    assert rows[0]["token_sha256"] == hashlib.sha256(token.encode()).hexdigest()
+    assert not any(token in str(v) for v in rows[0].values())    # never the token itself
+    assert tenants.authenticate(token) == "acme"
+    assert tenants.authenticate(token + "x") is None
+    assert tenants.authenticate("Bearer " + token) is None
+    listed = tenants.list_tokens("acme")
+    assert [t["id"] for t in listed] == [made["id"]] and "token" not in listed[0]
+    assert listed[0]["last_used_at"] is not None
+    assert tenants.revoke_token(made["id"])["changed"]
+    assert tenants.authenticate(token) is None
+    assert not tenants.revoke_token(made["id"])["changed"]
+    with pytest.raises(LedgerError, match="no token 'tok-nope'"):
+        tenants.revoke_token("tok-nope")
+    with pytest.raises(LedgerError, match="not a valid name"):
+        tenants.create_token("bad tenant!")
+
+
+__all__ = [name for name in list(globals()) if name.startswith("test_")]   # in definition order

@@ -1,4 +1,7 @@
-"""One contract for every Store backend: local files and a real (moto) S3 server with versioning."""
+"""One contract for every Store backend, defined once: local files (tests/unit/test_store_contract_local.py)
+and a real (moto) S3 server with versioning (tests/integration/test_store_contract_s3.py). Each of them
+collects these tests with `from tests.helpers.store_contract import *` and provides `store_root`: a
+fresh empty root uri on its backend (S3: in a versioned bucket)."""
 
 from __future__ import annotations
 
@@ -9,16 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchinf.errors import InputError, StoreError
-from batchinf.store import ObjectPin, Store, get_store, join, normalize_uri, split_uri
-from tests.conftest import make_bucket
-
-
-@pytest.fixture(params=["local", "s3"])
-def store_root(request: pytest.FixtureRequest) -> str:
-    """A fresh empty root uri on each backend (S3: a versioned bucket)."""
-    fixture = "local_root" if request.param == "local" else "s3_bucket"
-    return join(request.getfixturevalue(fixture), "root")
+from batchinf.errors import InputError
+from batchinf.store import ObjectPin, Store, get_store, join
 
 
 @pytest.fixture
@@ -136,56 +131,4 @@ def test_open_read_after_delete(store: Store, store_root: str) -> None:
                 pass
 
 
-def test_s3_unversioned_overwrite_fails_if_match(s3_server: str) -> None:
-    root = make_bucket(versioned=False)
-    store, uri = get_store(root), join(root, "k.txt")
-    store.put_bytes(uri, b"old")
-    old = store.head(uri)
-    assert old.version_id is None and store.list(root) == [old]
-    store.put_bytes(uri, b"new")
-    with pytest.raises(InputError, match=f"{uri}.*etag {old.etag}, now .*re-submit"):
-        with store.open_read(old):
-            pass
-    store.delete(uri)
-    with pytest.raises(InputError, match=f"{uri}.*now missing"):
-        with store.open_read(old):
-            pass
-
-
-def test_local_put_bytes_atomic_leaves_no_temp_files(local_root: str) -> None:
-    store = get_store(local_root)
-    uri = join(local_root, "x", "y.bin")
-    for i in range(3):
-        store.put_bytes(uri, bytes([i]) * 10)
-    directory = Path(split_uri(uri)[2]).parent
-    assert os.listdir(directory) == ["y.bin"]
-    with pytest.raises(StoreError):
-        store.put_bytes(join(local_root, "x", "y.bin", "under-a-file"), b"z")
-    assert os.listdir(directory) == ["y.bin"]
-
-
-def test_uri_helpers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    assert normalize_uri("rel/x.txt") == f"file://{tmp_path}/rel/x.txt"
-    assert normalize_uri("/abs/dir/") == "file:///abs/dir/"
-    assert normalize_uri("s3://b/k") == "s3://b/k"
-    assert split_uri("s3://b/k/x") == ("s3", "b", "k/x")
-    assert split_uri("s3://b") == ("s3", "b", "")
-    assert split_uri("file:///a/b") == ("file", "", "/a/b")
-    assert split_uri("/a/b") == ("file", "", "/a/b")
-    assert join("s3://b/", "/x/", "y") == "s3://b/x/y"
-    assert join("s3://b", "x/", "y/") == "s3://b/x/y/"
-    assert join("file:///", "a") == "file:///a"
-    assert join("/tmp/r", "a") == "file:///tmp/r/a"
-    with pytest.raises(StoreError, match="bucket"):
-        split_uri("s3:///k")
-    with pytest.raises(StoreError, match="absolute"):
-        split_uri("file://rel/x")
-
-
-def test_get_store_by_scheme() -> None:
-    assert type(get_store("/tmp/x")).__name__ == "LocalStore"
-    assert type(get_store("file:///tmp/x")).__name__ == "LocalStore"
-    assert type(get_store("s3://b/k")).__name__ == "S3Store"
-    with pytest.raises(StoreError, match=r"'gs'.*file://, s3://"):
-        get_store("gs://bucket/key")
+__all__ = ["store", *(name for name in list(globals()) if name.startswith("test_"))]   # in definition order
