@@ -56,6 +56,9 @@ class InputSpec(_Part):
     messages_field: Annotated[str | None, nullable(STRING)] = Field(
         None, description="generate, instead of a prompt: the field holding chat messages [{role, content}], "
                           "rendered with the bundle's chat template")
+    include_hidden: Annotated[bool, BOOLEAN] = Field(
+        False, description="also read objects under the prefix whose names start with _ or . (_SUCCESS, "
+                           "_common_metadata, .crc files, _work/), which a listing skips by default")
 
     def value_field(self, task: str) -> tuple[str, str]:
         """(field name, kind) a jsonl/parquet record is read by: kind is text, prompt or messages."""
