@@ -165,6 +165,8 @@ class JobManifest(_Part):
     def to_dict(self) -> dict[str, Any]:
         d = self.model_dump()
         d["output"] = {"uri": d.pop("output_uri")}
+        if not d["input"]["include_hidden"]:    # unset, it leaves content keys as they were
+            del d["input"]["include_hidden"]
         return d
 
     def content_key(self) -> str:
