@@ -30,8 +30,8 @@ def import_bundle(src: str | Path, name: str, *, alias: str | None = None,
         rb.write_bundle_dir(src, Path(path), meta)
     else:
         store = get_store(uri)
-        for f in meta["files"]:
-            store.put_file(join(uri, f), src / f)
+        for f in rb.file_names(meta, str(src)):
+            store.put_file(join(uri, f), rb.file_path(src, f))
         store.put_bytes(join(uri, "bundle.json"), json.dumps(meta, indent=1, sort_keys=True).encode())
     registry.add(digest, name, uri, meta["task"], meta["family"], json.dumps(meta), alias)
     return get_info(digest)
@@ -78,12 +78,21 @@ def local_dir(digest: str) -> Path:
     cache = settings().home / "cache" / "bundles" / digest.removeprefix("sha256:")
     if not (cache / "bundle.json").exists():
         store = get_store(info.uri)
-        meta = json.loads(store.get_bytes(join(info.uri, "bundle.json")))
+        where = join(info.uri, "bundle.json")
+        try:
+            meta = json.loads(store.get_bytes(where))
+        except (ValueError, RecursionError) as exc:
+            raise BundleError(f"{where} is not valid JSON ({exc}); re-import the bundle") from exc
+        # verified before any name in it is used: a tampered bundle.json names no file here
+        if rb.digest_of(meta) != digest:
+            raise BundleError(f"{where} does not match digest {digest}: the bundle store was modified after "
+                              "import; re-import the bundle")
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".dl-", dir=cache.parent))
-        for f in meta["files"]:
-            (tmp / f).parent.mkdir(parents=True, exist_ok=True)
-            store.download_file(join(info.uri, f), tmp / f)
+        for f in rb.file_names(meta, where):
+            target = rb.file_path(tmp, f, where)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            store.download_file(join(info.uri, f), target)
         (tmp / "bundle.json").write_text(json.dumps(meta))
         if cache.exists():
             shutil.rmtree(cache)
