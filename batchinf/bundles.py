@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from batchinf.config import settings
-from batchinf.errors import BundleError
+from batchinf.errors import BundleError, DeviceUnavailableError
 from batchinf.ledger import registry
 from batchinf.ledger.models import BundleInfo
 from batchinf.runtime import bundle as rb
@@ -107,6 +107,8 @@ def open_runtime(digest: str, *, device: str = "cpu", with_model: bool = True) -
     """Load a bundle once per process: every digest and fixture is verified before it is returned.
     An EmbedRuntime for task "embed", a GenerateRuntime for task "generate"."""
     key = (digest, device, with_model)
+    if with_model:
+        require_device(device)
     if key not in _loaded:
         root = local_dir(digest)
         meta = rb.read_meta(root)
@@ -123,6 +125,16 @@ def open_runtime(digest: str, *, device: str = "cpu", with_model: bool = True) -
             rb.verify_model_fixtures(runtime)
         _loaded[key] = runtime
     return _loaded[key]
+
+
+def require_device(device: str) -> None:
+    """Raise DeviceUnavailableError when `device` is cuda and this process has no CUDA."""
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise DeviceUnavailableError(f"device {device} requested but this worker has no CUDA; "
+                                         "use --device cpu or auto")
 
 
 def verify_bundle(ref: str) -> dict[str, Any]:

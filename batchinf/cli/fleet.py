@@ -17,6 +17,9 @@ def worker(concurrency: int, device: str, threads: int | None, metrics_port: int
     """A Celery worker (distributed mode). Its processes keep loaded bundles cached by digest."""
     import os
 
+    from batchinf.bundles import require_device
+
+    require_device(device)      # a worker without CUDA never starts as a cuda worker
     if metrics_port:
         import tempfile
 
