@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from batchinf.config import settings
-from batchinf.errors import BundleError
+from batchinf.errors import BundleError, DeviceUnavailableError
 from batchinf.ledger import registry
 from batchinf.ledger.models import BundleInfo
 from batchinf.runtime import bundle as rb
@@ -31,8 +31,8 @@ def import_bundle(src: str | Path, name: str, *, alias: str | None = None,
         rb.write_bundle_dir(src, Path(path), meta)
     else:
         store = get_store(uri)
-        for f in meta["files"]:
-            store.put_file(join(uri, f), src / f)
+        for f in rb.file_names(meta, str(src)):
+            store.put_file(join(uri, f), rb.file_path(src, f))
         store.put_bytes(join(uri, "bundle.json"), json.dumps(meta, indent=1, sort_keys=True).encode())
     registry.add(digest, name, uri, meta["task"], meta["family"], json.dumps(meta), alias)
     return get_info(digest)
@@ -79,12 +79,21 @@ def local_dir(digest: str) -> Path:
     cache = settings().home / "cache" / "bundles" / digest.removeprefix("sha256:")
     if not (cache / "bundle.json").exists():
         store = get_store(info.uri)
-        meta = json.loads(store.get_bytes(join(info.uri, "bundle.json")))
+        where = join(info.uri, "bundle.json")
+        try:
+            meta = json.loads(store.get_bytes(where))
+        except (ValueError, RecursionError) as exc:
+            raise BundleError(f"{where} is not valid JSON ({exc}); re-import the bundle") from exc
+        # verified before any name in it is used: a tampered bundle.json names no file here
+        if rb.digest_of(meta) != digest:
+            raise BundleError(f"{where} does not match digest {digest}: the bundle store was modified after "
+                              "import; re-import the bundle")
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".dl-", dir=cache.parent))
-        for f in meta["files"]:
-            (tmp / f).parent.mkdir(parents=True, exist_ok=True)
-            store.download_file(join(info.uri, f), tmp / f)
+        for f in rb.file_names(meta, where):
+            target = rb.file_path(tmp, f, where)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            store.download_file(join(info.uri, f), target)
         (tmp / "bundle.json").write_text(json.dumps(meta))
         if cache.exists():
             shutil.rmtree(cache)
@@ -99,6 +108,8 @@ def open_runtime(digest: str, *, device: str = "cpu", with_model: bool = True) -
     """Load a bundle once per process: every digest and fixture is verified before it is returned.
     The runtime is the bundle's task's (an EmbedRuntime, a GenerateRuntime, ...)."""
     key = (digest, device, with_model)
+    if with_model:
+        require_device(device)
     if key not in _loaded:
         root = local_dir(digest)
         meta = rb.read_meta(root)
@@ -111,6 +122,16 @@ def open_runtime(digest: str, *, device: str = "cpu", with_model: bool = True) -
             task.verify_model(runtime)
         _loaded[key] = runtime
     return _loaded[key]
+
+
+def require_device(device: str) -> None:
+    """Raise DeviceUnavailableError when `device` is cuda and this process has no CUDA."""
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise DeviceUnavailableError(f"device {device} requested but this worker has no CUDA; "
+                                         "use --device cpu or auto")
 
 
 def verify_bundle(ref: str) -> dict[str, Any]:

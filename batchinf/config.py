@@ -52,6 +52,8 @@ class Settings:
                                     # speculative attempt; 0: off
     max_step_failures: int          # BATCHINF_MAX_STEP_FAILURES: consecutive failed lifecycle steps of one job
                                     # before it fails (default 10)
+    plan_time_limit: float          # BATCHINF_PLAN_TIME_LIMIT: seconds one planning task may run (distributed);
+                                    # past it the task is stopped and counts as a failed attempt
     price_per_worker_hour: float | None  # BATCHINF_PRICE_PER_WORKER_HOUR: cost in status
     # --- distributed mode (Celery)
     queue: str                      # BATCHINF_QUEUE: the broker queue controllers send to, workers read
@@ -194,6 +196,7 @@ def load_settings() -> Settings:
         speculate_factor=_float("BATCHINF_SPECULATE_FACTOR", 3.0),
         speculate_min_seconds=_float("BATCHINF_SPECULATE_MIN_SECONDS", 30.0),
         max_step_failures=_int("BATCHINF_MAX_STEP_FAILURES", 10),
+        plan_time_limit=_float("BATCHINF_PLAN_TIME_LIMIT", 3600.0),
         price_per_worker_hour=_optional_float("BATCHINF_PRICE_PER_WORKER_HOUR"),
         queue=_text("BATCHINF_QUEUE") or "batchinf",
         visibility_timeout=_int("BATCHINF_VISIBILITY_TIMEOUT", 6 * 3600),

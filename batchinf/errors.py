@@ -23,6 +23,11 @@ class BundleError(BatchinfError):
     """A model bundle is missing, tampered with, drifted or unsafe (pickle)."""
 
 
+class DeviceUnavailableError(BundleError):
+    """This worker cannot run the bundle on the requested device (cuda without CUDA). Not the
+    bundle's fault: the attempt fails and is retried, perhaps on another worker of a mixed fleet."""
+
+
 class LedgerError(BatchinfError):
     """The ledger refused an operation (illegal transition, unknown job or shard)."""
 

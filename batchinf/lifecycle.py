@@ -21,7 +21,7 @@ from batchinf.ledger import jobs as job_repo
 from batchinf.ledger import leases
 from batchinf.ledger import shards as shard_repo
 from batchinf.ledger.events import now
-from batchinf.ledger.models import Demand, Job
+from batchinf.ledger.models import Demand, InputObject, Job
 from batchinf.ledger.states import JOB_TERMINAL, JobStatus
 from batchinf.limits import error_budget_problem
 from batchinf.plan import finish_plan, pin_job
@@ -33,17 +33,47 @@ from batchinf.verify import publish, publish_partial
 log = logging.getLogger("batchinf.lifecycle")
 
 
+PLAN_GRACE_SECONDS = 60.0     # past BATCHINF_PLAN_TIME_LIMIT, a silent planning attempt is dead
+
+
 def _plan(job: Job, d: Dispatcher, slots: int | None) -> None:
-    """Stage every input object (one planning task each), then run the global step."""
+    """Stage every input object (one planning task each), then run the global step. An object
+    whose `max_attempts` planning attempts all failed (raised, timed out or died) fails the job."""
     objects = job_repo.inputs(job.id)
     if all(o.records is not None for o in objects):
         finish_plan(job)
         return
-    due = [o.idx for o in objects if o.records is None
-           and (o.dispatched_at is None or o.dispatched_at < now() - d.requeue_seconds)]
+    s, t = settings(), now()
+    open_ = [o for o in objects if o.records is None]
+    for o in open_:
+        if o.attempts >= s.max_attempts and not _planning_now(o, d, t):
+            why = o.error or (f"its last attempt ran past BATCHINF_PLAN_TIME_LIMIT ({s.plan_time_limit:g} s) "
+                              "or its worker died" if d.resends_lost else "its last attempt did not finish")
+            job_repo.fail(job.id, f"planning object {o.pin.uri} failed {o.attempts} times: {why}")
+            return
+    due = [o.idx for o in open_ if not _planning_now(o, d, t)
+           and (o.dispatched_at is None or o.dispatched_at < t - _plan_wait(o, d))]
     if due:
         job_repo.plan_sent(job.id, due)
         d.plan(job, due)
+
+
+def _planning_now(o: InputObject, d: Dispatcher, t: float) -> bool:
+    """A planning attempt of the object may still be running: one started since the last message
+    (broker dispatchers; embedded planning runs inside the step), has not failed, and is within
+    the time limit."""
+    return (d.resends_lost and o.error is None and o.started_at is not None
+            and o.started_at >= (o.dispatched_at or 0.0)
+            and t - o.started_at < settings().plan_time_limit + PLAN_GRACE_SECONDS)
+
+
+def _plan_wait(o: InputObject, d: Dispatcher) -> float:
+    """Seconds before a planning task is sent again: none in embedded mode (planning ran inside an
+    earlier step, and the driver backs off after a failed step); through a broker a failed attempt
+    backs off briefly and a message that may be lost waits `requeue_seconds`."""
+    if not d.resends_lost:
+        return 0.0
+    return min(d.requeue_seconds, 2.0 ** o.attempts) if o.error is not None else d.requeue_seconds
 
 
 def _run(job: Job, d: Dispatcher, slots: int | None) -> None:

@@ -19,7 +19,7 @@ from pydantic.json_schema import GenerateJsonSchema
 
 from batchinf.documents import DocumentError, parse_document
 from batchinf.errors import ManifestError
-from batchinf.manifest_rules import (DURATION, KEY, NULL_IS_DEFAULT, OUTPUT, POSITIVE, STRING, TEXT, Part,
+from batchinf.manifest_rules import (BOOLEAN, DURATION, KEY, NULL_IS_DEFAULT, OUTPUT, POSITIVE, STRING, TEXT, Part,
                                      Refused, choice, integer, manifest_error, nullable, number, parse_duration)
 from batchinf.tasks import TASKS as TASK_REGISTRY
 from batchinf.tasks import EmbedOptions, GenerateOptions
@@ -56,6 +56,9 @@ class InputSpec(_Part):
     messages_field: Annotated[str | None, nullable(STRING)] = Field(
         None, description="generate, instead of a prompt: the field holding chat messages [{role, content}], "
                           "rendered with the bundle's chat template")
+    include_hidden: Annotated[bool, BOOLEAN] = Field(
+        False, description="also read objects under the prefix whose names start with _ or . (_SUCCESS, "
+                           "_common_metadata, .crc files, _work/), which a listing skips by default")
 
     query_field: Annotated[str | None, nullable(STRING)] = Field(
         None, description='score: the field holding the query (default "query")')
@@ -149,6 +152,8 @@ class JobManifest(_Part):
         for key in LATER_INPUT_FIELDS:   # absent when unset: content keys of older manifests stay
             if d["input"][key] is None:
                 del d["input"][key]
+        if not d["input"]["include_hidden"]:    # unset, it leaves content keys as they were
+            del d["input"]["include_hidden"]
         return d
 
     def content_key(self) -> str:

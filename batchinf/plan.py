@@ -57,6 +57,7 @@ class ObjectTask:
 def plan_object(task: ObjectTask) -> int:
     """Read, validate and stage one object (its task tokenizes, decodes or preprocesses each
     record); write the staged table. Returns its record count."""
+    failpoints.hit("plan.object")
     runtime = open_runtime(task.digest, with_model=False)
     with get_store(task.pin.uri).open_read(task.pin) as fh:
         records = read_records(fh, task.fmt, task.pin.uri, task.id_field, task.text_field,
@@ -126,11 +127,20 @@ def object_tasks(job: Job) -> list[ObjectTask]:
 
 def plan_one_object(job_id: str, idx: int) -> int:
     """A planning task (one per input object, on a worker): stage one object and record its
-    record count in the ledger. Does nothing once the job has left planning."""
+    record count in the ledger. Does nothing once the job has left planning or the object is
+    planned. Every attempt is counted before it starts and its error recorded when it raises, so
+    the lifecycle can fail the job once an object has used up its attempts."""
     job = job_repo.get(job_id)
-    if job.status != JobStatus.PLANNING:
+    if job.status != JobStatus.PLANNING or not job_repo.plan_attempt_started(job_id, idx):
         return 0
-    n = plan_object(object_tasks(job)[idx])
+    try:
+        n = plan_object(object_tasks(job)[idx])
+    except Exception as exc:
+        try:
+            job_repo.plan_attempt_failed(job_id, idx, f"{type(exc).__name__}: {exc}")
+        except Exception:  # noqa: BLE001 -- the ledger is down too: the attempt still counts
+            pass
+        raise
     job_repo.object_planned(job_id, idx, n)
     return n
 

@@ -1,7 +1,8 @@
 """The one retry policy: a backoff function and a classification of failures.
 
 Every stage asks `classify(exc)` what a failure means:
-- RETRY: transient (storage 5xx, connection reset, database restart, anything unexpected):
+- RETRY: transient (storage 5xx, connection reset, database restart, a worker without the
+  requested device, anything unexpected):
   try again later with `compute_backoff`, within a bounded budget;
 - FAIL_SHARD: the attempt lost its lease (`StaleAttemptError`): nothing to do, another
   attempt owns the shard;
@@ -16,8 +17,8 @@ import time
 from enum import StrEnum
 from typing import Any, Callable, TypeVar
 
-from batchinf.errors import (BundleError, InputError, ManifestError, StaleAttemptError, StoreError,
-                             TransientError, VerificationError)
+from batchinf.errors import (BundleError, DeviceUnavailableError, InputError, ManifestError, StaleAttemptError,
+                             StoreError, TransientError, VerificationError)
 
 T = TypeVar("T")
 
@@ -34,7 +35,7 @@ PERMANENT = (BundleError, InputError, ManifestError, StoreError, VerificationErr
 def classify(exc: BaseException) -> Outcome:
     if isinstance(exc, StaleAttemptError):
         return Outcome.FAIL_SHARD
-    if isinstance(exc, TransientError):
+    if isinstance(exc, (TransientError, DeviceUnavailableError)):   # another worker may have the device
         return Outcome.RETRY
     if isinstance(exc, PERMANENT):
         return Outcome.FAIL_JOB

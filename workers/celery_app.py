@@ -66,9 +66,17 @@ def execute_shard(shard_id: str, speculative: bool = False) -> None:
 
 @app.task(name="batchinf.plan_object")
 def plan_object(job_id: str, idx: int) -> None:
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    from batchinf.ledger import jobs as job_repo
     from batchinf.plan import plan_one_object
 
-    plan_one_object(job_id, idx)
+    try:
+        plan_one_object(job_id, idx)
+    except SoftTimeLimitExceeded:
+        job_repo.plan_attempt_failed(job_id, idx, f"timed out after {settings().plan_time_limit:g} s "
+                                                  "(BATCHINF_PLAN_TIME_LIMIT)")
+        raise
 
 
 class CeleryDispatcher(Dispatcher):
@@ -83,8 +91,9 @@ class CeleryDispatcher(Dispatcher):
         self.requeue_seconds = requeue_seconds
 
     def plan(self, job: Job, idxs: list[int]) -> None:
+        limit = settings().plan_time_limit     # soft: the task records the timeout; hard: it is killed
         for idx in idxs:
-            plan_object.apply_async(args=[job.id, idx])
+            plan_object.apply_async(args=[job.id, idx], soft_time_limit=limit, time_limit=limit + 30)
 
     def send(self, shard_ids: list[str]) -> None:
         for shard_id in shard_ids:

@@ -36,9 +36,11 @@ def worker(concurrency: int, device: str, threads: int | None, hostname: str, me
     --max-tasks-per-child=50`."""
     import os
 
+    from batchinf.bundles import require_device
     from batchinf.config import settings
 
     refuse_embedded("worker")
+    require_device(device)      # a worker without CUDA never starts as a cuda worker
 
     if metrics_port:
         import tempfile

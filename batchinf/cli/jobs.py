@@ -24,12 +24,14 @@ from batchinf.ledger.states import JobStatus
 def run(manifest: str, workers: int, threads: int | None, device: str, as_json: bool, tenant: str) -> None:
     """Run a job to completion on this machine (embedded mode). Re-running the same manifest
     resumes the same job from the ledger. Exits 0 only when the job succeeded."""
+    from batchinf.bundles import require_device
     from batchinf.controller import drive
     from batchinf.ledger.states import JobStatus
     from batchinf.ledger.status import status
     from batchinf.submit import submit
     from batchinf.manifest import load_manifest
 
+    require_device(device)      # refused up front, not after workers failed their attempts
     job_id, created = submit(load_manifest(manifest), tenant=tenant)
     if not created and not as_json:
         console.print(f"resuming {job_id}", highlight=False)

@@ -3,6 +3,9 @@
 Lines are read with a bounded skipper, so a line longer than `max_line_bytes` becomes a
 line_too_long error row and is skipped chunk by chunk; memory stays bounded whatever its size.
 `json_objects` is shared with the openai-batch reader, which reads the same kind of lines.
+Any exception while parsing one line (a 5,000-digit number, an array nested 100,000 deep) is that
+line's `malformed_json` row. An object that is no text at all (NUL bytes, a Parquet file) is one
+`wrong_format` row for the whole object, naming the fix.
 """
 
 from __future__ import annotations
@@ -51,10 +54,55 @@ def _json_object(raw: bytes | None, ordinal: int, where: str,
     except json.JSONDecodeError as exc:
         return InputRecord(ordinal, None, None, "malformed_json",
                            f"{where}: malformed JSON ({exc.msg} at column {exc.colno})")
+    except Exception as exc:  # noqa: BLE001 -- whatever a hostile line raises is that line's error
+        return InputRecord(ordinal, None, None, "malformed_json", f"{where}: malformed JSON ({parse_problem(exc)})")
     if not isinstance(obj, dict):
         return InputRecord(ordinal, None, None, "malformed_json",
                            f"{where}: expected a JSON object, got {type(obj).__name__}")
     return obj
+
+
+def parse_problem(exc: BaseException) -> str:
+    """Why a line that json.loads refused cannot be parsed, and the fix."""
+    if isinstance(exc, RecursionError):
+        return "nested too deeply to parse; flatten the record"
+    if isinstance(exc, ValueError) and "digits" in str(exc):
+        return f"{exc}; write such a number as a string"
+    return f"{type(exc).__name__}: {str(exc)[:200]}"
+
+
+HEAD_BYTES = 8192
+# Leading bytes of formats that are often uploaded to a JSONL prefix by mistake: (magic, what, fix).
+_NOT_JSONL = ((b"PAR1", "looks like Parquet (PAR1 magic)", "set input.format: parquet"),
+              (b"PK\x03\x04", "looks like a ZIP archive", "unzip it and upload the JSONL files"),
+              (b"ARROW1", "looks like an Arrow IPC file", "convert it to Parquet or JSONL"))
+
+
+def wrong_format(head: bytes, uri: str) -> InputRecord | None:
+    """The one error row of an object whose first bytes show it is not JSONL text, else None."""
+    for magic, what, fix in _NOT_JSONL:
+        if head.startswith(magic):
+            return InputRecord(0, None, None, "wrong_format", f"{uri}: {what}, not JSONL; {fix}")
+    odd, even = head[1::2], head[0::2]
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")) or (len(head) > 3 and 0 not in even
+                                                        and odd.count(0) > 0.9 * len(odd)):
+        return InputRecord(0, None, None, "wrong_format",
+                           f"{uri}: looks like UTF-16 text, not UTF-8 JSONL; re-encode the file as UTF-8")
+    if b"\x00" in head:
+        at = head.index(b"\x00")
+        return InputRecord(0, None, None, "wrong_format",
+                           f"{uri}: contains NUL bytes (first at byte {at}): a binary file, not JSONL text; "
+                           "remove it from the input prefix or set input.format to the file's format")
+    return None
+
+
+def _head(stream: BinaryIO, fh: BinaryIO) -> bytes:
+    """The object's first bytes (decompressed), leaving the stream where it was."""
+    if stream is fh:
+        head = fh.read(HEAD_BYTES)
+        fh.seek(0)
+        return head
+    return stream.peek(HEAD_BYTES)[:HEAD_BYTES]  # type: ignore[attr-defined]
 
 
 def json_objects(fh: BinaryIO, uri: str, max_line_bytes: int = MAX_LINE_BYTES
@@ -64,7 +112,12 @@ def json_objects(fh: BinaryIO, uri: str, max_line_bytes: int = MAX_LINE_BYTES
     (a decompression bomb, corrupt compressed data) ends with one error record for its rest."""
     ordinal, lineno = 0, 0
     try:
-        for lineno, raw in enumerate(_lines(decompressed(fh, uri), max_line_bytes), start=1):
+        stream = decompressed(fh, uri)
+        bad = wrong_format(_head(stream, fh), uri)
+        if bad is not None:
+            yield 0, uri, bad
+            return
+        for lineno, raw in enumerate(_lines(stream, max_line_bytes), start=1):
             obj = _json_object(raw, ordinal, f"{uri} line {lineno}", max_line_bytes)
             if obj is not None:
                 yield ordinal, f"{uri} line {lineno}", obj
@@ -88,6 +141,9 @@ def read_jsonl(fh: BinaryIO, uri: str, id_field: str, text_field: str,
     for ordinal, where, obj in json_objects(fh, uri, max_line_bytes):
         if isinstance(obj, InputRecord):
             yield obj
-        else:
+            continue
+        try:
             value = obj if kind == "record" else obj.get(text_field)
             yield _check(ordinal, obj.get(id_field), value, where, id_field, text_field, kind)
+        except Exception as exc:  # noqa: BLE001 -- a value that breaks the checks fails its record only
+            yield InputRecord(ordinal, None, None, "malformed_json", f"{where}: malformed record ({parse_problem(exc)})")

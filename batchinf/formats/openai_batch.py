@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, BinaryIO, Iterator
 
 from batchinf.checks import integer_problem, number_problem, stop_strings
-from batchinf.formats.jsonl import json_objects
+from batchinf.formats.jsonl import parse_problem, json_objects
 from batchinf.formats.record import InputRecord, check_messages, record_id_of, unicode_problem
 
 CHAT, COMPLETIONS, EMBEDDINGS = "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
@@ -57,7 +57,13 @@ _SAMPLING = {"max_tokens", "max_completion_tokens", "temperature", "top_p", "top
 def read_openai_batch(fh: BinaryIO, uri: str, task: str) -> Iterator[InputRecord]:
     """Records of one OpenAI batch input file; a line batchinf cannot run is its error row."""
     for ordinal, where, obj in json_objects(fh, uri):
-        yield obj if isinstance(obj, InputRecord) else parse_line(obj, ordinal, where, task)
+        if isinstance(obj, InputRecord):
+            yield obj
+            continue
+        try:
+            yield parse_line(obj, ordinal, where, task)
+        except Exception as exc:  # noqa: BLE001 -- a line that breaks the checks fails that line only
+            yield _error(ordinal, None, "malformed_json", f"{where}: malformed request line ({parse_problem(exc)})")
 
 
 def _error(ordinal: int, rid: str | None, code: str, message: str) -> InputRecord:

@@ -153,6 +153,21 @@ def plan_sent(job_id: str, idxs: Iterable[int]) -> None:
                      .values(dispatched_at=now()))
 
 
+def plan_attempt_started(job_id: str, idx: int) -> bool:
+    """Count one more planning attempt of the object (before it starts, so an attempt that hangs
+    or kills its worker counts too); False when the object is already planned (a duplicate)."""
+    with tx() as conn:
+        return conn.execute(update(job_inputs).where(
+            job_inputs.c.job_id == job_id, job_inputs.c.idx == idx, job_inputs.c.records.is_(None))
+            .values(attempts=job_inputs.c.attempts + 1, started_at=now(), error=None)).rowcount == 1
+
+
+def plan_attempt_failed(job_id: str, idx: int, error: str) -> None:
+    with tx() as conn:
+        conn.execute(update(job_inputs).where(job_inputs.c.job_id == job_id, job_inputs.c.idx == idx)
+                     .values(error=error[:4000]))
+
+
 def object_planned(job_id: str, idx: int, records: int) -> None:
     with tx() as conn:
         conn.execute(update(job_inputs).where(job_inputs.c.job_id == job_id, job_inputs.c.idx == idx)

@@ -61,11 +61,14 @@ class InputObject:
     pin: ObjectPin
     records: int | None          # filled by planning
     dispatched_at: float | None  # last planning task sent (distributed)
+    attempts: int = 0            # planning attempts started
+    started_at: float | None = None  # when the last one started
+    error: str | None = None     # why the last one failed (None: it succeeded, runs, or died silently)
 
     @classmethod
     def from_row(cls, row: Any) -> InputObject:
         return cls(row.idx, ObjectPin(uri=row.uri, size=row.size, etag=row.etag, version_id=row.version_id),
-                   row.records, row.dispatched_at)
+                   row.records, row.dispatched_at, row.attempts, row.started_at, row.error)
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,9 @@ job_inputs = Table(
     Column("version_id", String(300), nullable=True),
     Column("records", BigInteger, nullable=True),         # filled by planning
     Column("dispatched_at", Float, nullable=True),        # last planning task sent (distributed)
+    Column("attempts", Integer, nullable=False, server_default="0"),  # planning attempts started
+    Column("started_at", Float, nullable=True),           # when the last planning attempt started
+    Column("error", Text, nullable=True),                 # why the last planning attempt failed
 )
 
 shards = Table(

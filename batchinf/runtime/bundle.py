@@ -13,7 +13,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -46,10 +46,42 @@ def _refuse_pickles(paths: list[str], where: str) -> None:
                               "when loaded. Convert it to safetensors and remove it from the bundle.")
 
 
+def file_path(root: Path, name: object, where: str = "bundle.json") -> Path:
+    """`root / name` for a file name listed in bundle.json, refusing any name that could reach
+    outside the bundle directory: absolute, `..`, backslashes, or resolving elsewhere."""
+    bad = (not isinstance(name, str) or not name or "\\" in name or "\x00" in name or name == "bundle.json"
+           or PurePosixPath(name).is_absolute() or ".." in PurePosixPath(name).parts)
+    if not bad:
+        path = root / name
+        bad = not path.resolve().is_relative_to(root.resolve())
+    if bad:
+        raise BundleError(f"{where}: refusing file name {name!r}: bundle file names are relative paths inside "
+                          "the bundle directory (no absolute paths, '..' or links that lead outside it)")
+    return path
+
+
+def file_names(meta: Any, where: str) -> dict[str, str]:
+    """bundle.json's `files` (name -> sha256), each name checked with `file_path`."""
+    files = meta.get("files") if isinstance(meta, dict) else None
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        raise BundleError(f"{where}: 'files' must map file names to sha256 digests; re-import the bundle")
+    for name in files:
+        file_path(Path("/bundle"), name, where)
+    return files
+
+
 def _bundle_files(src: Path) -> list[str]:
-    files = sorted(str(p.relative_to(src)) for p in src.rglob("*")
-                   if p.is_file() and not any(part.startswith(".") for part in p.relative_to(src).parts)
-                   and p.name != "bundle.json")
+    """The model directory's files. A symlink is followed only when it stays inside the directory
+    (e.g. a shared blob next to it); one that leads elsewhere is refused."""
+    src = src.resolve()
+    found = [p for p in src.rglob("*")
+             if p.is_file() and not any(part.startswith(".") for part in p.relative_to(src).parts)
+             and p.name != "bundle.json"]
+    for p in found:
+        if not p.resolve().is_relative_to(src):
+            raise BundleError(f"{src}: refusing {p.relative_to(src)}: it is a symlink to {p.resolve()}, outside "
+                              "the model directory; copy the real file in (e.g. `cp -rL`) and import again")
+    files = sorted(str(p.relative_to(src)) for p in found)
     _refuse_pickles(files, str(src))
     if not any(f.endswith(".safetensors") for f in files):
         raise BundleError(f"{src}: no *.safetensors weights found; batchinf loads safetensors only")
@@ -211,6 +243,7 @@ def _build_generate_meta(src: Path, files: list[str], *, max_length: int | None,
         "files": {f: sha256_file(src / f) for f in files},
     }
     runtime = GenerateRuntime(src, meta, device="cpu", dtype_override="float32")
+    check_chat_template(runtime, src)
     fixtures: list[dict[str, Any]] = [{"text": t, "token_ids": runtime.encode_prompt(t)} for t in FIXTURE_TEXTS]
     requests = [GenRequest(i, fx["token_ids"], SamplingParams(max_tokens=GREEDY_FIXTURE_TOKENS))
                 for i, fx in enumerate(fixtures[:GREEDY_FIXTURES])]
@@ -220,15 +253,37 @@ def _build_generate_meta(src: Path, files: list[str], *, max_length: int | None,
     return meta
 
 
+CHAT_FIXTURES = ([{"role": "user", "content": FIXTURE_TEXTS[0]}],
+                 [{"role": "user", "content": FIXTURE_TEXTS[1]}, {"role": "assistant", "content": FIXTURE_TEXTS[2]},
+                  {"role": "user", "content": FIXTURE_TEXTS[3]}])
+
+
+def check_chat_template(runtime: Any, src: Path) -> None:
+    """A bundle's chat template must render its fixture conversations within the sandbox's limits
+    (the first, one user message, must render at all); else the bundle is refused."""
+    from batchinf.runtime.chat_template import TemplateLimitError
+
+    if not runtime.meta.get("chat_template"):
+        return
+    for i, messages in enumerate(CHAT_FIXTURES):
+        try:
+            runtime.render_chat(messages)
+        except Exception as e:  # noqa: BLE001 -- whatever the template does, the bundle is refused with it
+            if i == 0 or isinstance(e.__cause__, TemplateLimitError) or not isinstance(e, ValueError):
+                raise BundleError(f"{src / 'tokenizer_config.json'}: the chat template cannot render fixture "
+                                  f"conversation {i} ({e}); fix or remove chat_template") from e
+
+
 def verify_files(root: Path, meta: dict[str, Any], digest: str | None = None) -> None:
     if digest is not None and digest_of(meta) != digest:
         raise BundleError(f"{root}/bundle.json does not match digest {digest}: the bundle was modified "
                           "after import; re-import it")
-    _refuse_pickles(list(meta.get("files", {})), f"{root}/bundle.json")
+    files = file_names(meta, f"{root}/bundle.json")
+    _refuse_pickles(list(files), f"{root}/bundle.json")
     present = [str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()]
     _refuse_pickles(present, str(root))
-    for name, want in meta["files"].items():
-        path = root / name
+    for name, want in files.items():
+        path = file_path(root, name, f"{root}/bundle.json")
         if not path.is_file():
             raise BundleError(f"bundle file {path} is missing; re-import the bundle")
         got = sha256_file(path)
@@ -296,9 +351,10 @@ def write_bundle_dir(src: Path, dst: Path, meta: dict[str, Any]) -> None:
     """Copy the bundle's files and its bundle.json into dst (atomically via a temp dir)."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".import-", dir=dst.parent))
-    for name in meta["files"]:
-        (tmp / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src / name, tmp / name)
+    for name in file_names(meta, f"{src}/bundle.json"):
+        target = file_path(tmp, name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(file_path(src, name), target)
     (tmp / "bundle.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
     if dst.exists():
         shutil.rmtree(tmp)

@@ -29,11 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import torch
 from tokenizers import Tokenizer
 
 from batchinf.config import settings
-from batchinf.runtime.chat_template import compile_template, token_text
+from batchinf.errors import BundleError
+from batchinf.runtime.chat_template import TemplateLimitError, compile_template, render, token_text
 from batchinf.runtime.sampling import SamplingParams, sample
 
 PREFILL_CHUNK_TOKENS = 4096     # padded positions per prefill forward pass
@@ -116,7 +118,11 @@ class GenerateRuntime:
         source = cfg.get("chat_template")
         if isinstance(source, list):    # [{"name": "default", "template": ...}, ...]
             source = next((t["template"] for t in source if t.get("name") == "default"), None)
-        self._template = compile_template(source) if source else None
+        try:
+            self._template = compile_template(source) if source else None
+        except jinja2.exceptions.TemplateError as e:
+            raise BundleError(f"{self.root / 'tokenizer_config.json'}: the chat template does not compile "
+                              f"({e}); fix or remove chat_template") from e
         self._template_vars = {k: token_text(cfg.get(k)) for k in
                                ("bos_token", "eos_token", "pad_token", "unk_token")}
         self._dtype = dtype_override or meta.get("dtype", "float32")
@@ -132,11 +138,10 @@ class GenerateRuntime:
     def render_chat(self, messages: list[dict]) -> str:
         if self._template is None:
             raise ValueError(f"bundle {self.root.name} has no chat template; send a plain prompt instead")
-        import jinja2
-
         try:
-            return self._template.render(messages=messages, add_generation_prompt=True,
-                                         **self._template_vars)
+            return render(self._template, messages=messages, add_generation_prompt=True, **self._template_vars)
+        except TemplateLimitError as e:
+            raise ValueError(f"the bundle's chat template went past a limit rendering these messages: {e}") from e
         except jinja2.exceptions.TemplateError as e:
             raise ValueError(f"the bundle's chat template rejected the messages: {e}") from e
 

@@ -9,6 +9,7 @@ interleaved rotary; `unpermute` undoes that so the weights fit HF's rotate-half 
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import struct
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from batchinf.errors import BundleError
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
+MAX_DIMS = 4                # GGML_MAX_DIMS
+MAX_ARRAY_DEPTH = 4         # metadata arrays of arrays
 
 # Metadata value types: id -> (struct format, size); 8 = string, 9 = array.
 _SCALARS = {0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4),
@@ -82,8 +85,12 @@ class GGUFFile:
         self._pos = 0
         try:
             self._parse()
-        except (struct.error, UnicodeDecodeError, IndexError) as e:
+        except (struct.error, UnicodeDecodeError, IndexError, ValueError, OverflowError) as e:
+            self._mm.close()
             raise BundleError(f"{self.path} is not a valid GGUF file (truncated or corrupt header: {e})") from e
+        except BundleError:
+            self._mm.close()
+            raise
 
     def close(self) -> None:
         self._mm.close()
@@ -101,25 +108,41 @@ class GGUFFile:
         self._pos += size
         return value
 
+    def _fits(self, count: int, each: int, what: str) -> None:
+        """`count` items of at least `each` bytes must fit in the rest of the file (a crafted
+        header cannot make the reader allocate or loop past the file's size)."""
+        left = len(self._mm) - self._pos
+        if count * each > left:
+            raise BundleError(f"{self.path}: header at byte {self._pos} claims {count} {what} "
+                              f"({count * each} bytes or more), but only {left} bytes are left in the file "
+                              "(truncated or corrupt file)")
+
     def _string(self) -> str:
         n = self._read("<Q", 8)
+        self._fits(n, 1, "bytes of string")
         s = self._mm[self._pos:self._pos + n].decode("utf-8")
         self._pos += n
         return s
 
-    def _value(self, vtype: int) -> Any:
+    def _value(self, vtype: int, depth: int = 0) -> Any:
         if vtype in _SCALARS:
             return self._read(*_SCALARS[vtype])
         if vtype == _STRING:
             return self._string()
         if vtype == _ARRAY:
+            if depth >= MAX_ARRAY_DEPTH:
+                raise BundleError(f"{self.path}: metadata arrays nested deeper than {MAX_ARRAY_DEPTH} levels")
             itype, n = self._read("<I", 4), self._read("<Q", 8)
             if itype in _SCALARS:   # numeric arrays in one read
                 fmt, size = _SCALARS[itype]
+                self._fits(n, size, "array items")
                 arr = np.frombuffer(self._mm, dtype=np.dtype(fmt), count=n, offset=self._pos)
                 self._pos += n * size
                 return arr.tolist()
-            return [self._value(itype) for _ in range(n)]
+            if itype not in (_STRING, _ARRAY):
+                raise BundleError(f"{self.path}: unknown GGUF metadata array item type {itype}")
+            self._fits(n, 8 if itype == _STRING else 12, "array items")
+            return [self._value(itype, depth + 1) for _ in range(n)]
         raise BundleError(f"{self.path}: unknown GGUF metadata value type {vtype}")
 
     def _parse(self) -> None:
@@ -130,18 +153,46 @@ class GGUFFile:
         if self.version not in (2, 3):
             raise BundleError(f"{self.path}: GGUF version {self.version} is not supported (2 and 3 are)")
         n_tensors, n_kv = self._read("<Q", 8), self._read("<Q", 8)
+        self._fits(n_kv, 13, "metadata entries")          # key length, value type, smallest value
         self.metadata: dict[str, Any] = {}
         for _ in range(n_kv):
             key = self._string()
             self.metadata[key] = self._value(self._read("<I", 4))
+        self._fits(n_tensors, 24, "tensor infos")         # name length, n_dims, type, offset
         self.tensors: dict[str, TensorInfo] = {}
         for _ in range(n_tensors):
             name = self._string()
-            dims = [self._read("<Q", 8) for _ in range(self._read("<I", 4))]
+            n_dims = self._read("<I", 4)
+            if not 1 <= n_dims <= MAX_DIMS:
+                raise BundleError(f"{self.path}: tensor {name!r} has {n_dims} dimensions (GGUF allows 1 to {MAX_DIMS})")
+            dims = [self._read("<Q", 8) for _ in range(n_dims)]
+            if 0 in dims:
+                raise BundleError(f"{self.path}: tensor {name!r} has an empty dimension {dims}")
             ggml_type, offset = self._read("<I", 4), self._read("<Q", 8)
             self.tensors[name] = TensorInfo(name, tuple(reversed(dims)), ggml_type, offset)
-        align = int(self.metadata.get("general.alignment", DEFAULT_ALIGNMENT))
+        align = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+        if not isinstance(align, int) or isinstance(align, bool) or align <= 0 or align & (align - 1) or align > 1 << 20:
+            raise BundleError(f"{self.path}: general.alignment {align!r} is not a power of two up to 1 MiB")
         self.data_start = (self._pos + align - 1) // align * align
+        for info in self.tensors.values():
+            self._extent(info)
+
+    def _extent(self, info: TensorInfo) -> tuple[int, int]:
+        """(start, n_blocks) of a tensor's data, checked against the file: element counts are Python
+        ints (numpy's product of crafted dims wraps around to 0)."""
+        if info.ggml_type not in GGML_TYPES:
+            return self.data_start + info.offset, 0     # refused with its name when it is read
+        _, block, nbytes, _ = GGML_TYPES[info.ggml_type]
+        count = math.prod(info.shape)
+        if count % block:
+            raise BundleError(f"{self.path}: tensor {info.name} has {count} elements, not a multiple of {block}")
+        n_blocks = count // block
+        start = self.data_start + info.offset
+        if start + n_blocks * nbytes > len(self._mm):
+            raise BundleError(f"{self.path}: tensor {info.name} ({'x'.join(map(str, info.shape))}, "
+                              f"{n_blocks * nbytes} bytes at offset {info.offset}) runs past the end of the "
+                              f"file ({len(self._mm)} bytes; truncated download?)")
+        return start, n_blocks
 
     # -- tensors --
 
@@ -153,13 +204,7 @@ class GGUFFile:
                               f"cannot dequantise (supported: {', '.join(t[0] for t in GGML_TYPES.values())}); "
                               "convert the file with llama.cpp to one of those")
         _, block, nbytes, dequant = GGML_TYPES[info.ggml_type]
-        count = int(np.prod(info.shape))
-        if count % block:
-            raise BundleError(f"{self.path}: tensor {name} has {count} elements, not a multiple of {block}")
-        n_blocks = count // block
-        start = self.data_start + info.offset
-        if start + n_blocks * nbytes > len(self._mm):
-            raise BundleError(f"{self.path}: tensor {name} runs past the end of the file (truncated download?)")
+        start, n_blocks = self._extent(info)
         raw = np.frombuffer(self._mm, dtype=np.uint8, count=n_blocks * nbytes, offset=start)
         return dequant(raw.reshape(n_blocks, nbytes)).reshape(info.shape)
 
@@ -238,7 +283,18 @@ def build_tokenizer(meta: dict[str, Any]) -> Any:
 
 
 def convert_gguf(path: Path | str, out: Path, *, dtype: str = "float32") -> Path:
-    """Write an HF-format Llama-family model directory for a GGUF file into `out`."""
+    """Write an HF-format Llama-family model directory for a GGUF file into `out`. A file whose
+    header or metadata is malformed (wrong types, missing keys, shapes that do not fit) raises
+    BundleError saying so."""
+    try:
+        return _convert_gguf(path, out, dtype=dtype)
+    except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError, OverflowError, RecursionError) as e:
+        what = f"missing metadata {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"
+        raise BundleError(f"{path}: malformed GGUF model ({what}); the file is corrupt or was not written "
+                          "by llama.cpp's converter") from e
+
+
+def _convert_gguf(path: Path | str, out: Path, *, dtype: str = "float32") -> Path:
     if dtype not in ("float32", "bfloat16"):
         raise BundleError(f"dtype {dtype!r} is not supported; use float32 or bfloat16")
     out = Path(out)

@@ -26,12 +26,12 @@ def test_migration_0011_up_down_up(backend: str, tmp_path: Path) -> None:
         finally:
             eng.dispose()
 
-    assert db.upgrade(url, "0007") == "0007"
+    assert db.upgrade(url, "0010") == "0010"
     assert "progress_records" not in columns()
     assert db.upgrade(url, "0011") == "0011"
     assert "progress_records" in columns()
     assert db.state(url) == {"current": "0011", "head": "0011", "up_to_date": True}
-    assert db.downgrade("0007", url) == "0007"
+    assert db.downgrade("0010", url) == "0010"
     assert "progress_records" not in columns()
     assert db.state(url)["up_to_date"] is False
     assert db.upgrade(url, "head") == "0011"
