@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 from fastapi import FastAPI, Request, Response
 
 from batchinf import metrics
-from batchinf.api import errors
+from batchinf.api import errors, lineage, ui
 from batchinf.api.routes import router
 
 
@@ -21,6 +21,8 @@ def create_app() -> FastAPI:
                               "tenant's jobs.")
     errors.install(app)
     app.include_router(router)
+    app.include_router(lineage.router)
+    app.include_router(ui.router)
 
     @app.middleware("http")
     async def _observe(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
