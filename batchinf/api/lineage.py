@@ -45,7 +45,7 @@ def job_throughput(job_id: JobId, tenant: Tenant,
 
 
 @router.post("/v1/jobs/{job_id}/retry", status_code=201, response_model=JobStatus, tags=["jobs"],
-             responses={**AUTHED, **_errors(404, 409)})
+             responses={**AUTHED, **_errors(400, 404, 409)})
 def retry_job(job_id: JobId, body: RetryRequest, tenant: Tenant) -> Any:
     """A new job over exactly the records with these error codes and/or the records that never
     finished, with the same pinned bundle and inputs and a new output; 409 while the job is active."""

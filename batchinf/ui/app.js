@@ -19,7 +19,7 @@ function el(tag, attrs, ...children) {
     if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
     else node.setAttribute(k, v);
   }
-  for (const c of children.flat()) if (c !== null && c !== undefined) node.append(c instanceof Node ? c : String(c));
+  for (const c of children.flat(Infinity)) if (c !== null && c !== undefined) node.append(c instanceof Node ? c : String(c));
   return node;
 }
 const s = (tag, attrs, ...children) => el(tag, { ...attrs, svg: true }, ...children);
@@ -55,7 +55,7 @@ async function allPages(path) {
 
 function show(...nodes) {
   const main = document.getElementById("main");
-  main.replaceChildren(...nodes);
+  main.replaceChildren(...nodes.filter((n) => n !== null && n !== undefined));
 }
 
 function signIn(message) {
@@ -91,7 +91,7 @@ async function jobsView() {
     el("td", {}, when(j.created_at))));
   show(el("h1", {}, "Jobs"), el("table", { id: "jobs" },
     el("thead", {}, el("tr", {}, ["job", "name", "status", "progress (records)", "records/s", "ETA", "created"]
-      .map((h) => el("th", { class: h.includes("/s") || h === "ETA" ? "num" : null }, h))))),
+      .map((h) => el("th", { class: h.includes("/s") || h === "ETA" ? "num" : null }, h)))),
     el("tbody", {}, rows.length ? rows : el("tr", {}, el("td", { colspan: 7, class: "muted" }, "No jobs yet.")))));
   return page.items.some((j) => ACTIVE.has(j.status));
 }
@@ -105,7 +105,7 @@ function timeline(attempts, st) {
   const W = 1100, lane = 22, left = 170, top = 20;
   const workers = [...new Set(attempts.map((a) => a.worker))].sort();
   const now = Date.now() / 1000;
-  const t0 = Math.min(...attempts.map((a) => a.started_at), st.started_at || Infinity);
+  const t0 = Math.min(...attempts.map((a) => a.started_at));     // from the first attempt (planning is before)
   const end = (a) => a.finished_at || a.heartbeat_at || (ACTIVE.has(st.status) ? now : a.started_at);
   const t1 = Math.max(...attempts.map(end), st.finished_at || 0, t0 + 1);
   const x = (t) => left + (t - t0) / (t1 - t0) * (W - left - 10);
@@ -222,7 +222,7 @@ async function bundlesView() {
   show(el("h1", {}, "Bundles"), el("table", { id: "bundles" },
     el("thead", {}, el("tr", {}, ["name", "aliases", "task", "family", "digest", "imported"].map((h) => el("th", {}, h)))),
     el("tbody", {}, items.map((b) => el("tr", {}, el("td", {}, b.name),
-      el("td", { "data-field": "aliases" }, b.aliases.map((a) => `${b.name}@${a}`).join(", ") || "–"),
+      el("td", { "data-field": "aliases" }, b.aliases.join(", ") || "–"),
       el("td", {}, b.task), el("td", {}, b.family), el("td", {}, el("code", {}, b.digest.slice(0, 19) + "…")),
       el("td", {}, when(b.created_at)))))));
   return false;
