@@ -22,6 +22,7 @@ from batchinf import failpoints
 from batchinf.bundles import open_runtime
 from batchinf.errors import ManifestError
 from batchinf.ledger import jobs as job_repo
+from batchinf.ledger import lineage
 from batchinf.ledger.events import now
 from batchinf.ledger.models import Job
 from batchinf.ledger.states import JobStatus, ShardStatus
@@ -103,9 +104,16 @@ def cut(order: np.ndarray, tokens: np.ndarray, max_records: int, max_tokens: int
 
 
 def pin_job(job: Job) -> None:
-    """submitted -> planning: pin every input object once (a second pinner changes nothing)."""
-    job_repo.pin(job.id, pin_inputs(job))
+    """submitted -> planning: pin every input object once (a second pinner changes nothing). A
+    retry job pins the very objects (same versions) of the job it retries that hold its records."""
+    pins = _retried_pins(job) if job.retry_of else []
+    job_repo.pin(job.id, pins or pin_inputs(job))
     failpoints.hit("plan.after_pin")
+
+
+def _retried_pins(job: Job) -> list[ObjectPin]:
+    chosen = lineage.selection(job.id)
+    return [o.pin for o in job_repo.inputs(job.retry_of or "") if chosen is None or o.pin.uri in chosen]
 
 
 def object_tasks(job: Job) -> list[ObjectTask]:
@@ -171,8 +179,12 @@ def finish_plan(job: Job) -> None:
             errors[i] = "duplicate_id"
             messages[i] = (f"{pins[src[i]].uri} record {ordinal[i]}: id {rid!r} duplicates the record at "
                            f"{pins[src[first]].uri} record {ordinal[first]}; ids must be unique in a job")
+    # a retry job plans only its selected records (after the duplicate check over all of them)
+    chosen = lineage.selection(job.id)
+    keep = (np.ones(len(ordinal), dtype=bool) if chosen is None else
+            np.array([int(o) in chosen.get(pins[s].uri, ()) for s, o in zip(src, ordinal)], dtype=bool))
     valid = np.array([e is None for e in errors], dtype=bool)
-    bounds = bucket_bounds(n_tokens[valid], m.shards.max_records)
+    bounds = bucket_bounds(n_tokens[valid & keep], m.shards.max_records)
     bucket = np.where(valid, np.searchsorted(np.asarray(bounds, dtype=np.int64), n_tokens), ERROR_BUCKET)
 
     source_uris = pa.array([p.uri for p in pins], pa.string())
@@ -181,8 +193,8 @@ def finish_plan(job: Job) -> None:
     full = full.append_column("source", pa.DictionaryArray.from_arrays(pa.array(src, pa.int32()), source_uris))
 
     shard_rows = []
-    for b in sorted(set(bucket.tolist())):
-        members = np.flatnonzero(bucket == b)
+    for b in sorted(set(bucket[keep].tolist())):
+        members = np.flatnonzero((bucket == b) & keep)
         # Within a bucket: by length, ties by (object, ordinal) -- deterministic.
         members = members[np.lexsort((ordinal[members], src[members], n_tokens[members]))]
         for k, run in enumerate(cut(members, n_tokens, m.shards.max_records, m.shards.max_tokens)):
@@ -195,8 +207,8 @@ def finish_plan(job: Job) -> None:
                 "num_tokens": int(n_tokens[run].sum()), "input_uri": uri, "updated_at": now()})
 
     plan_info = {"bucket_bounds": bounds, "max_length": tasks[0].max_length if tasks else None, "objects": len(pins),
-                 "records": int(len(ordinal)), "invalid": int((~valid).sum()),
-                 "truncated": int(np.asarray(table.column("truncated").to_numpy(zero_copy_only=False)).sum()),
-                 "tokens": int(n_tokens.sum())}
-    job_repo.start_running(job.id, shard_rows, json.dumps(plan_info), int(len(ordinal)),
+                 "records": int(keep.sum()), "invalid": int((~valid & keep).sum()),
+                 "truncated": int(np.asarray(table.column("truncated").to_numpy(zero_copy_only=False))[keep].sum()),
+                 "tokens": int(n_tokens[keep].sum())}
+    job_repo.start_running(job.id, shard_rows, json.dumps(plan_info), int(keep.sum()),
                            now() - (job.started_at or now()))

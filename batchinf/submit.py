@@ -7,7 +7,7 @@ import secrets
 
 from batchinf import scopes
 from batchinf.bundles import get_info, resolve_ref
-from batchinf.errors import InputError, ManifestError
+from batchinf.errors import InputError, LedgerError, ManifestError
 from batchinf.ledger import jobs as job_repo
 from batchinf.ledger.events import now
 from batchinf.ledger.models import Job
@@ -17,16 +17,19 @@ from batchinf.store import ObjectPin, get_store, join, normalize_uri
 
 
 def submit(manifest: JobManifest, *, tenant: str = "default", schedule: str | None = None,
-           through_api: bool = False) -> tuple[str, bool]:
-    """Create the job, or return the existing one for the same idempotency key.
+           through_api: bool = False, retry_of: str | None = None,
+           selection: list[tuple[str, int]] | None = None) -> tuple[str, bool]:
+    """Create the job, or return the existing one for the same idempotency key (a different
+    manifest under a used key is an IdempotencyConflict naming the fields that differ).
 
     Returns (job_id, created). The bundle reference is resolved to a digest here, once: moving an
     alias later never changes what this job runs. Storage is checked here (scopes.py): the input
     and output against the tenant's grants when the job is confined (always through the API), and
-    the output prefix against every other job's."""
+    the output prefix against every other job's. `retry_of`/`selection`: see retries.py."""
     key = manifest.idempotency_key or manifest.content_key()
     existing = job_repo.find_by_key(tenant, key)
     if existing:
+        check_same_manifest(existing, key, manifest)
         return existing, False
     digest = resolve_ref(manifest.bundle)
     bundle_task = get_info(digest).task
@@ -53,7 +56,28 @@ def submit(manifest: JobManifest, *, tenant: str = "default", schedule: str | No
         "manifest": json.dumps(manifest.to_dict()), "bundle_ref": manifest.bundle, "bundle_digest": digest,
         "input_uri": input_uri, "output_uri": output_uri, "work_uri": join(output_uri, "_work", job_id) + "/",
         "priority": manifest.priority, "schedule": schedule, "created_at": t, "updated_at": t, "confined": confined,
-        "deadline_at": (t + manifest.deadline_seconds) if manifest.deadline_seconds else None})
+        "deadline_at": (t + manifest.deadline_seconds) if manifest.deadline_seconds else None,
+        "retry_of": retry_of}, selection)
+
+
+class IdempotencyConflict(LedgerError):
+    """A manifest differs from the one first submitted under its idempotency key."""
+
+
+def _diff(old: object, new: object, path: str = "") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [d for k in sorted(set(old) | set(new), key=str)
+                for d in _diff(old.get(k), new.get(k), f"{path}.{k}" if path else str(k))]
+    return [] if old == new else [path or "(manifest)"]
+
+
+def check_same_manifest(job_id: str, key: str, manifest: JobManifest) -> None:
+    """Reusing an idempotency key with a changed manifest is refused (as Stripe does)."""
+    changed = _diff(job_repo.stored_manifest(job_id), json.loads(json.dumps(manifest.to_dict())))
+    if changed:
+        raise IdempotencyConflict(
+            f"idempotency_key {key!r} was used by job {job_id} with a different manifest; these fields "
+            f"differ: {', '.join(changed)}. Submit it under a new idempotency_key, or restore the fields")
 
 
 def _check_max_length(manifest: JobManifest, digest: str) -> None:

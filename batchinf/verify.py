@@ -19,6 +19,7 @@ from batchinf import failpoints
 from batchinf.errors import BatchinfError, VerificationError
 from batchinf.digests import sha256_file
 from batchinf.ledger import jobs as job_repo
+from batchinf.ledger import lineage
 from batchinf.ledger import shards as shard_repo
 from batchinf.ledger.events import now
 from batchinf.ledger.models import Job, Shard
@@ -41,9 +42,15 @@ def _digest(uri: str) -> tuple[str, int]:
 
 
 def check_coverage(inputs: list[dict[str, Any]], parts: Iterable[tuple[str, str]]) -> None:
-    """inputs: [{uri, records}]; parts: (uri, kind) Parquet files with source/ordinal/record_id.
-    Raises VerificationError naming the first record missing or seen twice."""
+    """inputs: [{uri, records}], with `ordinals` listing the only records a retry job covers;
+    parts: (uri, kind) Parquet files with source/ordinal/record_id. Raises VerificationError
+    naming the first record missing, seen twice, or not selected."""
     seen = {i["uri"]: np.zeros(int(i["records"]), dtype=np.int8) for i in inputs}
+    wanted = {i["uri"]: np.ones(int(i["records"]), dtype=bool) for i in inputs}
+    for i in inputs:
+        if i.get("ordinals") is not None:
+            wanted[i["uri"]][:] = False
+            wanted[i["uri"]][np.asarray(i["ordinals"], dtype=np.int64)] = True
     ids: set[str] = set()
     for uri, kind in parts:
         t = read_table(uri, columns=["record_id", "source", "ordinal"])
@@ -63,7 +70,10 @@ def check_coverage(inputs: list[dict[str, Any]], parts: Iterable[tuple[str, str]
                     raise VerificationError(f"record id {rid!r} has two results (second in {uri})")
                 ids.add(rid)
     for src, arr in seen.items():
-        missing, dup = np.flatnonzero(arr == 0), np.flatnonzero(arr > 1)
+        missing, dup = np.flatnonzero((arr == 0) & wanted[src]), np.flatnonzero(arr > 1)
+        extra = np.flatnonzero((arr > 0) & ~wanted[src])
+        if extra.size:
+            raise VerificationError(f"record {extra[0]} of {src} is not one this retry job selected")
         if dup.size:
             raise VerificationError(f"record {dup[0]} of {src} appears {arr[dup[0]]} times")
         if missing.size:
@@ -146,7 +156,17 @@ def _render_not_run(job: Job, rows: list[Shard], code: str, ctx: RenderContext) 
 
 
 def _inputs(job: Job) -> list[dict[str, Any]]:
-    return [{**o.pin.to_dict(), "records": o.records} for o in job_repo.inputs(job.id)]
+    chosen = lineage.selection(job.id) if job.retry_of else None
+    return [{**o.pin.to_dict(), "records": o.records,
+             **({"ordinals": sorted(chosen.get(o.pin.uri, ()))} if chosen is not None else {})}
+            for o in job_repo.inputs(job.id)]
+
+
+def _lineage(job: Job) -> dict[str, Any]:
+    """retry_of: the job this one retries (the original's manifest lists its `retries`)."""
+    if not job.retry_of:
+        return {}
+    return {"retry_of": {"job_id": job.retry_of, "output_uri": job_repo.get(job.retry_of).output_uri}}
 
 
 def publish_partial(job: Job) -> dict[str, Any]:
@@ -178,6 +198,7 @@ def publish_partial(job: Job) -> dict[str, Any]:
         "shards_not_done": [{"shard": r.id, "status": r.status, "records": r.num_records,
                              "staged_records": r.input_uri} for r in rows if r.status != ShardStatus.COMMITTED],
         "created_at": datetime.now(timezone.utc).isoformat(),
+        **_lineage(job),
     }
     if ctx is not None:
         partial["openai"] = ctx.to_dict()
@@ -225,6 +246,7 @@ def publish(job: Job) -> dict[str, Any]:
                     if job.started_at else None,
                     "verify": time.perf_counter() - t0},
         "created_at": datetime.now(timezone.utc).isoformat(),
+        **_lineage(job),
     }
     manifest["counts"].update(_summary(job, out, parts))
     if ctx is not None:

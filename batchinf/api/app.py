@@ -8,11 +8,11 @@ from collections.abc import Awaitable, Callable
 from fastapi import FastAPI, Request, Response
 
 from batchinf import metrics
-from batchinf.config import settings
-from batchinf.api import errors
+from batchinf.api import errors, lineage, ui
 from batchinf.api.body import BodyLimit
 from batchinf.api.openai_routes import router as openai_router
 from batchinf.api.routes import MAX_MANIFEST_BYTES, router
+from batchinf.config import settings
 
 
 def create_app() -> FastAPI:
@@ -25,6 +25,8 @@ def create_app() -> FastAPI:
     errors.install(app)
     app.include_router(router)
     app.include_router(openai_router)
+    app.include_router(lineage.router)
+    app.include_router(ui.router)
 
     @app.middleware("http")
     async def _observe(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:

@@ -75,6 +75,8 @@ class JobStatus(BaseModel):
     updated_at: float
     started_at: float | None
     finished_at: float | None
+    retry_of: str | None = Field(description="the job this one retries (`batchinf retry`)")
+    retries: list[str] = Field(description="the jobs that retry this one, oldest first")
 
 
 class JobPage(BaseModel):
@@ -143,3 +145,47 @@ class Health(BaseModel):
 class ErrorBody(BaseModel):
     error: str = Field(description="a stable code: unauthorized, not_found, invalid_manifest, ...")
     message: str = Field(description="what went wrong and how to fix it")
+
+
+class Attempt(BaseModel):
+    shard_id: str
+    bucket: int
+    shard_ordinal: int
+    number: int = Field(description="the attempt number (its fencing token)")
+    worker: str
+    status: str = Field(description="running, committed, failed, lost, superseded or swept")
+    outcome: str = Field(description="what the shard timeline shows: running, committed, retried, failed, "
+                                     "lost, quarantined or superseded (a swept loser: what it lost as)")
+    started_at: float
+    heartbeat_at: float | None
+    finished_at: float | None
+    error: str | None
+
+
+class AttemptPage(BaseModel):
+    items: list[Attempt]
+    next_cursor: str | None
+    next: str | None
+
+
+class ThroughputPoint(BaseModel):
+    t: float = Field(description="start of the interval, UNIX seconds")
+    records: int = Field(description="records of shards committed in the interval")
+    tokens: int
+    records_per_second: float
+
+
+class Throughput(BaseModel):
+    job_id: str
+    start: float
+    end: float
+    interval_seconds: float
+    points: list[ThroughputPoint]
+
+
+class RetryRequest(BaseModel):
+    """What to run again: error rows of these codes (["all"]: every code) and/or the records of
+    shards that never finished."""
+    errors: list[str] | None = Field(None, description="error codes, or [\"all\"]")
+    not_done: bool = Field(False, description="also the records of shards that did not finish")
+    output: str | None = Field(None, description="the new output prefix; default: the old one + -retry-N/")

@@ -1,4 +1,4 @@
-"""Job commands: `run` (embedded mode), `submit`, `status`, `cancel`, `jobs`, `verify`."""
+"""Job commands: `run` (embedded mode), `submit`, `retry`, `status`, `cancel`, `jobs`, `verify`."""
 
 from __future__ import annotations
 
@@ -33,6 +33,9 @@ def run(manifest: str, workers: int, threads: int | None, device: str, as_json: 
 
     require_device(device)      # refused up front, not after workers failed their attempts
     job_id, created = submit(load_manifest(manifest), tenant=tenant)
+    if not created and finished_hint(job_id):
+        emit(status(job_id), as_json, print_status)
+        sys.exit(0 if status(job_id)["status"] == JobStatus.SUCCEEDED else 1)
     if not created and not as_json:
         console.print(f"resuming {job_id}", highlight=False)
     with progress(as_json) as bar:
@@ -65,7 +68,9 @@ def submit(manifest: str, wait: bool, as_json: bool, tenant: str) -> None:
     from batchinf.ledger.states import JOB_TERMINAL, JobStatus
     from batchinf.manifest import load_manifest
 
-    job_id, _ = do_submit(load_manifest(manifest), tenant=tenant)
+    job_id, created = do_submit(load_manifest(manifest), tenant=tenant)
+    if not created:
+        finished_hint(job_id)
     s = status(job_id)
     from batchinf.config import settings
 
@@ -80,6 +85,63 @@ def submit(manifest: str, wait: bool, as_json: bool, tenant: str) -> None:
     emit(s, as_json, print_status)
     if wait:
         sys.exit(0 if s["status"] == JobStatus.SUCCEEDED else 1)
+
+
+def finished_hint(job_id: str) -> bool:
+    """When a manifest's job has already finished, say so and how to get a new job; returns
+    whether it had finished."""
+    from batchinf.ledger.jobs import get as job_row
+    from batchinf.ledger.states import JOB_TERMINAL, JobStatus
+
+    job = job_row(job_id)
+    if job.status not in JOB_TERMINAL:
+        return False
+    key = f"idempotency_key {job.idempotency_key!r}"
+    if job.status == JobStatus.SUCCEEDED:
+        console.print(f"{job_id} already succeeded under {key}; this manifest returns that job. To run it "
+                      "again, set a new idempotency_key in the manifest (and a new output.uri).", highlight=False)
+    else:
+        why = f": {job.error}" if job.error else ""
+        console.print(f"{job_id} already {job.status}{why}\nThis manifest ({key}) returns that job; "
+                      f"nothing was resumed. To get a new job: `batchinf retry {job_id} --not-done` runs the "
+                      "records that never finished (add --errors CODE,... for error rows) with the same inputs "
+                      "and bundle into a new output; or set a new idempotency_key in the manifest to start over.",
+                      highlight=False, soft_wrap=True)
+    return True
+
+
+@click.command("retry")
+@click.argument("job_id")
+@click.option("--errors", "codes", default=None, metavar="CODE,...",
+              help="Run again the records with these error codes (all: every code).")
+@click.option("--not-done", is_flag=True, help="Run again the records of shards that never finished.")
+@click.option("--output", default=None, metavar="URI", help="The new job's output (default: the old one + -retry-N/).")
+@click.option("--detach", is_flag=True, help="Only create the job (a controller runs it); default: run it here.")
+@click.option("--workers", default=1, show_default=True, help="Local worker processes.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@json_option
+@tenant_filter
+@friendly
+def retry(job_id: str, codes: str | None, not_done: bool, output: str | None, detach: bool, workers: int,
+          device: str, as_json: bool, tenant: str | None) -> None:
+    """A new job over exactly the failed (--errors) and/or unfinished (--not-done) records of a
+    finished, failed, cancelled or expired job: same pinned bundle and inputs, new output, lineage
+    in both jobs' status (retry_of, retries). Exits 0 when the new job succeeded (or --detach)."""
+    from batchinf.controller import drive
+    from batchinf.ledger.states import JobStatus
+    from batchinf.ledger.status import status as job_status
+    from batchinf.retries import retry_job
+
+    errors = [c.strip() for c in codes.split(",") if c.strip()] if codes is not None else None
+    new_id = retry_job(job_id, tenant=tenant, errors=errors, not_done=not_done, output=output)
+    if not as_json:
+        console.print(f"{new_id} retries {job_id}", highlight=False)
+    final = job_status(new_id)["status"]
+    if not detach:
+        with progress(as_json) as bar:
+            final = drive(new_id, workers=workers, device=device, on_tick=ticker(bar, new_id))
+    emit(job_status(new_id), as_json, print_status)
+    sys.exit(0 if detach or final == JobStatus.SUCCEEDED else 1)
 
 
 @click.command("status")
@@ -164,4 +226,4 @@ def verify(job_or_uri: str, as_json: bool) -> None:
     sys.exit(0 if report["ok"] else 1)
 
 
-COMMANDS = [run, submit, status, cancel, jobs, verify]
+COMMANDS = [run, submit, retry, status, cancel, jobs, verify]

@@ -14,7 +14,7 @@ from batchinf.ledger.db import tx
 from batchinf.ledger.events import now
 from batchinf.ledger.models import InputObject, Job
 from batchinf.ledger.states import JOB_ACTIVE, JobStatus, job_sources, values
-from batchinf.ledger.tables import job_inputs, jobs, shards
+from batchinf.ledger.tables import job_inputs, jobs, retry_records, shards
 from batchinf.store import ObjectPin
 
 
@@ -52,12 +52,16 @@ def cancel_if_past_deadline(job: Job) -> bool:
     return request_cancel(job.id, "deadline passed before the job completed")
 
 
-def create(values: dict[str, Any]) -> tuple[str, bool]:
+def create(values: dict[str, Any], selection: list[tuple[str, int]] | None = None) -> tuple[str, bool]:
     """Insert a submitted job; (id, True), or (the existing job's id, False) when its
-    (tenant, idempotency_key) was taken meanwhile."""
+    (tenant, idempotency_key) was taken meanwhile. `selection`: the only records (source uri,
+    ordinal) a retry job plans, stored in the same transaction."""
     try:
         with tx() as conn:
             conn.execute(insert(jobs).values(status=JobStatus.SUBMITTED.value, **values))
+            if selection:
+                conn.execute(insert(retry_records), [{"job_id": values["id"], "source": src, "ordinal": o}
+                                                     for src, o in selection])
     except IntegrityError:
         existing = find_by_key(values["tenant"], values["idempotency_key"])
         if existing:
@@ -81,6 +85,14 @@ def row(job_id: str, *, tenant: str | None = None) -> Any:
 
 def get(job_id: str, *, tenant: str | None = None) -> Job:
     return Job.from_row(row(job_id, tenant=tenant))
+
+
+def stored_manifest(job_id: str) -> dict[str, Any]:
+    """The job's manifest exactly as stored at submit (JSON), for comparing with a new one."""
+    import json
+
+    with tx() as conn:
+        return json.loads(conn.execute(select(jobs.c.manifest).where(jobs.c.id == job_id)).scalar() or "{}")
 
 
 def find_by_key(tenant: str, key: str) -> str | None:

@@ -45,6 +45,7 @@ class Job:
     failed_attempts: int
     step_failures: int
     confined: bool                    # its storage is checked against the tenant's grants
+    retry_of: str | None              # the job this one retries (`batchinf retry`)
 
     @classmethod
     def from_row(cls, row: Any) -> Job:

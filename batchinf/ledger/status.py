@@ -64,8 +64,13 @@ def statuses(rows: list[Any]) -> list[dict[str, Any]]:
                 select(record_errors.c.job_id, record_errors.c.error, func.count())
                 .where(record_errors.c.job_id.in_(ids)).group_by(record_errors.c.job_id, record_errors.c.error)).all():
             by_code[job_id][code] = n
-    return [_status(r, counts[r.id], sums.get(r.id, (0,) * 6), seconds.get(r.id, 0.0), by_code[r.id],
-                    int(running.get(r.id, 0))) for r in rows]
+        retries: dict[str, list[str]] = {i: [] for i in ids}
+        for rid, of in conn.execute(select(jobs.c.id, jobs.c.retry_of).where(jobs.c.retry_of.in_(ids))
+                                    .order_by(jobs.c.created_at, jobs.c.id)).all():
+            retries[of].append(rid)
+    return [{**_status(r, counts[r.id], sums.get(r.id, (0,) * 6), seconds.get(r.id, 0.0), by_code[r.id],
+                       int(running.get(r.id, 0))),
+             "retry_of": r.retry_of, "retries": retries[r.id]} for r in rows]
 
 
 def _status(row: Any, counts: dict[str, int], agg: tuple[Any, ...], worker_seconds: float,

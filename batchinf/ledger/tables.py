@@ -60,6 +60,7 @@ jobs = Table(
     Column("failed_attempts", Integer, nullable=False, default=0),   # attempts that raised: the retry budget
     Column("step_failures", Integer, nullable=False, default=0),     # consecutive failed lifecycle steps
     Column("confined", Boolean, nullable=False, default=False),      # storage checked against the tenant's grants
+    Column("retry_of", String(40), nullable=True, index=True),       # the job this one retries (batchinf retry)
     UniqueConstraint("tenant", "idempotency_key", name="uq_jobs_tenant_idempotency"),
     Index("ix_jobs_status", "status"),
     Index("ix_jobs_tenant_created", "tenant", "created_at"),
@@ -139,6 +140,13 @@ record_errors = Table(
     Column("message", Text, nullable=False),
     Column("attempts", Integer, nullable=False),
     Index("ix_record_errors_job", "job_id", "id"),
+)
+
+retry_records = Table(
+    "retry_records", metadata,                            # a retry job plans exactly these records
+    Column("job_id", String(40), ForeignKey("jobs.id"), primary_key=True),
+    Column("source", Text, primary_key=True),             # the pinned input object's uri
+    Column("ordinal", BigInteger, primary_key=True),      # the record's index in that object
 )
 
 job_events = Table(

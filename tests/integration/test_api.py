@@ -179,7 +179,8 @@ def test_list_pagination_and_filters(svc: Service, tmp_path: Path) -> None:
 def test_tenant_isolation_on_every_endpoint_with_an_id(svc: Service) -> None:
     job = _submit(svc, "acme", _manifest(svc, "isolated", n=5))["job_id"]
     with svc.client("globex") as c:
-        for suffix, method in (("", "GET"), ("/shards", "GET"), ("/errors", "GET"), ("/cancel", "POST")):
+        for suffix, method in (("", "GET"), ("/shards", "GET"), ("/errors", "GET"), ("/cancel", "POST"),
+                               ("/attempts", "GET"), ("/throughput", "GET")):
             theirs = c.request(method, f"/v1/jobs/{job}{suffix}")
             missing = c.request(method, f"/v1/jobs/{MISSING}{suffix}")
             assert theirs.status_code == missing.status_code == 404
@@ -323,6 +324,8 @@ def test_bundles_and_openapi_document(svc: Service) -> None:
     doc = httpx.get(svc.url + "/openapi.json").json()
     assert set(doc["paths"]) == {"/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/shards",
                                  "/v1/jobs/{job_id}/errors", "/v1/jobs/{job_id}/cancel", "/v1/bundles",
+                                 "/v1/jobs/{job_id}/attempts", "/v1/jobs/{job_id}/throughput",
+                                 "/v1/jobs/{job_id}/retry",
                                  "/healthz", "/metrics", "/v1/files", "/v1/files/{file_id}",
                                  "/v1/files/{file_id}/content", "/v1/batches", "/v1/batches/{batch_id}",
                                  "/v1/batches/{batch_id}/cancel"}
@@ -351,7 +354,7 @@ def test_schema_driven_fuzz_finds_no_server_errors(svc: Service) -> None:
     headers = {"Authorization": f"Bearer {svc.tokens['acme']}"}
     checks = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
     operations = [r.ok() for r in schema.get_all_operations()]
-    assert len(operations) == 18       # 8 paths, /v1/jobs with GET and POST; 9 OpenAI files/batches operations
+    assert len(operations) == 21       # 11 paths, /v1/jobs with GET and POST; 9 OpenAI files/batches operations
     modes = (schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE)
     no_inputs = {"/healthz", "/metrics", "/v1/bundles"}        # nothing to make invalid there
     for op, mode in ((op, m) for op in operations for m in modes if op.path not in no_inputs or m is modes[0]):
