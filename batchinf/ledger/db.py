@@ -112,25 +112,6 @@ def alembic_config(url: str):  # noqa: ANN201
     return cfg
 
 
-def upgrade(url: str | None = None, revision: str = "head") -> str:
-    """Run Alembic migrations up to `revision`; returns the revision now current."""
-    from alembic import command
-    from alembic.runtime.migration import MigrationContext
-
-    url = url or settings().database_url
-    eng = engine(url) if not url.startswith("sqlite") else _sqlite_engine(url)
-    with eng.connect() as conn:
-        cfg = alembic_config(url)
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, revision)
-        if conn.in_transaction():
-            conn.commit()
-        current = MigrationContext.configure(conn).get_current_revision()
-    if url.startswith("sqlite"):
-        eng.dispose()
-    return current or ""
-
-
 def _raw_engine(url: str) -> Engine:
     """An engine that does not upgrade the schema on first use (embedded SQLite does)."""
     if url.startswith("sqlite"):
@@ -138,9 +119,8 @@ def _raw_engine(url: str) -> Engine:
     return engine(url)
 
 
-def downgrade(revision: str, url: str | None = None) -> str:
-    """Run Alembic downgrades to `revision` (e.g. "0006" or "-1"); returns the revision now current.
-    An embedded SQLite ledger upgrades itself again on its next use."""
+def _migrate(direction: str, revision: str, url: str | None) -> str:
+    """Run Alembic's `upgrade` or `downgrade` to `revision`; returns the revision now current."""
     from alembic import command
     from alembic.runtime.migration import MigrationContext
 
@@ -149,13 +129,24 @@ def downgrade(revision: str, url: str | None = None) -> str:
     with eng.connect() as conn:
         cfg = alembic_config(url)
         cfg.attributes["connection"] = conn
-        command.downgrade(cfg, revision)
+        getattr(command, direction)(cfg, revision)
         if conn.in_transaction():
             conn.commit()
         current = MigrationContext.configure(conn).get_current_revision()
     if url.startswith("sqlite"):
         eng.dispose()
     return current or ""
+
+
+def upgrade(url: str | None = None, revision: str = "head") -> str:
+    """Run Alembic migrations up to `revision`; returns the revision now current."""
+    return _migrate("upgrade", revision, url)
+
+
+def downgrade(revision: str, url: str | None = None) -> str:
+    """Run Alembic downgrades to `revision` (e.g. "0006" or "-1"); returns the revision now current.
+    An embedded SQLite ledger upgrades itself again on its next use."""
+    return _migrate("downgrade", revision, url)
 
 
 def state(url: str | None = None) -> dict[str, Any]:
