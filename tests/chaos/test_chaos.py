@@ -24,7 +24,7 @@ from batchinf.manifest import parse_manifest
 from batchinf.verify import MANIFEST, verify_output
 from tests.helpers.corpus import BAD_LINES, manifest, write_jsonl
 
-pytestmark = [pytest.mark.integration, pytest.mark.chaos]
+pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.slow]
 
 SCENARIOS = {
     # crashes (process exits as on SIGKILL) at every execute point, at random

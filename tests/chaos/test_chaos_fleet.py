@@ -25,7 +25,7 @@ from batchinf.store import get_store
 from tests.helpers.cluster import SLOW, exactly_once, job, leased_worker_pid, start_fleet, wait
 from tests.helpers.env import reset_process_state
 
-pytestmark = [pytest.mark.integration, pytest.mark.chaos]
+pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.slow]
 SCENARIOS = ["db-restart", "broker-restart", "sigstop-past-lease", "worker-kill"]
 SEEDS = range(int(os.environ.get("BATCHINF_CHAOS_SEEDS", "1")))
 

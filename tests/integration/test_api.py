@@ -90,6 +90,7 @@ PROTECTED = [("GET", "/v1/jobs"), ("POST", "/v1/jobs"), ("GET", f"/v1/jobs/{MISS
              ("POST", f"/v1/jobs/{MISSING}/cancel"), ("GET", "/v1/bundles")]
 
 
+@pytest.mark.slow
 def test_no_or_bad_token_is_401_everywhere(svc: Service) -> None:
     from batchinf.tenants import create_token, revoke_token
 
@@ -205,6 +206,7 @@ def test_tenant_isolation_on_every_endpoint_with_an_id(svc: Service) -> None:
     assert r.returncode == 2 and f"no job {made['job_id']!r}" in r.stderr
 
 
+@pytest.mark.slow
 def test_job_lifecycle_through_the_api(svc: Service, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The issue's "done when": with tokens for two tenants (made by `batchinf token create`),
     submit as one, watch progress to succeeded, be refused as the other, scrape /metrics, and
@@ -301,6 +303,7 @@ def test_job_lifecycle_through_the_api(svc: Service, monkeypatch: pytest.MonkeyP
         assert all(j["output_uri"].endswith(f"nightly-{j['idempotency_key'][-10:]}/") for j in nightly)
 
 
+@pytest.mark.slow
 def test_cancel_through_the_api(svc: Service, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BATCHINF_FAILPOINTS", "execute.after_write=sleep(0.5)")
     job = _submit(svc, "acme", _manifest(svc, "stopme", n=400, max_records=20))["job_id"]
@@ -336,6 +339,7 @@ def test_bundles_and_openapi_document(svc: Service) -> None:
     assert set(JobStatus.model_fields) == set(status(job))    # one status model, not a fork
 
 
+@pytest.mark.slow
 def test_schema_driven_fuzz_finds_no_server_errors(svc: Service) -> None:
     """schemathesis generates valid and invalid requests from the OpenAPI document for every
     operation; none may get a 5xx, and every response must match the document (status code,

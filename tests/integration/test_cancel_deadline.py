@@ -26,7 +26,7 @@ from batchinf.manifest import parse_manifest
 from batchinf.verify import MANIFEST, PARTIAL, SUCCESS
 from tests.helpers.corpus import manifest, write_jsonl
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def _check_partial(out: Path, final: str) -> dict:

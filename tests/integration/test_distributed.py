@@ -25,7 +25,7 @@ from tests.helpers.cluster import SLOW, Cluster, exactly_once, job, leased_worke
 from tests.helpers.corpus import manifest
 from tests.helpers.services import require_rabbitmq
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_two_workers_complete_a_job_identical_to_embedded(cluster: Cluster, tmp_path: Path, s3_bucket: str) -> None:

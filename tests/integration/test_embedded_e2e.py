@@ -40,6 +40,7 @@ def read_output(out: Path) -> tuple[list[dict], list[dict]]:
     return results, errors
 
 
+@pytest.mark.slow
 def test_job_embeds_every_record_exactly_once(tmp_path: Path, tiny_bundle: str) -> None:
     good = write_jsonl(tmp_path / "in" / "a.jsonl", 700, seed=1)
     good.update(write_jsonl(tmp_path / "in" / "b.jsonl", 300, seed=2, bad=False, prefix="b"))
@@ -90,6 +91,7 @@ def test_same_manifest_returns_same_job(tmp_path: Path, tiny_bundle: str) -> Non
     assert (again, created) == (first, False)
 
 
+@pytest.mark.slow
 def test_success_only_when_complete(tmp_path: Path, tiny_bundle: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A shard that never commits fails the job after bounded attempts: no _MANIFEST, no _SUCCESS."""
     write_jsonl(tmp_path / "a.jsonl", 50, bad=False)
@@ -201,6 +203,7 @@ def test_stale_attempt_cannot_commit(tmp_path: Path, tiny_bundle: str) -> None:
     assert verify_output(str(out))["ok"]
 
 
+@pytest.mark.slow
 def test_verify_detects_tampered_output(tmp_path: Path, tiny_bundle: str) -> None:
     write_jsonl(tmp_path / "a.jsonl", 40, bad=False)
     out = tmp_path / "out"
@@ -218,6 +221,7 @@ def test_verify_detects_tampered_output(tmp_path: Path, tiny_bundle: str) -> Non
     assert r.exit_code == 1 and json.loads(r.output)["ok"] is False
 
 
+@pytest.mark.slow
 def test_parquet_input_with_bad_rows(tmp_path: Path, tiny_bundle: str) -> None:
     import pyarrow as pa
 
@@ -237,6 +241,7 @@ def test_parquet_input_with_bad_rows(tmp_path: Path, tiny_bundle: str) -> None:
     assert s["records_total"] == 6 == s["records_succeeded"] + s["records_failed"]
 
 
+@pytest.mark.slow
 def test_a_page_of_statuses_equals_each_job_status_at_a_constant_query_count(tmp_path: Path, tiny_bundle: str) -> None:
     from sqlalchemy import event
 

@@ -18,7 +18,7 @@ from batchinf.store import get_store
 from tests.helpers.cluster import SLOW, Cluster, exactly_once, job, wait
 from tests.helpers.corpus import manifest, write_jsonl
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_straggler_gets_a_speculative_attempt_that_wins(cluster: Cluster, tmp_path: Path, s3_bucket: str) -> None:

@@ -98,6 +98,7 @@ def greedy_reference(digest: str, prompts: dict[str, list[int]], max_tokens: int
     return out
 
 
+@pytest.mark.slow
 def test_prompts_on_file(tmp_path: Path, tiny_llama: str) -> None:
     prompts = {f"p{i}": t for i, t in enumerate(texts(30, seed=3, median_words=6))}
     lines: list[Any] = [{"id": rid, "q": t} for rid, t in prompts.items()]
@@ -130,6 +131,7 @@ def test_prompts_on_file(tmp_path: Path, tiny_llama: str) -> None:
     assert 0 < m["tokens"]["real"] <= m["tokens"]["padded"]
 
 
+@pytest.mark.slow
 def test_chat_messages_on_s3_and_a_record_that_raises(s3_bucket: str, tiny_llama: str,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     convs = {f"m{i}": [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": t}]
@@ -186,6 +188,7 @@ def parse_openai(out: Path, m: dict[str, Any]) -> list[dict[str, Any]]:
     return [json.loads(x) for f in files for x in (out / f).read_bytes().splitlines()]
 
 
+@pytest.mark.slow
 def test_openai_batch_generate_round_trip(tmp_path: Path, tiny_llama: str) -> None:
     lines = openai_lines(10, 8)
     # fits the context (256) but not the KV budget of 200 tokens
@@ -252,6 +255,7 @@ def test_openai_batch_generate_round_trip(tmp_path: Path, tiny_llama: str) -> No
         verify_output(str(out))
 
 
+@pytest.mark.slow
 def test_a_cancelled_openai_batch_keeps_the_done_records_openai_lines(tmp_path: Path, tiny_llama: str,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Like a cancelled OpenAI batch: the records done before the cancel have their output lines,
@@ -285,6 +289,7 @@ def test_a_cancelled_openai_batch_keeps_the_done_records_openai_lines(tmp_path: 
     assert len({g["custom_id"] for g in lines}) == 40
 
 
+@pytest.mark.slow
 def test_openai_batch_embeddings_round_trip(tmp_path: Path, tiny_bundle: str) -> None:
     qs = texts(12, seed=2)
     lines: list[Any] = [{"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings",
@@ -330,6 +335,7 @@ def _normalised(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+@pytest.mark.slow
 def test_retried_shards_reproduce_identical_bytes_with_sampling(tmp_path: Path, tiny_llama: str,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Sampling on (temperature, top-k, top-p; job seed and per-line seeds). A clean job runs in a
@@ -406,6 +412,7 @@ def test_retried_shards_reproduce_identical_bytes_with_sampling(tmp_path: Path, 
     assert len({c.get("text") or c["message"]["content"] for c in sampled}) > len(sampled) // 2
 
 
+@pytest.mark.slow
 def test_smollm2_answers_the_example_chat_requests(tmp_path: Path, bi_home: Path, smollm2_gguf: Path) -> None:
     """The issue's "done when": `batchinf bundle import-gguf` SmolLM2, then `batchinf run` the
     shipped openai-batch example (a few of its requests, greedy, 32 tokens) to _SUCCESS with

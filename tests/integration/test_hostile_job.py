@@ -17,7 +17,7 @@ from batchinf.manifest import parse_manifest
 from batchinf.verify import verify_output
 from tests.helpers.corpus import bomb, manifest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def _lines(prefix: str, n: int) -> bytes:

@@ -19,7 +19,7 @@ from batchinf.submit import submit
 from batchinf.manifest import parse_manifest
 from tests.helpers.corpus import manifest, texts
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_job_embeddings_match_sentence_transformers(tmp_path: Path, bi_home: Path, minilm_dir: Path) -> None:

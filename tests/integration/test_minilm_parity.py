@@ -141,6 +141,7 @@ def test_token_ids_match_sentence_transformers(st_model) -> None:
         assert enc.truncated == (len(untruncated.encode(text).ids) > MAX_LENGTH)
 
 
+@pytest.mark.slow
 def test_embeddings_match_sentence_transformers(st_model) -> None:
     pooling, normalize = read_pooling_config(MODEL_DIR)
     assert (pooling, normalize) == ("mean", True)

@@ -18,7 +18,7 @@ from batchinf.manifest import parse_manifest
 from batchinf.verify import verify_output
 from tests.helpers.corpus import manifest, write_jsonl
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def _run(tmp_path: Path, failpoints: str, monkeypatch: pytest.MonkeyPatch, n: int = 64) -> tuple[list, list]:

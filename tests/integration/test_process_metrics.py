@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.helpers.cluster import Cluster, job, wait
 from tests.helpers.services import free_port
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def _scrape(port: int) -> dict[tuple[str, frozenset], float]:

@@ -28,7 +28,7 @@ from batchinf.verify import verify_output
 from tests.helpers.corpus import manifest, write_jsonl
 from tests.helpers.services import make_bucket
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def _committed(job_id: str) -> dict[str, int]:

@@ -50,6 +50,7 @@ def reference(smollm2_gguf: Path):
     return model, AutoTokenizer.from_pretrained(smollm2_gguf.parent, **kw)
 
 
+@pytest.mark.slow
 def test_gguf_header_and_conversion(smollm2_gguf: Path, converted: GenerateRuntime) -> None:
     with GGUFFile(smollm2_gguf) as g:
         types = {g.tensors[n].ggml_type for n in g.tensors}
@@ -62,6 +63,7 @@ def test_gguf_header_and_conversion(smollm2_gguf: Path, converted: GenerateRunti
     assert meta["context_length"] == 8192
 
 
+@pytest.mark.slow
 def test_tokenizer_matches_transformers_gguf(converted: GenerateRuntime, reference) -> None:
     _, tok = reference
     for text in TEXTS:
@@ -71,6 +73,7 @@ def test_tokenizer_matches_transformers_gguf(converted: GenerateRuntime, referen
     assert [converted.decode([t]) for t in digits] == list("12345")
 
 
+@pytest.mark.slow
 def test_greedy_matches_transformers_gguf(converted: GenerateRuntime, reference) -> None:
     model, tok = reference
     prompts = [converted.encode_chat([{"role": "user", "content": q}]) for q in QUESTIONS]

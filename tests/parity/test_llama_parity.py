@@ -58,6 +58,7 @@ def test_logits_match_transformers(tiny_dirs: dict[str, Path], family: str) -> N
     assert (ours.config.rope_scaling or {}).get("rope_type") == (scaling or {}).get("rope_type")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_greedy_matches_transformers(tiny_dirs: dict[str, Path], family: str) -> None:
     d = tiny_dirs[family]

@@ -134,6 +134,7 @@ def test_enormous_parquet_row_group_is_streamed_within_a_memory_cap(tmp_path: Pa
     assert growth < size_mib * 0.75, f"reading grew memory by {growth} MiB for a {size_mib} MiB row group"
 
 
+@pytest.mark.slow
 def test_bomb_is_bounded_in_memory_without_patched_limits(tmp_path: Path) -> None:
     """400 MiB of spaces in ~0.4 MiB of gzip: reading stops at the expansion limit (256 MiB)
     with one error row, and memory stays near one line buffer (MAX_LINE_BYTES), not the object."""
@@ -144,6 +145,7 @@ def test_bomb_is_bounded_in_memory_without_patched_limits(tmp_path: Path) -> Non
     assert growth < 2.5 * (MAX_LINE_BYTES >> 20), f"grew by {growth} MiB"
 
 
+@pytest.mark.slow
 def test_huge_plain_line_is_skipped_within_a_memory_cap(tmp_path: Path) -> None:
     path = tmp_path / "long-line.jsonl"
     with open(path, "wb") as f:

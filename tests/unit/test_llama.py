@@ -45,6 +45,7 @@ def _requests(rt: GenerateRuntime, n: int, **params: object) -> list[GenRequest]
             for i in range(n)]
 
 
+@pytest.mark.slow
 def test_continuous_batching_equals_one_at_a_time(runtime: GenerateRuntime) -> None:
     reqs = _requests(runtime, 12)
     alone = {r.key: r for q in reqs for r in runtime.generate([q], max_slots=1)}
@@ -185,6 +186,7 @@ def test_static_batching_wastes_finished_slots(runtime: GenerateRuntime) -> None
     assert stat.decode_slot_steps > cont.decode_slot_steps
 
 
+@pytest.mark.slow
 def test_sampling_is_reproducible_and_seeded(runtime: GenerateRuntime) -> None:
     reqs = [GenRequest(q.key, q.prompt_ids, SamplingParams(max_tokens=12, temperature=1.0, top_p=0.95,
                                                            seed=derive_seed(7, f"rec-{q.key}")))
