@@ -126,6 +126,7 @@ def run(n: int, database_url: str | None) -> dict[str, Any]:
     _cli(env, "db", "upgrade")
     _cli(env, "bundle", "import", str(make_tiny_bert(tmp / "tiny")), "--name", "tiny", "--alias", "prod")
     tokens = {t: json.loads(_cli(env, "token", "create", "--tenant", t, "--json"))["token"] for t in ("victim", "evil")}
+    _cli(env, "tenant", "grant", "victim", "--read", str(tmp / "in.jsonl"), "--write", str(tmp / "out"))
     (tmp / "in.jsonl").write_text("".join(json.dumps({"id": f"r{i}", "text": f"record {i}"}) + "\n" for i in range(10)))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -109,7 +109,7 @@ shards = Table(
     Column("tokens_padded", BigInteger, nullable=True),
     Column("execute_seconds", Float, nullable=True),
     Column("progress_records", Integer, nullable=False, default=0),  # records done by the running attempt
-                                                                      # (its heartbeats; migration 0011)
+                                                                      # (its heartbeats; migration 0009)
     Column("last_error", Text, nullable=True),
     Column("updated_at", Float, nullable=False),
     UniqueConstraint("job_id", "bucket", "ordinal", name="uq_shards_job_bucket_ordinal"),

@@ -1,4 +1,4 @@
-"""Migration 0009 (jobs.retry_of, retry_records) up, down and up again on SQLite and PostgreSQL."""
+"""Migration 0010 (jobs.retry_of, retry_records) up, down and up again on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
-def test_migration_0009_up_down_up(backend: str, tmp_path: Path) -> None:
+def test_migration_0010_up_down_up(backend: str, tmp_path: Path) -> None:
     from alembic import command
 
     url = f"sqlite:///{tmp_path / 'm.db'}" if backend == "sqlite" else _fresh_postgres_db()
-    assert db.upgrade(url, "0011") == "0011"
+    assert db.upgrade(url, "0009") == "0009"
     sa_url = url if backend == "sqlite" else url.replace("postgresql://", "postgresql+psycopg://")
 
     def schema() -> set[str]:
@@ -34,9 +34,9 @@ def test_migration_0009_up_down_up(backend: str, tmp_path: Path) -> None:
 
     added = {"retry_records", "jobs.retry_of", "index ix_jobs_retry_of"}
     assert not added & schema()
-    assert db.upgrade(url, "0009") == "0009"
+    assert db.upgrade(url, "0010") == "0010"
     assert added <= schema()
-    command.downgrade(db.alembic_config(sa_url), "0011")
+    command.downgrade(db.alembic_config(sa_url), "0009")
     assert not added & schema()
-    assert db.upgrade(url, "0009") == "0009"
+    assert db.upgrade(url, "0010") == "0010"
     assert added <= schema()

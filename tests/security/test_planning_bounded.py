@@ -1,6 +1,6 @@
 """Planning is bounded: an input object whose planning task keeps failing, hangs or dies fails
 the job after BATCHINF_MAX_ATTEMPTS attempts with the object named, instead of being planned
-again forever. Attempts and the last error are columns of `job_inputs` (migration 0010)."""
+again forever. Attempts and the last error are columns of `job_inputs` (migration 0008)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from tests.helpers.corpus import manifest
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
-def test_migration_0010_up_down_up(backend: str, tmp_path: Path) -> None:
+def test_migration_0008_up_down_up(backend: str, tmp_path: Path) -> None:
     from alembic import command
 
     url = f"sqlite:///{tmp_path / 'm.db'}" if backend == "sqlite" else _fresh_postgres_db()
@@ -42,11 +42,11 @@ def test_migration_0010_up_down_up(backend: str, tmp_path: Path) -> None:
     new = {"attempts", "started_at", "error"}
     assert db.upgrade(url, "0007") == "0007"
     assert not new & columns()
-    assert db.upgrade(url, "0010") == "0010"
+    assert db.upgrade(url, "0008") == "0008"
     assert new <= columns()
     command.downgrade(db.alembic_config(sa_url), "0007")
     assert not new & columns()
-    assert db.upgrade(url, "0010") == "0010"
+    assert db.upgrade(url, "0008") == "0008"
     assert new <= columns()
 
 

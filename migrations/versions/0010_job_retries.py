@@ -1,14 +1,14 @@
 """job retries: a job's lineage (retry_of) and the records a retry job plans (retry_records)
 
-Revision ID: 0009
-Revises: 0011
+Revision ID: 0010
+Revises: 0009
 Create Date: 2026-12-01
 """
 from alembic import op
 import sqlalchemy as sa
 
-revision = '0009'
-down_revision = '0011'
+revision = '0010'
+down_revision = '0009'
 branch_labels = None
 depends_on = None
 

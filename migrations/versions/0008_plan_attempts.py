@@ -1,13 +1,13 @@
 """planning attempts per input object: how many started, when the last one started, its error
 
-Revision ID: 0010
+Revision ID: 0008
 Revises: 0007
 Create Date: 2026-12-10
 """
 from alembic import op
 import sqlalchemy as sa
 
-revision = '0010'
+revision = '0008'
 down_revision = '0007'
 branch_labels = None
 depends_on = None

@@ -1,14 +1,14 @@
 """records done within a running shard, reported by its heartbeats (generate progress)
 
-Revision ID: 0011
-Revises: 0010
+Revision ID: 0009
+Revises: 0008
 Create Date: 2026-12-02
 """
 from alembic import op
 import sqlalchemy as sa
 
-revision = '0011'
-down_revision = '0010'
+revision = '0009'
+down_revision = '0008'
 branch_labels = None
 depends_on = None
 
