@@ -17,7 +17,7 @@ from typing import Any
 from batchinf.config import settings
 from batchinf.errors import ManifestError, StoreError
 from batchinf.ledger import grants
-from batchinf.store import normalize_uri, split_uri
+from batchinf.store import join, normalize_uri, split_uri
 
 READ, WRITE = "read", "write"
 
@@ -74,11 +74,17 @@ def confined(tenant: str, through_api: bool) -> bool:
     return through_api or bool(grants.of_tenant(tenant))
 
 
+def own_space(tenant: str) -> str:
+    """The tenant's own space in batchinf's files store (uploaded OpenAI batch files and the
+    outputs of their batches): every tenant may read and write there, and only there of it."""
+    return as_prefix(real(join(settings().files_uri, tenant)))
+
+
 def check(tenant: str, uri: str, mode: str, what: str) -> None:
     """Raise ManifestError unless the tenant's grants allow `mode` on `uri` (write implies read)."""
     target = real(uri)
     held = grants.of_tenant(tenant)
-    if any(within(target, p) and (m == WRITE or mode == READ) for p, m in held):
+    if within(target, own_space(tenant)) or any(within(target, p) and (m == WRITE or mode == READ) for p, m in held):
         return
     have = ", ".join(f"{m} {p}" for p, m in held) or "none"
     raise ManifestError(f"{what} {uri} is outside the prefixes tenant {tenant!r} may {mode} (its grants: {have}); "
@@ -92,7 +98,7 @@ def check(tenant: str, uri: str, mode: str, what: str) -> None:
 def _reserved() -> list[tuple[str, str]]:
     """Prefixes no output may touch, the most specific first (the message names the first hit)."""
     s = settings()
-    out = [("the bundle store", real(as_prefix(s.bundle_store)))]
+    out = [("the bundle store", real(as_prefix(s.bundle_store))), ("the files store", real(as_prefix(s.files_uri)))]
     if s.database_url.startswith("sqlite:///"):
         out.append(("the ledger's files", real(s.database_url.removeprefix("sqlite:///"))))
     return out + [("BATCHINF_HOME", real(str(s.home) + "/"))]
@@ -106,7 +112,7 @@ def check_output(tenant: str, output_uri: str, input_uri: str) -> None:
     if overlap(out, real(input_uri)):
         raise ManifestError(f"output {output_uri} overlaps this job's own input {input_uri}; write the "
                             "output to a prefix of its own, outside the input")
-    for name, prefix in _reserved():
+    for name, prefix in ([] if within(out, own_space(tenant)) else _reserved()):   # its own batches' outputs
         if overlap(out, prefix):
             raise ManifestError(f"output {output_uri} overlaps {name}; choose an output.uri outside it")
     for job_id, owner, status, which, uri in grants.overlapping_jobs(out):

@@ -137,3 +137,16 @@ def test_verify_refuses_a_part_the_manifest_does_not_list(tmp_path: Path, tiny_b
     (out / "errors" / "part-00099.parquet").write_bytes(next(out.glob("part-*.parquet")).read_bytes())
     with pytest.raises(VerificationError, match="not listed"):
         verify_output(str(out))
+
+
+def test_every_tenant_may_use_its_own_space_in_the_files_store_and_no_one_elses(tmp_path: Path,
+                                                                                tiny_bundle: str) -> None:
+    from batchinf.store import join
+
+    own = scopes.own_space("acme")
+    scopes.check("acme", join(own, "files", "f.jsonl"), scopes.WRITE, "output")         # no grant needed
+    with pytest.raises(ManifestError, match="outside the prefixes tenant 'acme'"):
+        scopes.check("acme", join(scopes.own_space("globex"), "files", "f.jsonl"), scopes.READ, "input")
+    m = _tree(tmp_path, "acme")
+    with pytest.raises(ManifestError, match="files store"):        # another tenant's space is reserved
+        submit(parse_manifest({**m, "output": {"uri": join(scopes.own_space("globex"), "x/")}}), tenant="acme")
