@@ -12,7 +12,7 @@ from batchinf.ledger import jobs as job_repo
 from batchinf.ledger.events import now
 from batchinf.ledger.models import Job
 from batchinf.limits import check_manifest
-from batchinf.manifest import JobManifest
+from batchinf.manifest import InputSpec, JobManifest
 from batchinf.store import ObjectPin, get_store, join, normalize_uri
 
 
@@ -91,18 +91,23 @@ def _check_max_length(manifest: JobManifest, digest: str) -> None:
                             f"set options.max_length to at most {limit}, or leave it out to use {limit}")
 
 
-def pin_inputs(job: Job) -> list[ObjectPin]:
-    """List the input once and pin key, size, ETag and version of every object it will read. A
-    confined job's objects (an input manifest may name anything, a local prefix may hold
-    symlinks) are each checked against the tenant's grants by their real location."""
-    spec = job.manifest.input
+def list_inputs(spec: InputSpec) -> list[ObjectPin]:
+    """List the input once and pin key, size, ETag and version of every object it will read: the
+    objects under `input.uri` (hidden ones aside), or those an input manifest names."""
     if spec.uri:
         uri = normalize_uri(spec.uri)
         pins = visible(uri, get_store(uri).list(uri), spec.include_hidden)
         if not pins:
             raise InputError(f"input {uri} has no objects; check input.uri (a prefix ends with /)")
-    else:
-        pins = _pins_from_input_manifest(normalize_uri(spec.manifest or ""))
+        return pins
+    return _pins_from_input_manifest(normalize_uri(spec.manifest or ""))
+
+
+def pin_inputs(job: Job) -> list[ObjectPin]:
+    """The job's input objects, pinned. A confined job's objects (an input manifest may name
+    anything, a local prefix may hold symlinks) are each checked against the tenant's grants by
+    their real location."""
+    pins = list_inputs(job.manifest.input)
     if job.confined:
         for pin in pins:
             scopes.check(job.tenant, pin.uri, scopes.READ, "input object")

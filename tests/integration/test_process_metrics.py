@@ -35,12 +35,12 @@ def test_controller_and_worker_serve_their_metrics(cluster: Cluster, tmp_path: P
                   "--metrics-port", str(wport))
     final = wait(job_id, cluster)
     assert final["status"] == "succeeded", final
-    digest = job_row(job_id).bundle_digest
+    digest = job_row(job_id).bundle_digest.removeprefix("sha256:")[:12]    # the bundle_id label
     w = _scrape(wport)
-    assert _value(w, "batchinf_worker_records_total", bundle=digest, outcome="succeeded") == len(good) == 100
-    assert _value(w, "batchinf_worker_records_total", bundle=digest, outcome="failed") == 6
-    assert _value(w, "batchinf_worker_shard_duration_seconds_count", bundle=digest) == final["shards"]["total"]
-    assert 0 < _value(w, "batchinf_worker_tokens_total", kind="real") <= _value(w, "batchinf_worker_tokens_total", kind="padded")
+    assert _value(w, "batchinf_worker_records_total", bundle_id=digest, outcome="succeeded") == len(good) == 100
+    assert _value(w, "batchinf_worker_records_total", bundle_id=digest, outcome="failed") == 6
+    assert _value(w, "batchinf_worker_shard_duration_seconds_count", bundle_id=digest) == final["shards"]["total"]
+    assert 0 < _value(w, "batchinf_worker_real_tokens_total") <= _value(w, "batchinf_worker_padded_tokens_total")
     c = _scrape(cport)
     assert _value(c, "batchinf_controller_shards_sent_total", kind="fresh") == final["shards"]["total"]
     assert _value(c, "batchinf_controller_leases_expired_total") == 0

@@ -23,7 +23,7 @@ from batchinf.errors import ManifestError
 from batchinf.manifest import parse_manifest
 from batchinf.store import get_store
 from batchinf.store import s3 as s3store
-from batchinf.submit import pin_inputs
+from batchinf.submit import list_inputs
 
 pytestmark = pytest.mark.integration
 
@@ -141,7 +141,7 @@ def test_s3_inventory_manifest_as_input(s3_bucket: str, fmt: str) -> None:
     uri = _inventory(s3_bucket, fmt.upper(), rows)
     m = parse_manifest({"name": "inv", "task": "embed", "bundle": "tiny@prod",
                         "input": {"manifest": uri, "format": "jsonl"}, "output": {"uri": f"{s3_bucket}/out/"}})
-    got = pin_inputs(m)
+    got = list_inputs(m.input)
     assert [p.uri for p in got] == [f"{s3_bucket}/{k}" for k in keys]       # in the inventory's order
     assert [(p.etag, p.version_id) for p in got] == [(pins[p.uri].etag, pins[p.uri].version_id) for p in got]
 
@@ -153,4 +153,4 @@ def test_inventory_of_another_format_is_refused(s3_bucket: str) -> None:
                         "input": {"manifest": f"{s3_bucket}/inv/manifest.json", "format": "jsonl"},
                         "output": {"uri": f"{s3_bucket}/out/"}})
     with pytest.raises(ManifestError, match="ORC: batchinf reads CSV and Parquet"):
-        pin_inputs(m)
+        list_inputs(m.input)
