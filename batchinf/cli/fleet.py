@@ -39,8 +39,8 @@ def worker(concurrency: int, device: str, threads: int | None, hostname: str, me
     from batchinf.bundles import require_device
     from batchinf.config import settings
 
-    refuse_embedded("worker")
     require_device(device)      # a worker without CUDA never starts as a cuda worker
+    refuse_embedded("worker")
 
     if metrics_port:
         import tempfile
