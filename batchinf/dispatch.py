@@ -51,6 +51,7 @@ class Dispatcher:
     workers poll the ledger."""
 
     resends_lost = False          # messages may be lost (a broker): re-send stale queued shards
+    sweeps = True                 # delete losing attempts' files as the job runs (see lifecycle._sweep)
     requeue_seconds = 30.0        # ... and planning tasks older than this
 
     def __init__(self) -> None:
@@ -190,6 +191,10 @@ def _pid_alive(pid: int) -> bool:
 
 class LocalPool(Dispatcher):
     """N worker processes for one job on this machine."""
+
+    # no sweeping while the job runs: the pool's zombies die with it, and publishing deletes the
+    # whole work prefix anyway (lost attempts stay `lost` in the ledger)
+    sweeps = False
 
     def __init__(self, job_id: str, *, workers: int = 1, device: str = "auto", threads: int | None = None) -> None:
         super().__init__()

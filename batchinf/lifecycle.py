@@ -99,7 +99,8 @@ def _run(job: Job, d: Dispatcher, slots: int | None) -> None:
     for shard_id in shard_repo.stragglers(job.id, s.speculate_factor, s.speculate_min_seconds):
         d.speculate(shard_id)
     d.keep_up(job, shard_repo.open_count(job.id))
-    _sweep(job)
+    if d.sweeps:
+        _sweep(job)
 
 
 def _sweep(job: Job) -> None:
