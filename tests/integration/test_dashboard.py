@@ -43,6 +43,7 @@ def _submit(svc: Service, name: str, n: int, max_records: int) -> str:
 def _drive(job_id: str, failpoints: str, workers: int) -> threading.Thread:
     os.environ["BATCHINF_FAILPOINTS"] = failpoints        # read by the worker processes it starts
     os.environ["BATCHINF_FAILPOINTS_SEED"] = "7"
+    os.environ["BATCHINF_MAX_ATTEMPTS"] = "10"     # injected commit faults retry; they never fail the job
     t = threading.Thread(target=drive, args=(job_id,), kwargs={"workers": workers, "device": "cpu", "threads": 1},
                          daemon=True)
     t.start()
@@ -52,6 +53,7 @@ def _drive(job_id: str, failpoints: str, workers: int) -> threading.Thread:
 def _no_failpoints() -> None:
     os.environ.pop("BATCHINF_FAILPOINTS", None)
     os.environ.pop("BATCHINF_FAILPOINTS_SEED", None)
+    os.environ.pop("BATCHINF_MAX_ATTEMPTS", None)
 
 
 def _get(svc: Service, path: str) -> Any:
