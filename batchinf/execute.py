@@ -110,7 +110,7 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
     task = get_task(m.task)
     error_rows: list[dict[str, Any]] = []
     tokens = {"input": 0, "output": 0, "real": 0, "padded": 0}
-    results = PartWriter(task.result_schema(runtime.meta))
+    results = PartWriter(task.result_schema(runtime.meta, m.options))
     failures = PartWriter(ERROR_SCHEMA)
     try:
         for staged in _staged_batches(shard.input_uri, task.streams):

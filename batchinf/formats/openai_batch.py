@@ -2,7 +2,9 @@
 
 One request per line, `{"custom_id", "method": "POST", "url", "body"}` for
 `/v1/chat/completions` (body.messages), `/v1/completions` (body.prompt, one string) and
-`/v1/embeddings` (body.input, one string). The custom_id is the record id; a line's url must suit
+`/v1/embeddings` (body.input: a string, a list of strings, a list of token ids, or a list of
+token-id lists; at most MAX_EMBED_INPUTS of them, `dimensions` and `encoding_format` honoured by
+task embed at staging and rendering). The custom_id is the record id; a line's url must suit
 the job's task (chat and completions: generate; embeddings: embed). Sampling fields of the body
 (max_tokens / max_completion_tokens, temperature, top_p, top_k, seed, stop) override the job's
 options for that line and are checked like the manifest's options (batchinf.checks). Body keys
@@ -47,11 +49,12 @@ _NOT_SUPPORTED: dict[str, tuple[Any, str]] = {
     "modalities": (lambda v: v in (None, ["text"]), "only text output is supported; remove modalities"),
     "audio": (lambda v: v is None, "audio output is not supported; remove audio"),
     "prediction": (lambda v: v is None, "predicted outputs are not supported; remove prediction"),
-    "encoding_format": (lambda v: v in (None, "float"), "only encoding_format float is supported"),
-    "dimensions": (lambda v: v is None, "dimensions is not supported: the bundle's embedding size is fixed"),
 }
 _CONTENT = {CHAT: "messages", COMPLETIONS: "prompt", EMBEDDINGS: "input"}
 _SAMPLING = {"max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop"}
+_EMBEDDING = {"dimensions", "encoding_format"}
+MAX_EMBED_INPUTS = 2048         # inputs in one embeddings request, as OpenAI allows
+MAX_TOKEN_ID = (1 << 31) - 1    # staged as int32; the bundle's vocabulary is checked at staging
 
 
 def read_openai_batch(fh: BinaryIO, uri: str, task: str) -> Iterator[InputRecord]:
@@ -93,7 +96,7 @@ def parse_line(obj: dict[str, Any], ordinal: int, where: str, task: str) -> Inpu
     if not isinstance(body, dict):
         return _error(ordinal, rid, "invalid_body", f"{here}: body must be a JSON object, got "
                                                     f"{type(body).__name__ if body is not None else 'null'}")
-    known = IGNORED | set(_NOT_SUPPORTED) | {_CONTENT[url]} | (_SAMPLING if url != EMBEDDINGS else set())
+    known = IGNORED | set(_NOT_SUPPORTED) | {_CONTENT[url]} | (_SAMPLING if url != EMBEDDINGS else _EMBEDDING)
     for key, value in body.items():
         if key not in known:
             return _error(ordinal, rid, "unsupported_parameter",
@@ -101,7 +104,7 @@ def parse_line(obj: dict[str, Any], ordinal: int, where: str, task: str) -> Inpu
         if key in _NOT_SUPPORTED and not _NOT_SUPPORTED[key][0](value):
             return _error(ordinal, rid, f"unsupported_{key}", f"{here}: body.{key}={value!r:.60}: "
                                                               f"{_NOT_SUPPORTED[key][1]}")
-    params, problem = _sampling(body) if url != EMBEDDINGS else ({}, None)
+    params, problem = _sampling(body) if url != EMBEDDINGS else _embedding(body)
     if problem:
         return _error(ordinal, rid, "invalid_parameter", f"{here}: {problem}")
     field = _CONTENT[url]
@@ -111,6 +114,11 @@ def parse_line(obj: dict[str, Any], ordinal: int, where: str, task: str) -> Inpu
         if problem:
             return _error(ordinal, rid, "invalid_messages", f"{here}: body.messages {problem}")
         return InputRecord(ordinal, rid, None, messages=messages, params=params, endpoint=url)
+    if isinstance(value, list) and url == EMBEDDINGS:
+        items, problem = embedding_inputs(value)
+        if problem:
+            return _error(ordinal, rid, "invalid_input", f"{here}: body.input {problem}")
+        return InputRecord(ordinal, rid, None, params=params, endpoint=url, items=items)
     if isinstance(value, list):
         return _error(ordinal, rid, f"unsupported_{field}",
                       f"{here}: body.{field} is a list; batchinf takes one string per line -- put each "
@@ -124,6 +132,55 @@ def parse_line(obj: dict[str, Any], ordinal: int, where: str, task: str) -> Inpu
     if bad:
         return _error(ordinal, rid, "invalid_utf8", f"{here}: body.{field} is not valid Unicode ({bad})")
     return InputRecord(ordinal, rid, value, params=params, endpoint=url)
+
+
+def embedding_inputs(value: list[Any]) -> tuple[tuple[Any, ...], str | None]:
+    """A list `input` of an embeddings line -> (its inputs: strings or token-id tuples, None), or
+    ((), what is wrong). A flat list of integers is one token array, as OpenAI reads it."""
+    if not value:
+        return (), "is an empty list; give at least one input"
+    if all(isinstance(x, int) and not isinstance(x, bool) for x in value):
+        value = [value]
+    if len(value) > MAX_EMBED_INPUTS:
+        return (), (f"has {len(value)} inputs; at most {MAX_EMBED_INPUTS} per request -- split it over "
+                    "several lines")
+    strings = all(isinstance(x, str) for x in value)
+    items: list[Any] = []
+    for k, x in enumerate(value):
+        if strings:
+            if not x.strip():
+                return (), f"[{k}] is an empty string; every input must be non-empty"
+            if (bad := unicode_problem(x)):
+                return (), f"[{k}] is not valid Unicode ({bad})"
+            items.append(x)
+            continue
+        if not isinstance(x, list) or not x:
+            return (), (f"[{k}] is {_what(x)}; a list input holds strings, or token arrays (non-empty lists "
+                        "of integers), not a mix")
+        if (bad := next((t for t in x if integer_problem(t, "", 0, MAX_TOKEN_ID)), None)) is not None:
+            return (), f"[{k}] holds {bad!r:.40}, not a token id (an integer in [0, {MAX_TOKEN_ID}])"
+        items.append(tuple(x))
+    return tuple(items), None
+
+
+def _what(x: Any) -> str:
+    return "an empty list" if x == [] else "null" if x is None else f"of type {type(x).__name__}"
+
+
+def _embedding(body: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """An embeddings line's `dimensions` and `encoding_format` (float or base64): (params, None),
+    or ({}, what is wrong). Whether the bundle can give `dimensions` is checked at staging."""
+    p: dict[str, Any] = {}
+    if body.get("dimensions") is not None:
+        if (err := integer_problem(body["dimensions"], "body.dimensions", 1, 1 << 16)):
+            return {}, err
+        p["dimensions"] = body["dimensions"]
+    fmt = body.get("encoding_format")
+    if fmt not in (None, "float", "base64"):
+        return {}, f"body.encoding_format must be \"float\" or \"base64\", got {fmt!r:.40}"
+    if fmt == "base64":
+        p["encoding_format"] = fmt
+    return p, None
 
 
 def _sampling(body: dict[str, Any]) -> tuple[dict[str, Any], str | None]:

@@ -84,7 +84,7 @@ class Task:
         raise NotImplementedError
 
     # --- execute ----------------------------------------------------------------------------
-    def result_schema(self, meta: dict[str, Any]) -> pa.Schema:
+    def result_schema(self, meta: dict[str, Any], options: Any = None) -> pa.Schema:
         raise NotImplementedError
 
     def run(self, c: dict[str, list[Any]], runtime: Any, options: Any, check: Callable[[], None]) -> RunOutput:

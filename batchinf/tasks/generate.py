@@ -128,7 +128,7 @@ class Generate(Task):
             row.update(n_tokens=len(ids), input_ids=ids, kind=kind, **params)
         return pa.Table.from_pylist(rows, schema=GENERATE_STAGE_SCHEMA)
 
-    def result_schema(self, meta: dict[str, Any]) -> pa.Schema:
+    def result_schema(self, meta: dict[str, Any], options: Any = None) -> pa.Schema:
         return GENERATION_SCHEMA
 
     def run(self, c: dict[str, list[Any]], runtime: Any, options: Any, check: Callable[[], None]) -> RunOutput:

@@ -124,7 +124,7 @@ class Score(Task):
                        pair_ids=[e[0] for e in enc], pair_types=[e[1] for e in enc])
         return pa.Table.from_pylist(rows, schema=SCORE_STAGE_SCHEMA)
 
-    def result_schema(self, meta: dict[str, Any]) -> pa.Schema:
+    def result_schema(self, meta: dict[str, Any], options: Any = None) -> pa.Schema:
         return SCORE_SCHEMA
 
     def run(self, c: dict[str, list[Any]], runtime: Any, options: Any, check: Callable[[], None]) -> RunOutput:

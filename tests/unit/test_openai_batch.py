@@ -3,11 +3,13 @@ response lines have OpenAI's shape and deterministic bytes."""
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -48,6 +50,18 @@ def test_supported_lines_become_records_with_their_overrides() -> None:
     assert [r.ordinal for r in recs] == [0, 1, 2]
     (e,) = read(line(EMBEDDINGS, {"input": "vector please", "model": "x", "encoding_format": "float"}), task="embed")
     assert (e.text, e.endpoint, e.error, e.params) == ("vector please", EMBEDDINGS, None, {})
+
+
+def test_embeddings_take_lists_of_strings_and_token_arrays_with_dimensions_and_base64() -> None:
+    a, b, c = read(line(EMBEDDINGS, {"input": ["one", "two"], "dimensions": 64, "encoding_format": "base64",
+                                     "user": "u", "prompt_cache_key": "k", "safety_identifier": "s",
+                                     "metadata": {"a": "b"}, "service_tier": "auto"}, "a"),
+                   line(EMBEDDINGS, {"input": [101, 7, 102]}, "b"),
+                   line(EMBEDDINGS, {"input": [[101, 102], [101, 5, 102]]}, "c"), task="embed")
+    assert (a.error, a.text, a.items, a.params) == (None, None, ("one", "two"),
+                                                    {"dimensions": 64, "encoding_format": "base64"})
+    assert (b.error, b.items) == (None, ((101, 7, 102),))           # one token array
+    assert (c.error, c.items) == (None, ((101, 102), (101, 5, 102)))
 
 
 BAD = [
@@ -95,10 +109,18 @@ BAD = [
     (line(COMPLETIONS, {"prompt": 5}), "generate", "invalid_prompt", "body.prompt is of type int"),
     (line(COMPLETIONS, {}), "generate", "invalid_prompt", "body.prompt is missing"),
     (line(COMPLETIONS, {"prompt": "x", "echo": True}), "generate", "unsupported_echo", "echo is not supported"),
-    (line(EMBEDDINGS, {"input": ["a", "b"]}), "embed", "unsupported_input", "one string per line"),
-    (line(EMBEDDINGS, {"input": "x", "dimensions": 64}), "embed", "unsupported_dimensions", "fixed"),
-    (line(EMBEDDINGS, {"input": "x", "encoding_format": "base64"}), "embed", "unsupported_encoding_format",
-     "float"),
+    (line(EMBEDDINGS, {"input": []}), "embed", "invalid_input", "empty list"),
+    (line(EMBEDDINGS, {"input": ["a", ""]}), "embed", "invalid_input", "[1] is an empty string"),
+    (line(EMBEDDINGS, {"input": ["a", [1, 2]]}), "embed", "invalid_input", "not a mix"),
+    (line(EMBEDDINGS, {"input": [[1, 2], []]}), "embed", "invalid_input", "[1] is an empty list"),
+    (line(EMBEDDINGS, {"input": [[1, -2]]}), "embed", "invalid_input", "holds -2, not a token id"),
+    (line(EMBEDDINGS, {"input": [1, True]}), "embed", "invalid_input", "[0] is of type int"),
+    (line(EMBEDDINGS, {"input": ["a"] * 2049}), "embed", "invalid_input", "at most 2048 per request"),
+    (line(EMBEDDINGS, {"input": "x", "dimensions": 0}), "embed", "invalid_parameter", "body.dimensions must be"),
+    (line(EMBEDDINGS, {"input": "x", "encoding_format": "int8"}), "embed", "invalid_parameter",
+     "body.encoding_format must be"),
+    (line(CHAT, {"messages": [{"role": "user", "content": "x"}], "dimensions": 8}), "generate",
+     "unsupported_parameter", "body.dimensions is not supported for /v1/chat/completions"),
     (line(EMBEDDINGS, {"input": "x", "max_tokens": 3}), "embed", "unsupported_parameter", "body.max_tokens"),
 ]
 
@@ -152,6 +174,40 @@ def test_embedding_result_line() -> None:
     assert body["object"] == "list" and body["data"] == [{"object": "embedding", "index": 0,
                                                           "embedding": [0.25, -0.5]}]
     assert body["usage"] == {"prompt_tokens": 4, "total_tokens": 4}
+    several = {**row, "embedding": None, "embeddings": [[1.0, 0.0], [0.5, -2.0]], "encoding_format": "base64"}
+    data = result_line(several, ctx)["response"]["body"]["data"]
+    assert [d["index"] for d in data] == [0, 1]
+    # base64 of little-endian float32, as OpenAI sends it
+    assert [np.frombuffer(base64.b64decode(d["embedding"]), "<f4").tolist() for d in data] == [[1.0, 0.0], [0.5, -2.0]]
+    assert data[0]["embedding"] == "AACAPwAAAAA="
+
+
+def test_dimensions_need_a_bundle_declaring_matryoshka_sizes() -> None:
+    from batchinf.errors import BundleError
+    from batchinf.tasks.embed_request import check_matryoshka_dims, dimensions_problem, shorten
+
+    meta = {"task": "embed", "fixtures": [{"embedding": [0.0] * 8}]}
+    assert dimensions_problem(8, meta, "b") is None                   # its own size is always fine
+    assert "does not declare Matryoshka support" in dimensions_problem(4, meta, "b")
+    assert "--matryoshka-dims" in dimensions_problem(4, meta, "b")
+    meta["matryoshka_dims"] = check_matryoshka_dims([2, 4, 8], meta)
+    assert meta["matryoshka_dims"] == [4, 2] and dimensions_problem(4, meta, "b") is None
+    assert "use 8 or one of 4, 2" in dimensions_problem(3, meta, "b")
+    for bad, task in (([9], "embed"), ([0], "embed"), ([4], "generate")):
+        with pytest.raises(BundleError):
+            check_matryoshka_dims(bad, {**meta, "task": task})
+    from types import SimpleNamespace
+
+    from batchinf.errors import ManifestError
+    from batchinf.tasks.embed import Embed, EmbedOptions
+
+    meta["max_length"] = 16
+    assert Embed().limits(SimpleNamespace(meta=meta), EmbedOptions(dimensions=4)) == (16, True)
+    with pytest.raises(ManifestError, match="options.dimensions 3 is not a size"):   # the job fails at planning
+        Embed().limits(SimpleNamespace(meta=meta), EmbedOptions(dimensions=3))
+    assert Embed().result_schema(meta, EmbedOptions(dimensions=4)).field("embedding").type.list_size == 4
+    v = np.array([[3.0, 4.0, 12.0], [0.0, 0.0, 1.0]], np.float32)
+    assert np.allclose(shorten(v, 2), [[0.6, 0.8], [0.0, 0.0]])      # cut, then unit length (zero stays zero)
 
 
 @pytest.mark.parametrize("code, status", [("unsupported_n", 400), ("prompt_too_long", 400),
