@@ -90,7 +90,7 @@ def set_env(mp: pytest.MonkeyPatch, root: Path, **extra: str) -> None:
     mp.setenv("BATCHINF_HEARTBEAT_SECONDS", "0.5")
     mp.setenv("BATCHINF_LEASE_SECONDS", "5")
     mp.setenv("BATCHINF_OPENAI_SHARD_RECORDS", "8")
-    mp.setenv("BATCHINF_OPENAI_MODELS", "gpt-4o-mini=tinyllama@prod")
+    mp.setenv("BATCHINF_OPENAI_MODELS", "gpt-4o-mini=tinyllama@prod,text-embedding-3-small=tiny@prod")
     for k, v in extra.items():
         mp.setenv(k, v)
     _reset_process_state()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -104,6 +105,22 @@ def test_chat_and_embeddings_batches_with_the_openai_client(embedded: Server, tm
 def test_an_operator_mapped_model_name(embedded: Server, tmp_path: Path) -> None:
     b, out, _ = _run_batch(embedded, chat_lines(3, model="gpt-4o-mini"), "/v1/chat/completions", tmp_path, "mapped")
     assert b.model == "tinyllama@prod" and len(out) == 3
+
+
+def test_the_readme_script_runs_as_written(embedded: Server, tmp_path: Path) -> None:
+    """README's ten-line `openai` script, extracted verbatim, against this serve (its model names are
+    mapped to the tiny bundles here, as README maps them to SmolLM2 and MiniLM)."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    script = readme.split("<!-- readme-openai-script -->\n```python\n", 1)[1].split("```", 1)[0]
+    assert len(script.splitlines()) <= 10 and script.startswith("import json, time, openai\n")
+    (tmp_path / "readme_script.py").write_text(script)
+    env = {**embedded.env, "OPENAI_BASE_URL": embedded.url + "/v1", "OPENAI_API_KEY": embedded.tokens["acme"]}
+    r = subprocess.run([sys.executable, str(tmp_path / "readme_script.py")], env=env, capture_output=True, text=True,
+                       timeout=300, check=False)
+    assert r.returncode == 0, r.stderr
+    chat, emb = r.stdout.splitlines()
+    assert chat.startswith("completed q1 [{") and "'role': 'assistant'" in chat
+    assert re.fullmatch(r"completed q1 \[(\d+), \1\]", emb), emb
 
 
 def test_validation_failure_gives_a_failed_batch_with_errors(embedded: Server, tmp_path: Path) -> None:
