@@ -76,20 +76,28 @@ class Controller:
 
     def run_forever(self, stop: threading.Event) -> None:
         while not stop.is_set():
+            moved = False
             try:
-                self.tick()
+                moved = self.tick()
             except Exception as exc:  # noqa: BLE001 -- ledger or broker down: try again next tick
                 log.warning("controller tick failed, retrying: %s: %s", type(exc).__name__, exc)
-            stop.wait(self.tick_seconds)
+            # a job that just changed status usually has its next step ready (submitted -> planning
+            # -> plan tasks, verifying -> published): take it now, as `drive` does, not a tick later
+            stop.wait(0 if moved else self.tick_seconds)
 
-    def tick(self) -> None:
+    def tick(self) -> bool:
+        """One step of every active job; True when one of them changed status."""
         shares = share_slots(self.max_in_flight, shard_repo.dispatch_demand())
+        moved = False
         for job_id in job_repo.active_ids():
             try:
                 if job_repo.lock(job_id, self.name, max(30.0, 10 * self.tick_seconds)):
+                    before = job_repo.get(job_id).status
                     step(job_id, self.dispatcher, slots=shares.get(job_id, 0))
+                    moved = moved or job_repo.get(job_id).status not in (before, *JOB_TERMINAL)
             except Exception as exc:  # noqa: BLE001 -- this job waits for the next tick; others go on
                 log.warning("job %s: %s: %s", job_id, type(exc).__name__, exc)
+        return moved
 
 
 def serve_embedded(stop: threading.Event, *, workers: int = 1, device: str = "auto", threads: int | None = None,

@@ -35,3 +35,15 @@ def test_api_under_attack_short_mode(tmp_path: Path) -> None:
     assert report["idle"]["p50_ms"] > 0 and report["under_attack"]["p50_ms"] > 0
     statuses = report["attack_statuses"]
     assert len(statuses) == 9 and all(int(s) in (400, 413, 422) for v in statuses.values() for s in v), statuses
+
+
+def test_openai_overhead_short_mode(minilm_dir: Path, tmp_path: Path) -> None:
+    """Both contenders (a `batchinf run` and the OpenAI path through a running serve) answer every
+    line of the same file with the same vectors, measured side by side."""
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "openai_overhead.py"), "--short", "--json"],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    report = json.loads(r.stdout)
+    assert report["records"] == 60 and report["order"] == "A B "
+    assert report["run"]["records_per_second"] > 0 and report["openai_api"]["records_per_second"] > 0
+    assert report["max_abs_diff_vs_run"] <= 1e-6
