@@ -32,6 +32,7 @@ __all__ = ["DEVICES", "FORMATS", "TASKS", "EmbedOptions", "GenerateOptions", "In
 TASKS = tuple(TASK_REGISTRY)
 FORMATS = ("jsonl", "parquet", "openai-batch")
 LATER_INPUT_FIELDS = ("query_field", "document_field", "documents_field", "image_field")
+LATER_OPTION_FIELDS = ("dimensions",)     # task options added later: absent from content keys when unset
 NOT_A_MAPPING = "a job manifest must be a mapping with name, task, bundle, input and output"
 
 
@@ -154,6 +155,9 @@ class JobManifest(_Part):
                 del d["input"][key]
         if not d["input"]["include_hidden"]:    # unset, it leaves content keys as they were
             del d["input"]["include_hidden"]
+        for key in LATER_OPTION_FIELDS:
+            if key in d["options"] and d["options"][key] is None:
+                del d["options"][key]
         return d
 
     def content_key(self) -> str:
