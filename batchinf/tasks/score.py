@@ -14,7 +14,7 @@ import pyarrow as pa
 from pydantic import Field
 
 from batchinf.manifest_rules import BOOLEAN, POSITIVE, Part, choice, nullable
-from batchinf.tasks.base import RECORD_FIELDS, STAGE_FIELDS, RunOutput, Task, ok_rows, record_columns, staged_row
+from batchinf.tasks.base import RECORD_FIELDS, STAGE_FIELDS, RunOutput, Task, ok_rows, record_columns, usable_records
 from batchinf.tasks.batching import run_units
 from batchinf.tasks.embed import DEVICES
 
@@ -89,12 +89,7 @@ class Score(Task):
         qf, df, lf = inp.query_field or "query", inp.document_field or "document", inp.documents_field
         rows: list[dict[str, Any]] = []
         pairs: list[tuple[int, list[tuple[str, str]]]] = []
-        for r in records:
-            row = staged_row(r)
-            rows.append(row)
-            if r.error is not None:
-                continue
-            where = f"{obj.pin.uri} record {r.record_id!r}"
+        for row, r, where in usable_records(obj, records, rows):
             fields = r.fields or {}
             query, (code, msg) = _text(fields, qf, "query", where, "query_field")
             docs: list[str] | None = None
