@@ -1,7 +1,7 @@
 """Task classify_image end to end on the embedded default: images as Parquet bytes and as object
 URIs, bad images (corrupt, a decompression bomb over the pixel limit, an unreachable URI, one
 outside the tenant's grants, a missing field) as error rows naming the record, exactly-once
-coverage, labels and scores equal to the runtime's own, the label counts in _MANIFEST.json, and
+coverage, labels and scores equal to the runtime's own, the label counts in _MANIFEST.json, the status object and the REST API, and
 a rerun byte-identical."""
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from batchinf.runtime.classifier import activate
 from batchinf.runtime.images import decode
 from batchinf.submit import submit
 from batchinf.verify import MANIFEST, verify_output
+from tests.helpers.api_service import rest_status
 from tests.helpers.tiny_vit import LABELS, bomb_png, corrupt_png, image_bytes, make_tiny_vit
 
 pytestmark = pytest.mark.integration
@@ -87,6 +88,7 @@ def test_classify_image_job(tmp_path: Path, bi_home: Path) -> None:
     assert verify_output(str(out))["ok"]
     st = status(job_id)
     assert st["task"] == "classify_image" and st["counts"]["records_failed"] == 4
+    assert st["summary"] == {"labels": man["counts"]["labels"]} == rest_status(job_id)["summary"]
 
     out2, _ = _job(tmp_path, "again")       # the same input again: byte-identical parts
     shas = [{p["key"]: p["sha256"] for p in json.loads((o / MANIFEST).read_text())["parts"]} for o in (out, out2)]

@@ -19,6 +19,7 @@ from batchinf.manifest import parse_manifest
 from batchinf.runtime.classifier import activate
 from batchinf.submit import submit
 from batchinf.verify import MANIFEST, verify_output
+from tests.helpers.api_service import rest_status
 from tests.helpers.tiny_classifiers import make_tiny_classifier
 
 pytestmark = pytest.mark.integration
@@ -76,6 +77,9 @@ def test_score_job_pairs_and_lists(tmp_path: Path, bi_home: Path) -> None:
     assert verify_output(str(out))["ok"]
     st = status(job_id)
     assert st["task"] == "score" and st["counts"]["records_failed"] == 2
+    want = {k: man["counts"][k] for k in ("score_histogram", "scores")}
+    assert st["summary"] == want == rest_status(job_id)["summary"] and want["scores"] == 90
+    assert len(want["score_histogram"]["edges"]) == len(want["score_histogram"]["counts"]) + 1
 
     # a rerun of the same input gives byte-identical parts
     out2, _ = _run(tmp_path, "pairs-again", "score", {"query_field": "q", "document_field": "d"})
@@ -117,4 +121,6 @@ def test_classify_job_labels(tmp_path: Path, bi_home: Path) -> None:
     assert all(len(r["top"]) == 2 and r["top"][0]["label"] == r["label"] for r in res)
     man = json.loads((out / MANIFEST).read_text())
     assert sum(man["counts"]["labels"].values()) == 80
-    assert status(job_id)["task"] == "classify"
+    st = status(job_id)
+    assert st["task"] == "classify" and st["summary"] == {"labels": man["counts"]["labels"]}
+    assert rest_status(job_id)["summary"] == st["summary"]
