@@ -1,8 +1,8 @@
 """Task classify_image end to end on the embedded default: images as Parquet bytes and as object
 URIs, bad images (corrupt, a decompression bomb over the pixel limit, an unreachable URI, one
 outside the tenant's grants, a missing field) as error rows naming the record, exactly-once
-coverage, labels and scores equal to the runtime's own, the label counts in _MANIFEST.json, the status object and the REST API, and
-a rerun byte-identical."""
+coverage, labels and scores equal to the runtime's own, the label counts in _MANIFEST.json, the
+status object and the REST API, and a rerun byte-identical."""
 
 from __future__ import annotations
 
