@@ -3,7 +3,8 @@
 For a job whose input format is openai-batch, publishing writes `<output>/openai/part-NNNNN.jsonl`
 beside the Parquet parts: one JSONL file per part (results or errors), its lines in the part's
 row order, so the two can never disagree. A result line has OpenAI's response shape (status 200,
-a chat.completion, text_completion or embedding list body with usage); a failed line has status
+a chat.completion, text_completion or embedding list body with usage; for /v1/rerank the body
+Cohere, Jina and vLLM return: `results` [{index, relevance_score}] best first, and usage); a failed line has status
 400 when the line cannot be run as written and 500 when running it failed, with the error both
 in the response body and in `error`. The bytes are deterministic: ids derive from the job id,
 the custom_id and the line's place (source object, ordinal), `created` is the job's creation
@@ -71,8 +72,13 @@ def result_line(row: dict[str, Any], ctx: RenderContext) -> dict[str, Any]:
     """A succeeded line: status 200 and the body OpenAI returns for the job's task and the row's kind."""
     h = _hash(ctx, row["record_id"], row["source"], row["ordinal"])
     usage = {"prompt_tokens": row["input_tokens"]}
-    if "embedding" in row:
-        body: dict[str, Any] = {"object": "list", "model": ctx.model,
+    if row.get("ranks") is not None:     # /v1/rerank: documents best first, the top ones if the line gave top_n
+        order = row["top"] if row["top"] is not None else sorted(range(len(row["ranks"])), key=row["ranks"].__getitem__)
+        body: dict[str, Any] = {"id": f"rerank-{h[:32]}", "model": ctx.model, "usage": {
+            "total_tokens": row["input_tokens"]}, "results": [
+            {"index": k, "relevance_score": row["scores"][k]} for k in order]}
+    elif "embedding" in row:
+        body = {"object": "list", "model": ctx.model,
                                 "data": [{"object": "embedding", "index": 0, "embedding": row["embedding"]}],
                                 "usage": {**usage, "total_tokens": row["input_tokens"]}}
     else:
