@@ -35,3 +35,15 @@ def test_api_under_attack_short_mode(tmp_path: Path) -> None:
     assert report["idle"]["p50_ms"] > 0 and report["under_attack"]["p50_ms"] > 0
     statuses = report["attack_statuses"]
     assert len(statuses) == 9 and all(int(s) in (400, 413, 422) for v in statuses.values() for s in v), statuses
+
+
+def test_score_throughput_short_mode(tmp_path: Path) -> None:
+    """Both sides score the same pairs (same answers), and sorting by pair length pads less."""
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "score_throughput.py"), "--short", "--json"],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(r.stdout)
+    assert report["pairs"] == 200 and report["max_abs_diff"] < 1e-4
+    assert report["batchinf"]["padding_efficiency"] >= 0.9
+    assert report["batchinf"]["padding_efficiency"] > report["cross_encoder_predict"]["padding_efficiency"]
+    assert report["batchinf"]["pairs_per_s"] > 0 and report["cross_encoder_predict"]["pairs_per_s"] > 0
