@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field
 
-from batchinf.errors import BatchinfError, ManifestError
+from batchinf.errors import BatchinfError, InputError, ManifestError
 from batchinf.manifest_rules import POSITIVE, Part, choice
 from batchinf.tasks.base import RECORD_FIELDS, STAGE_FIELDS, RunOutput, Task, ok_rows, record_columns, usable_records
 from batchinf.tasks.batching import run_units
@@ -33,6 +33,9 @@ CLASSIFY_IMAGE_SCHEMA = pa.schema(RECORD_FIELDS + [
     ("image_sha256", pa.string()), ("image_width", pa.int32()), ("image_height", pa.int32()),
 ])
 MAX_IMAGE_BYTES = 64 << 20      # an image object larger than this is not read
+# An input object's staged table is built in memory: its preprocessed pixels (3 x H x W bytes per
+# image, 150 KB at 224x224) may not exceed this.
+MAX_STAGED_BYTES = 2 << 30
 
 
 class ClassifyImageOptions(Part):
@@ -95,6 +98,7 @@ class ClassifyImage(Task):
         name = obj.input.image_field or "image"
         max_pixels = obj.options.max_pixels
         rows: list[dict[str, Any]] = []
+        staged = 0
         for row, r, where in usable_records(obj, records, rows):
             value = (r.fields or {}).get(name)
             try:
@@ -107,6 +111,11 @@ class ClassifyImage(Task):
             except ImageProblem as exc:
                 row.update(error=exc.code, message=f"{where}: image {exc}")
                 continue
+            staged += px.nbytes
+            if staged > MAX_STAGED_BYTES:
+                raise InputError(f"{obj.pin.uri}: its images preprocess to more than {MAX_STAGED_BYTES >> 20} MiB "
+                                 f"(at record {r.record_id!r}); split it into smaller objects "
+                                 f"(of at most {MAX_STAGED_BYTES // px.nbytes} images of this model)")
             row.update(pixels=px.tobytes(), height=px.shape[0], width=px.shape[1], n_tokens=px.shape[0] * px.shape[1],
                        image_sha256=hashlib.sha256(data).hexdigest(), image_width=img.size[0],
                        image_height=img.size[1])

@@ -142,6 +142,7 @@ def test_rerank_batch_lines(tmp_path: Path, bi_home: Path) -> None:
          "input": {"uri": str(tmp_path / "in" / "rerank") + "/", "format": "openai-batch"}}
     job_id, _ = submit(parse_manifest(m))
     assert drive(job_id, workers=1, threads=1) == JobStatus.SUCCEEDED
+    assert verify_output(str(out))["ok"]            # re-renders the response lines byte for byte
     got = {r["custom_id"]: r for f in sorted((out / "openai").glob("*.jsonl")) for r in map(json.loads, f.open())}
     assert len(got) == 13 and got["bad"]["response"]["status_code"] == 400
     assert got["bad"]["error"]["code"] == "invalid_documents"

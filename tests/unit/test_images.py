@@ -55,3 +55,42 @@ def test_center_crop_pads_a_small_image() -> None:
     x = np.full((4, 6, 3), 7, np.uint8)
     y = center_crop(x, 6, 4)
     assert y.shape == (6, 4, 3) and y[0].sum() == 0 and (y[1:5] == 7).all()
+
+
+def _stage(records: list, monkeypatch: pytest.MonkeyPatch | None = None, cap: int | None = None,
+           may_read: object = None) -> list[dict]:
+    from types import SimpleNamespace
+
+    from batchinf.formats.record import InputRecord
+    from batchinf.tasks import classify_image as ci
+
+    if monkeypatch is not None and cap is not None:
+        monkeypatch.setattr(ci, "MAX_STAGED_BYTES", cap)
+    obj = SimpleNamespace(input=SimpleNamespace(image_field="img"), pin=SimpleNamespace(uri="file:///in/a.parquet"),
+                          options=ci.ClassifyImageOptions(max_pixels=100_000), may_read=may_read)
+    runtime = SimpleNamespace(preprocessor=Preprocessor.from_config({"size": {"height": 8, "width": 8}}))
+    recs = [InputRecord(i, f"r{i}", None, fields={"img": v}) for i, v in enumerate(records)]
+    return ci.ClassifyImage().stage(obj, runtime, iter(recs)).to_pylist()
+
+
+def test_staging_turns_bad_images_into_error_rows(tmp_path: object) -> None:
+    from batchinf.errors import ManifestError
+
+    def deny(uri: str) -> None:
+        if "secret" in uri:
+            raise ManifestError(f"image {uri} is outside the prefixes tenant 't' may read")
+
+    rows = _stage([image_bytes(1), corrupt_png(), bomb_png(1000, 1000), None, 42, "file:///nowhere/x.png",
+                   "file:///secret/x.png", "s3://"], may_read=deny)
+    assert [r["error"] for r in rows] == [None, "bad_image", "image_too_large", "missing_image", "invalid_image",
+                                          "image_unreachable", "image_forbidden", "image_unreachable"]
+    assert rows[0]["n_tokens"] == 64 and len(rows[0]["pixels"]) == 8 * 8 * 3 and rows[0]["image_width"] == 48
+    assert all(r["message"].startswith(f"file:///in/a.parquet record 'r{i}'") for i, r in enumerate(rows) if r["error"])
+
+
+def test_staging_bounds_an_objects_pixels(monkeypatch: pytest.MonkeyPatch) -> None:
+    from batchinf.errors import InputError
+
+    assert len(_stage([image_bytes(i) for i in range(3)], monkeypatch, cap=3 * 192)) == 3
+    with pytest.raises(InputError, match="split it into smaller objects"):
+        _stage([image_bytes(i) for i in range(4)], monkeypatch, cap=3 * 192)
