@@ -121,7 +121,7 @@ def open_runtime(digest: str, *, device: str = "cpu", with_model: bool = True) -
         rb.verify_files(root, meta, digest)
         task = get_task(meta.get("task", "embed"))
         runtime = task.open_runtime(root, meta, device)
-        rb.verify_tokenizer_fixtures(runtime)
+        task.verify_inputs(runtime)
         if with_model:
             runtime.load_model()
             task.verify_model(runtime)

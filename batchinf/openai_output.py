@@ -4,7 +4,8 @@ For a job whose input format is openai-batch, publishing writes `<output>/openai
 beside the Parquet parts: one JSONL file per part (results or errors), its lines in the part's
 row order, so the two can never disagree. A result line has OpenAI's response shape (status 200,
 a chat.completion, text_completion or embedding list body with usage; an embeddings line's
-vectors in its inputs' order, as floats or base64); a failed line has status
+vectors in its inputs' order, as floats or base64; for /v1/rerank the body Cohere, Jina and
+vLLM return: `results` [{index, relevance_score}] best first, and usage); a failed line has status
 400 when the line cannot be run as written and 500 when running it failed, with the error both
 in the response body and in `error`. The bytes are deterministic: ids derive from the job id,
 the custom_id and the line's place (source object, ordinal), `created` is the job's creation
@@ -74,13 +75,17 @@ def result_line(row: dict[str, Any], ctx: RenderContext) -> dict[str, Any]:
     """A succeeded line: status 200 and the body OpenAI returns for the job's task and the row's kind."""
     h = _hash(ctx, row["record_id"], row["source"], row["ordinal"])
     usage = {"prompt_tokens": row["input_tokens"]}
-    if "embedding" in row:
+    if row.get("ranks") is not None:     # /v1/rerank: documents best first, the top ones if the line gave top_n
+        order = row["top"] if row["top"] is not None else sorted(range(len(row["ranks"])), key=row["ranks"].__getitem__)
+        body: dict[str, Any] = {"id": f"rerank-{h[:32]}", "model": ctx.model, "usage": {
+            "total_tokens": row["input_tokens"]}, "results": [
+            {"index": k, "relevance_score": row["scores"][k]} for k in order]}
+    elif "embedding" in row:
         vectors = [row["embedding"]] if row["embedding"] is not None else row["embeddings"]
-        body: dict[str, Any] = {"object": "list", "model": ctx.model,
-                                "data": [{"object": "embedding", "index": k,
-                                          "embedding": _encoded(v, row.get("encoding_format"))}
-                                         for k, v in enumerate(vectors)],
-                                "usage": {**usage, "total_tokens": row["input_tokens"]}}
+        body = {"object": "list", "model": ctx.model,
+                "data": [{"object": "embedding", "index": k, "embedding": _encoded(v, row.get("encoding_format"))}
+                         for k, v in enumerate(vectors)],
+                "usage": {**usage, "total_tokens": row["input_tokens"]}}
     else:
         usage.update(completion_tokens=row["output_tokens"],
                      total_tokens=row["input_tokens"] + row["output_tokens"])

@@ -13,12 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401 -- pa.compute
-from batchinf import failpoints
+from batchinf import failpoints, scopes
 from batchinf.bundles import open_runtime
 from batchinf.errors import ManifestError
 from batchinf.ledger import jobs as job_repo
@@ -53,6 +54,8 @@ class ObjectTask:
     kind: str = "text"      # text | prompt | messages | record (openai-batch lines say it)
     options: Any = None     # the job's options (its task's options model)
     input: Any = None       # the manifest's input section (tasks reading whole records name their fields there)
+    may_read: Callable[[str], None] | None = None   # raises for an object a record names (image URIs) that
+                                                     # the job may not read (a confined job: outside its grants)
 
 
 def plan_object(task: ObjectTask) -> int:
@@ -129,8 +132,13 @@ def object_tasks(job: Job) -> list[ObjectTask]:
     options = m.options
     return [ObjectTask(o.idx, o.pin, m.input.format, m.input.id_field, field, job.bundle_digest, max_length,
                        truncate, join(job.work_uri, "plan", f"obj-{o.idx:05d}.parquet"),
-                       task=m.task, kind=kind, options=options, input=m.input)
+                       task=m.task, kind=kind, options=options, input=m.input,
+                       may_read=partial(_may_read, job.tenant) if job.confined else None)
             for o in job_repo.inputs(job.id)]
+
+
+def _may_read(tenant: str, uri: str) -> None:
+    scopes.check(tenant, uri, scopes.READ, "object")
 
 
 def plan_one_object(job_id: str, idx: int) -> int:

@@ -248,7 +248,8 @@ def publish(job: Job) -> dict[str, Any]:
         "created_at": datetime.now(timezone.utc).isoformat(),
         **_lineage(job),
     }
-    manifest["counts"].update(_summary(job, out, parts))
+    summary = _summary(job, out, parts)
+    manifest["counts"].update(summary)
     if ctx is not None:
         manifest["openai"] = ctx.to_dict()
     if manifest["counts"]["records_succeeded"] + manifest["counts"]["records_failed"] != job.records_total:
@@ -257,7 +258,7 @@ def publish(job: Job) -> dict[str, Any]:
     store.put_bytes(join(out, MANIFEST), json.dumps(manifest, indent=1).encode())
     store.put_bytes(join(out, SUCCESS), b"")
     job_repo.move(job_id, JobStatus.SUCCEEDED, detail={"parts": len(parts)}, finished_at=now(),
-                  verify_seconds=manifest["timings"]["verify"])
+                  verify_seconds=manifest["timings"]["verify"], summary=json.dumps(summary) if summary else None)
     store.delete_prefix(job.work_uri)
     if not store.list(join(out, "_work/")):
         store.delete_prefix(join(out, "_work/"))

@@ -4,10 +4,11 @@ One request per line, `{"custom_id", "method": "POST", "url", "body"}` for
 `/v1/chat/completions` (body.messages), `/v1/completions` (body.prompt, one string) and
 `/v1/embeddings` (body.input: a string, a list of strings, a list of token ids, or a list of
 token-id lists; at most MAX_EMBED_INPUTS of them, `dimensions` and `encoding_format` honoured by
-task embed at staging and rendering). The custom_id is the record id; a line's url must suit
-the job's task (chat and completions: generate; embeddings: embed). Sampling fields of the body
-(max_tokens / max_completion_tokens, temperature, top_p, top_k, seed, stop) override the job's
-options for that line and are checked like the manifest's options (batchinf.checks). Body keys
+task embed at staging and rendering) and `/v1/rerank` (body.query, body.documents, optional
+body.top_n: the shape Cohere, Jina and vLLM share). The custom_id is the record id; a line's url
+must suit the job's task (chat and completions: generate; embeddings: embed; rerank: score).
+Sampling fields of the body (max_tokens / max_completion_tokens, temperature, top_p, top_k, seed,
+stop) override the job's options for that line and are checked like the manifest's options (batchinf.checks). Body keys
 that do not change the answer (IGNORED) are accepted and ignored; anything batchinf cannot honour
 (_NOT_SUPPORTED, unknown keys) becomes the line's error row, saying why and what to do -- never
 a silently different answer. The response lines are rendered by batchinf.openai_output.
@@ -21,8 +22,8 @@ from batchinf.checks import integer_problem, number_problem, stop_strings
 from batchinf.formats.jsonl import parse_problem, json_objects
 from batchinf.formats.record import InputRecord, check_messages, record_id_of, unicode_problem
 
-CHAT, COMPLETIONS, EMBEDDINGS = "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
-ENDPOINT_TASK = {CHAT: "generate", COMPLETIONS: "generate", EMBEDDINGS: "embed"}
+CHAT, COMPLETIONS, EMBEDDINGS, RERANK = "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank"
+ENDPOINT_TASK = {CHAT: "generate", COMPLETIONS: "generate", EMBEDDINGS: "embed", RERANK: "score"}
 
 # Body keys that do not change the answer: accepted and ignored.
 IGNORED = {"model", "user", "metadata", "store", "service_tier", "stream_options", "parallel_tool_calls",
@@ -88,7 +89,7 @@ def parse_line(obj: dict[str, Any], ordinal: int, where: str, task: str) -> Inpu
                                                           "batch lines are POST requests")
     if url not in ENDPOINT_TASK:
         return _error(ordinal, rid, "unsupported_endpoint",
-                      f"{here}: url {url!r} is not supported; use {CHAT}, {COMPLETIONS} or {EMBEDDINGS}")
+                      f"{here}: url {url!r} is not supported; use {CHAT}, {COMPLETIONS}, {EMBEDDINGS} or {RERANK}")
     if ENDPOINT_TASK[url] != task:
         return _error(ordinal, rid, "endpoint_mismatch",
                       f"{here}: url {url} needs a job with task: {ENDPOINT_TASK[url]}, this job's task is "
@@ -96,6 +97,8 @@ def parse_line(obj: dict[str, Any], ordinal: int, where: str, task: str) -> Inpu
     if not isinstance(body, dict):
         return _error(ordinal, rid, "invalid_body", f"{here}: body must be a JSON object, got "
                                                     f"{type(body).__name__ if body is not None else 'null'}")
+    if url == RERANK:
+        return _rerank(body, ordinal, rid, here)
     known = IGNORED | set(_NOT_SUPPORTED) | {_CONTENT[url]} | (_SAMPLING if url != EMBEDDINGS else _EMBEDDING)
     for key, value in body.items():
         if key not in known:
@@ -208,3 +211,31 @@ def _sampling(body: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
             return p, err
         p["stop"] = list(stop)
     return p, None
+
+
+def _rerank(body: dict[str, Any], ordinal: int, rid: str, here: str) -> InputRecord:
+    """A /v1/rerank body -> a record of task score's list form: fields `query` and `documents`
+    (strings, or {"text": ...} objects), and `top_n` as a per-line param."""
+    for key, value in body.items():
+        if key not in IGNORED | {"query", "documents", "top_n", "return_documents"}:
+            return _error(ordinal, rid, "unsupported_parameter", f"{here}: body.{key} is not supported for "
+                                                                 f"{RERANK}; remove it")
+    if body.get("return_documents") not in (None, False):
+        return _error(ordinal, rid, "unsupported_return_documents", f"{here}: return_documents is not supported; "
+                      "results[].index points into the line's own documents")
+    query, docs = body.get("query"), body.get("documents")
+    if not isinstance(query, str) or not query.strip() or unicode_problem(query):
+        return _error(ordinal, rid, "invalid_query", f"{here}: body.query must be a non-empty string")
+    if isinstance(docs, list):
+        docs = [d.get("text") if isinstance(d, dict) and set(d) == {"text"} else d for d in docs]
+    if not isinstance(docs, list) or not docs or not all(isinstance(d, str) and d.strip() and not unicode_problem(d)
+                                                         for d in docs):
+        return _error(ordinal, rid, "invalid_documents", f"{here}: body.documents must be a non-empty list of "
+                                                         "non-empty strings (or {\"text\": ...} objects)")
+    params: dict[str, Any] = {}
+    if body.get("top_n") is not None:
+        if (err := integer_problem(body["top_n"], "body.top_n", 1, 1 << 31)):
+            return _error(ordinal, rid, "invalid_parameter", f"{here}: {err}")
+        params["top_n"] = body["top_n"]
+    return InputRecord(ordinal, rid, None, params=params, endpoint=RERANK,
+                       fields={"query": query, "documents": docs})

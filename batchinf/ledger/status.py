@@ -114,6 +114,7 @@ def _status(row: Any, counts: dict[str, int], agg: tuple[Any, ...], worker_secon
             "price_per_worker_hour": price, "total": cost,
             "per_1000_records": cost / done * 1000 if done else None},
         "errors": {"records": sum(by_code.values()), "by_code": by_code},
+        "summary": json.loads(row.summary) if row.summary else None,
         "error": row.error, "deadline_at": row.deadline_at, "created_at": row.created_at,
         "updated_at": row.updated_at, "started_at": row.started_at, "finished_at": row.finished_at,
     }

@@ -11,7 +11,7 @@ import pyarrow as pa
 from pydantic import Field
 
 from batchinf.manifest_rules import POSITIVE, STOP, TOKEN_IDS, Part, choice, integer, number
-from batchinf.tasks.base import RECORD_FIELDS, STAGE_SCHEMA, RunOutput, Task, ok_rows, record_columns, staged_row
+from batchinf.tasks.base import RECORD_FIELDS, STAGE_SCHEMA, RunOutput, Task, ok_rows, record_columns, usable_records
 from batchinf.tasks.batching import GenOutcome, generate_isolating
 from batchinf.tasks.embed import DEVICES
 
@@ -94,12 +94,7 @@ class Generate(Task):
         record's sampling params; a prompt that cannot fit becomes a `prompt_too_long` error row."""
         opts = obj.options or GenerateOptions()
         rows: list[dict[str, Any]] = []
-        for r in records:
-            row = staged_row(r)
-            rows.append(row)
-            if r.error is not None:
-                continue
-            where = f"{obj.pin.uri} record {r.record_id!r}"
+        for row, r, where in usable_records(obj, records, rows):
             try:
                 ids = runtime.encode_chat(r.messages) if r.messages is not None else runtime.encode_prompt(r.text)
             except Exception as exc:  # noqa: BLE001 -- a template that rejects a record fails that record

@@ -47,3 +47,16 @@ def test_openai_overhead_short_mode(minilm_dir: Path, tmp_path: Path) -> None:
     assert report["records"] == 60 and report["order"] == "A B "
     assert report["run"]["records_per_second"] > 0 and report["openai_api"]["records_per_second"] > 0
     assert report["max_abs_diff_vs_run"] <= 1e-6
+
+
+def test_score_throughput_short_mode(tmp_path: Path) -> None:
+    """Both sides score the same pairs (same answers); batchinf's length-sorted token-budget
+    batches waste under 10% of the positions they compute."""
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "score_throughput.py"), "--short", "--json"],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(r.stdout)
+    assert report["pairs"] == 200 and report["max_abs_diff"] < 1e-4
+    assert report["batchinf"]["padding_efficiency"] >= 0.9
+    assert 0 < report["cross_encoder_predict"]["padding_efficiency"] <= 1
+    assert report["batchinf"]["pairs_per_s"] > 0 and report["cross_encoder_predict"]["pairs_per_s"] > 0

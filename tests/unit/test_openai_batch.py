@@ -252,3 +252,35 @@ def test_render_part_writes_one_parsable_line_per_row(tmp_path: Path) -> None:
     pq.write_table(pa.Table.from_pylist(errs, schema=ERROR_SCHEMA), tmp_path / "errors.parquet")
     _, n = render_part("file://" + str(tmp_path / "errors.parquet"), "errors", CTX, dest + ".e")
     assert n == 1
+
+
+RERANK = "/v1/rerank"
+
+
+def test_rerank_lines_become_score_records() -> None:
+    ok = {"model": "ce@prod", "query": "which fox", "documents": ["a fox", {"text": "a dog"}], "top_n": 1}
+    recs = read(line(RERANK, ok, "r1"), line(RERANK, {"query": "q", "documents": ["d"]}, "r2"),
+                line(RERANK, {"query": "q", "documents": []}, "r3"), line(RERANK, {"documents": ["d"]}, "r4"),
+                line(RERANK, {"query": "q", "documents": ["d"], "top_n": 0}, "r5"),
+                line(RERANK, {"query": "q", "documents": ["d"], "return_documents": True}, "r6"),
+                line(RERANK, {"query": "q", "documents": ["d"], "rank_fields": ["x"]}, "r7"), task="score")
+    a, b, *bad = recs
+    assert (a.error, a.endpoint, a.fields, a.params) == (None, RERANK, {"query": "which fox",
+                                                                        "documents": ["a fox", "a dog"]}, {"top_n": 1})
+    assert (b.error, b.params) == (None, {})
+    assert [r.error for r in bad] == ["invalid_documents", "invalid_query", "invalid_parameter",
+                                      "unsupported_return_documents", "unsupported_parameter"]
+    (m,) = read(line(RERANK, ok), task="embed")
+    assert m.error == "endpoint_mismatch" and "task: score" in m.message
+
+
+def test_rerank_result_line_is_sorted_by_relevance() -> None:
+    ctx = RenderContext(job_id="job-1", created=1, model="ce@prod", task="score")
+    row = {"record_id": "r", "source": URI, "ordinal": 0, "score": None, "scores": [0.2, 0.9, 0.5],
+           "ranks": [3, 1, 2], "top": None, "input_tokens": 30, "truncated": False}
+    body = result_line(row, ctx)["response"]["body"]
+    assert body["results"] == [{"index": 1, "relevance_score": 0.9}, {"index": 2, "relevance_score": 0.5},
+                               {"index": 0, "relevance_score": 0.2}]
+    assert body["model"] == "ce@prod" and body["usage"] == {"total_tokens": 30} and body["id"].startswith("rerank-")
+    top = result_line({**row, "top": [1, 2]}, ctx)["response"]["body"]["results"]
+    assert [r["index"] for r in top] == [1, 2]
