@@ -20,6 +20,7 @@ import numpy as np
 
 from batchinf.digests import sha256_file
 from batchinf.errors import BundleError
+from batchinf.runtime.families import DECODER_ARCHITECTURES, DECODER_TYPES, ENCODER_TYPES
 
 BUNDLE_FORMAT = 1
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
@@ -88,20 +89,18 @@ def _bundle_files(src: Path) -> list[str]:
     return files
 
 
-DECODER_TYPES = ("llama", "mistral", "qwen2")
-DECODER_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 GREEDY_FIXTURES = 2         # fixtures that also pin a greedy continuation
 GREEDY_FIXTURE_TOKENS = 8
 
 
 def _family(config: dict[str, Any]) -> tuple[str, str]:
     model_type = config.get("model_type", "")
-    if model_type == "bert":
-        return "bert", "embed"
+    if model_type in ENCODER_TYPES:
+        return model_type, "embed"
     if model_type in DECODER_TYPES or any(a in DECODER_ARCHITECTURES for a in config.get("architectures") or ()):
         return "llama", "generate"
-    raise BundleError(f"model_type {model_type!r} is not supported yet; supported families: bert (embed), "
-                      f"llama ({', '.join(DECODER_TYPES)}: generate)")
+    raise BundleError(f"model_type {model_type!r} is not supported yet; supported families: "
+                      f"{', '.join(ENCODER_TYPES)} (embed), llama ({', '.join(DECODER_TYPES)}: generate)")
 
 
 def bundle_files(src: Path) -> list[str]:
@@ -202,11 +201,11 @@ def _build_generate_meta(src: Path, files: list[str], *, max_length: int | None,
     and fixtures (token ids of fixed texts; greedy continuations of the first few) computed with
     our own runtime on CPU in float32."""
     from batchinf.runtime.generate import GenerateRuntime, GenRequest, SamplingParams
-    from batchinf.runtime.llama import LlamaConfig
+    from batchinf.runtime.llama import config_of
 
     if dtype not in ("float32", "bfloat16", "float16"):
         raise BundleError(f"dtype {dtype!r} is not supported; use float32 or bfloat16")
-    cfg = LlamaConfig.from_hf(json.loads((src / "config.json").read_text()))
+    cfg = config_of(json.loads((src / "config.json").read_text()))
     context = max_length or cfg.context_length
     if context > cfg.context_length:
         raise BundleError(f"max length {context} exceeds the model's {cfg.context_length} positions")
