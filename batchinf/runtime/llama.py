@@ -356,8 +356,10 @@ def read_config(model_dir: Path) -> LlamaConfig:
     return config_of(json.loads(path.read_text()))
 
 
-def load_llama(model_dir: Path, device: str | torch.device = "cpu",
-               dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
+def load_llama(model_dir: Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+               backbone_only: bool = False) -> LlamaForCausalLM:
+    """The decoder of a model directory. backbone_only: for its hidden states (an embedding model):
+    checkpoints of the bare model (keys without `model.`) load, and any lm_head is ignored."""
     model_dir = Path(model_dir)
     cfg = read_config(model_dir)
     files = sorted(model_dir.glob("*.safetensors"))
@@ -366,6 +368,9 @@ def load_llama(model_dir: Path, device: str | torch.device = "cpu",
     state: dict[str, Tensor] = {}
     for f in files:
         state.update(load_file(f, device=str(torch.device(device))))
+    if backbone_only:
+        state = {k if k.startswith("model.") else "model." + k: v for k, v in state.items() if k != "lm_head.weight"}
+        state["lm_head.weight"] = state.get("model.embed_tokens.weight")  # unused; shares the tensor
     if cfg.tie_word_embeddings or "lm_head.weight" not in state:
         if not cfg.tie_word_embeddings:
             raise BundleError(f"weights in {model_dir} lack lm_head.weight and config.json does not tie embeddings")

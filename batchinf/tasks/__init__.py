@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from batchinf.errors import BundleError, ManifestError
+from batchinf.runtime.families import FAMILIES
 from batchinf.tasks.base import RunOutput, Task
 from batchinf.tasks.classify import Classify, ClassifyOptions
 from batchinf.tasks.embed import Embed, EmbedOptions
@@ -22,8 +23,8 @@ __all__ = ["TASKS", "ClassifyOptions", "EmbedOptions", "GenerateOptions", "RunOu
 TASKS: dict[str, Task] = {t.name: t for t in (Embed(), Generate(), Score(), Classify())}
 # bundle import asks the tasks in this order (more specific model heads first)
 DETECTION_ORDER = ("generate", "score", "classify", "embed")
-SUPPORTED = ("bert (embed), llama, mistral, qwen2 (generate), Bert/XLMRobertaForSequenceClassification "
-             "(score: cross-encoders; classify)")
+SUPPORTED = ("; ".join(f"{', '.join(f.model_types)} ({', '.join(f.tasks)})" for f in FAMILIES)
+             + "; Bert/XLMRobertaForSequenceClassification (score: cross-encoders; classify)")
 
 
 def get_task(name: str) -> Task:

@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field
 
+from batchinf.errors import BatchinfError
 from batchinf.manifest_rules import BOOLEAN, POSITIVE, Part, choice, nullable
 from batchinf.tasks.base import RECORD_FIELDS, STAGE_SCHEMA, RunOutput, Task, ok_rows, record_columns
 from batchinf.tasks.batching import EmbedOutcome, embed_isolating, token_budget_batches
@@ -28,6 +29,11 @@ class EmbedOptions(Part):
     truncate: Annotated[bool, BOOLEAN] = Field(
         True, description="false: over-long records become error rows (too_long) instead of being truncated")
     device: Annotated[str, choice(DEVICES)] = "auto"
+    prompt_name: str | None = Field(
+        None, description="a prompt of the bundle's config_sentence_transformers.json (e.g. query) prepended "
+                          "to every text; default: the bundle's default_prompt_name, if any")
+    prompt: str | None = Field(None, max_length=4096,
+                               description="text prepended to every record verbatim (overrides prompt_name)")
 
 
 def embedding_schema(dim: int) -> pa.Schema:
@@ -47,14 +53,14 @@ def tokenizer_for(runtime: Any, max_length: int) -> Any:
     return tok
 
 
-def stage_texts(obj: Any, tok: Any, records: Iterator[Any], what: str = "embed") -> pa.Table:
-    """Tokenize text records in chunks; an over-long text is truncated and counted, or with
-    truncate: false becomes a too_long error row."""
+def stage_texts(obj: Any, tok: Any, records: Iterator[Any], what: str = "embed", prefix: str = "") -> pa.Table:
+    """Tokenize text records (each after `prefix`, an embedding prompt) in chunks; an over-long
+    text is truncated and counted, or with truncate: false becomes a too_long error row."""
     cols: dict[str, list[Any]] = {name: [] for name in STAGE_SCHEMA.names}
 
     def flush(batch: list) -> None:
         valid = [r for r in batch if r.error is None]
-        encoded = iter(tok.encode_batch([r.text for r in valid]))
+        encoded = iter(tok.encode_batch([prefix + r.text for r in valid]))
         for r in batch:
             e = next(encoded) if r.error is None else None
             error, message = r.error, r.message
@@ -108,7 +114,14 @@ class Embed(Task):
         return inp.text_field, "text"
 
     def stage(self, obj: Any, runtime: Any, records: Iterator[Any]) -> pa.Table:
-        return stage_texts(obj, tokenizer_for(runtime, obj.max_length), records)
+        from batchinf.errors import ManifestError
+        from batchinf.runtime.st_modules import prompt_for
+
+        try:
+            prefix = prompt_for(runtime.meta, obj.options.prompt_name, obj.options.prompt)
+        except BatchinfError as e:
+            raise ManifestError(str(e)) from None
+        return stage_texts(obj, tokenizer_for(runtime, obj.max_length), records, prefix=prefix)
 
     def result_schema(self, meta: dict[str, Any]) -> pa.Schema:
         return embedding_schema(len(meta["fixtures"][0]["embedding"]))
@@ -128,9 +141,12 @@ class Embed(Task):
         return RunOutput(table, out.failures, {"input": n, "output": 0, "real": n, "padded": out.padded})
 
     def detects(self, config: dict[str, Any], src: Path) -> bool:
+        from batchinf.runtime.families import ENCODER_TYPES, is_decoder_embedding
+
         archs = config.get("architectures") or []
-        return config.get("model_type") == "bert" and not any(a.endswith("ForSequenceClassification")
-                                                                 for a in archs)
+        return is_decoder_embedding(config, src) or (
+            config.get("model_type") in ENCODER_TYPES and not any(a.endswith("ForSequenceClassification")
+                                                                  for a in archs))
 
     def build_meta(self, src: Path, files: list[str], *, max_length: int | None, dtype: str) -> dict[str, Any]:
         from batchinf.runtime import bundle as rb
