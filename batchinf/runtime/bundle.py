@@ -132,10 +132,14 @@ def build_embed_meta(src: Path, files: list[str], *, max_length: int | None = No
 
     config = json.loads((src / "config.json").read_text())
     model_type = str(config.get("model_type", ""))
-    decoder = model_type not in ENCODER_TYPES
-    if decoder and model_type not in DECODER_TYPES:
-        _family(config)     # raises, naming what is supported
-    offset = 0 if model_type in ("bert", *DECODER_TYPES) else int(config.get("pad_token_id", 1) or 0) + 1
+    decoder = model_type in DECODER_TYPES
+    fallback = model_type not in ENCODER_TYPES and not decoder
+    if fallback:
+        from batchinf.runtime.hf_fallback import fallback_architecture
+
+        if fallback_architecture(config, src) is None:
+            _family(config)     # raises, naming what is supported
+    offset = int(config.get("pad_token_id", 1) or 0) + 1 if model_type in ("xlm-roberta", "roberta") else 0
     limit = int(config.get("max_position_embeddings", 512)) - offset
     max_length = max_length or sentence_transformers_max_length(src) or limit
     if max_length > limit:
@@ -150,6 +154,10 @@ def build_embed_meta(src: Path, files: list[str], *, max_length: int | None = No
     }
     if decoder:
         meta["encoder"] = "decoder"
+    if fallback:
+        from batchinf.runtime.hf_fallback import IMPLEMENTATION, implementation
+
+        meta["encoder"], meta["implementation"] = IMPLEMENTATION, implementation()
     if not meta["dense"]:
         del meta["dense"]   # bundle.json of a plain encoder stays as it was (same digest)
     runtime = EmbedRuntime(src, meta, device="cpu", dtype_override="float32")
@@ -190,6 +198,10 @@ class EmbedRuntime:
             from batchinf.runtime.decoder_embed import load_decoder_encoder
 
             self.model = load_decoder_encoder(self.root, device=self.device, dtype=getattr(torch, dtype))
+        elif self.meta.get("encoder") == "transformers":
+            from batchinf.runtime.hf_fallback import load_transformers_encoder
+
+            self.model = load_transformers_encoder(self.root, device=self.device, dtype=getattr(torch, dtype))
         else:
             self.model = load_encoder(self.root, device=self.device, dtype=getattr(torch, dtype))
         self.dense = load_dense(self.root, self.meta, self.device, getattr(torch, dtype))

@@ -39,6 +39,10 @@ def detect(config: dict[str, Any], src: Path) -> Task:
     for name in DETECTION_ORDER:
         if TASKS[name].detects(config, src):
             return TASKS[name]
+    from batchinf.runtime.hf_fallback import fallback_architecture
+
+    if config.get("model_type") and fallback_architecture(config, src) is not None:
+        return TASKS["embed"]     # no native family: transformers' own model class computes it
     raise BundleError(f"{src}: model_type {config.get('model_type')!r} is not supported yet (architectures "
                       f"{config.get('architectures')}); supported: {SUPPORTED}")
 

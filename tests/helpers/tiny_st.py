@@ -92,3 +92,22 @@ def make_st_qwen3(d: Path) -> Path:
     bare.save_pretrained(d, safe_serialization=True)
     _write(d / "sentence_bert_config.json", {"max_seq_length": 200, "do_lower_case": False})
     return write_pipeline(d, 64, ["lasttoken"], prompts={"query": "Instruct: find the answer\nQuery: "})
+
+
+def make_st_modernbert(d: Path, seed: int = 0) -> Path:
+    """A tiny ModernBERT (no native implementation: it runs through the transformers fallback),
+    with the tiny BERT tokenizer, mean pooling, Normalize and prompts."""
+    import transformers
+
+    make_tiny_bert(d, hidden=32, max_position=128)
+    for f in ("model.safetensors", "config.json"):
+        (d / f).unlink()
+    vocab = (d / "vocab.txt").read_text().split("\n")
+    cfg = transformers.ModernBertConfig(
+        vocab_size=len(vocab) - 1, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+        max_position_embeddings=128, local_attention=8, global_attn_every_n_layers=3,
+        pad_token_id=vocab.index("[PAD]"), cls_token_id=vocab.index("[CLS]"), sep_token_id=vocab.index("[SEP]"),
+        bos_token_id=vocab.index("[CLS]"), eos_token_id=vocab.index("[SEP]"))
+    torch.manual_seed(seed)
+    transformers.ModernBertModel(cfg).save_pretrained(d, safe_serialization=True)
+    return write_pipeline(d, 32, ["mean"], prompts=PROMPTS)
