@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 NATIVE = "native"
+FALLBACK = "transformers fallback"
 
 
 @dataclass(frozen=True)
@@ -16,23 +17,25 @@ class Family:
     name: str                        # as README names it
     model_types: tuple[str, ...]     # config.json model_type values
     tasks: tuple[str, ...]
-    runtime: str                     # the batchinf.runtime module that computes it
+    runtime: tuple[str, ...]         # the batchinf.runtime modules that compute it
     implementation: str = NATIVE
 
 
 FAMILIES: tuple[Family, ...] = (
-    Family("BERT", ("bert",), ("embed", "score", "classify"), "encoder / classifier"),
+    Family("BERT", ("bert",), ("embed", "score", "classify"), ("encoder", "classifier")),
     Family("XLM-RoBERTa, RoBERTa", ("xlm-roberta", "roberta"), ("embed", "score", "classify"),
-           "encoder / classifier"),
-    Family("Llama (incl. Llama 3.x rope scaling), SmolLM", ("llama",), ("generate", "embed"), "llama"),
-    Family("Mistral", ("mistral",), ("generate", "embed"), "llama"),
-    Family("Qwen2, Qwen2.5", ("qwen2",), ("generate", "embed"), "llama"),
-    Family("Qwen3 (q/k norms), Qwen3-Embedding", ("qwen3",), ("generate", "embed"), "llama"),
-    Family("Gemma 2", ("gemma2",), ("generate", "embed"), "llama + gemma"),
-    Family("Gemma 3 (text)", ("gemma3_text",), ("generate", "embed"), "llama + gemma"),
+           ("encoder", "classifier")),
+    Family("Llama (incl. Llama 3.x rope scaling), SmolLM", ("llama",), ("generate", "embed"), ("llama",)),
+    Family("Mistral", ("mistral",), ("generate", "embed"), ("llama",)),
+    Family("Qwen2, Qwen2.5", ("qwen2",), ("generate", "embed"), ("llama",)),
+    Family("Qwen3 (q/k norms), Qwen3-Embedding", ("qwen3",), ("generate", "embed"), ("llama",)),
+    Family("Gemma 2", ("gemma2",), ("generate", "embed"), ("llama", "gemma")),
+    Family("Gemma 3 (text)", ("gemma3_text",), ("generate", "embed"), ("llama", "gemma")),
+    Family("any other encoder transformers ships (ModernBERT, MPNet, DistilBERT, ...)", ("(any other)",),
+           ("embed",), ("hf_fallback",), FALLBACK),
 )
 
-DECODER_TYPES = tuple(t for f in FAMILIES if f.runtime.startswith("llama") for t in f.model_types)
+DECODER_TYPES = tuple(t for f in FAMILIES if "llama" in f.runtime for t in f.model_types)
 ENCODER_TYPES = ("bert", "xlm-roberta", "roberta")
 DECODER_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                          "Gemma2ForCausalLM", "Gemma3ForCausalLM")
@@ -66,10 +69,13 @@ def gguf_support() -> tuple[tuple[str, ...], tuple[str, ...]]:
 def supported_models_markdown() -> str:
     """README's "Supported models" table."""
     gguf_types, quant = gguf_support()
-    rows = ["| Family | config.json model_type | Tasks | Implementation | GGUF import |",
+    rows = ["| Family | config.json `model_type` | Tasks | Implementation | GGUF import |",
             "|---|---|---|---|---|"]
     for f in FAMILIES:
         gguf = ", ".join(quant) if set(f.model_types) & set(gguf_types) else "—"
         rows.append(f"| {f.name} | {', '.join(f.model_types)} | {', '.join(f.tasks)} | "
-                    f"{f.implementation} (`runtime/{f.runtime}`) | {gguf} |")
+                    f"{f.implementation} ({', '.join(f'`runtime/{m}.py`' for m in f.runtime)}) | {gguf} |")
     return "\n".join(rows) + "\n"
+
+
+TABLE_START, TABLE_END = "<!-- supported-models:start -->", "<!-- supported-models:end -->"
