@@ -32,6 +32,7 @@ __all__ = ["DEVICES", "FORMATS", "TASKS", "EmbedOptions", "GenerateOptions", "In
 TASKS = tuple(TASK_REGISTRY)
 FORMATS = ("jsonl", "parquet", "openai-batch")
 LATER_INPUT_FIELDS = ("query_field", "document_field", "documents_field", "image_field")
+LATER_OPTIONS = ("prompt_name", "prompt")      # embed options added later: absent when unset
 NOT_A_MAPPING = "a job manifest must be a mapping with name, task, bundle, input and output"
 
 
@@ -152,6 +153,9 @@ class JobManifest(_Part):
         for key in LATER_INPUT_FIELDS:   # absent when unset: content keys of older manifests stay
             if d["input"][key] is None:
                 del d["input"][key]
+        for key in LATER_OPTIONS:
+            if key in d["options"] and d["options"][key] is None:
+                del d["options"][key]
         if not d["input"]["include_hidden"]:    # unset, it leaves content keys as they were
             del d["input"]["include_hidden"]
         return d

@@ -47,7 +47,9 @@ def fallback_architecture(config: dict[str, Any], src: Path) -> str | None:
     through, or None when it is not one (a decoder for generation is not: generate needs a native
     family). Refuses remote code before anything is imported."""
     archs = [a for a in config.get("architectures") or () if isinstance(a, str)]
-    embed_like = (src / "modules.json").is_file() or any(a.endswith("Model") for a in archs)
+    # a bare encoder (ModernBertModel, MPNetModel), not a head (GPT2LMHeadModel, *ForCausalLM)
+    embed_like = (src / "modules.json").is_file() or any(
+        a.endswith("Model") and "LMHead" not in a and "For" not in a for a in archs)
     if not embed_like:
         return None
     refuse_remote_code(src, config)

@@ -134,9 +134,9 @@ def prompt_for(meta: dict[str, Any], prompt_name: str | None, prompt: str | None
 def load_dense(root: Path, meta: dict[str, Any], device: Any, dtype: torch.dtype) -> list[tuple[Tensor, Tensor | None, Any]]:
     layers = []
     for d in meta.get("dense") or ():
-        from batchinf.runtime.bundle import file_path
-
-        w = load_file(file_path(root, d["path"]), device=str(device))
+        if d.get("path") not in meta.get("files", {}):   # only files the bundle pins (names checked at load)
+            raise BundleError(f"{root}/bundle.json: Dense weights {d.get('path')!r} are not a file of the bundle")
+        w = load_file(root / d["path"], device=str(device))
         weight, bias = w.get("linear.weight"), w.get("linear.bias")
         if weight is None or tuple(weight.shape) != (d["out_features"], d["in_features"]) or (bias is None) == d["bias"]:
             raise BundleError(f"{root / d['path']}: Dense weights do not match its config.json")
