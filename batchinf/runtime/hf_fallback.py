@@ -85,7 +85,7 @@ def load_transformers_encoder(model_dir: Path, device: str = "cpu", dtype: Any =
     transformers = transformers_module()
     try:
         model = transformers.AutoModel.from_pretrained(model_dir, trust_remote_code=False, use_safetensors=True,
-                                                       dtype=dtype, local_files_only=True)
+                                                       local_files_only=True)
     except (OSError, ValueError) as e:
         raise BundleError(f"{model_dir}: transformers cannot load this model ({e})") from e
-    return TransformersEncoder(model.to(device).eval())
+    return TransformersEncoder(model.to(device=device, dtype=dtype).eval())
