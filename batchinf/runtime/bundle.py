@@ -198,6 +198,10 @@ class EmbedRuntime:
             from batchinf.runtime.decoder_embed import load_decoder_encoder
 
             self.model = load_decoder_encoder(self.root, device=self.device, dtype=getattr(torch, dtype))
+        elif self.meta.get("family") == "modernbert":
+            from batchinf.runtime.modernbert import load_modernbert
+
+            self.model = load_modernbert(self.root, device=self.device, dtype=getattr(torch, dtype))
         elif self.meta.get("encoder") == "transformers":
             from batchinf.runtime.hf_fallback import load_transformers_encoder
 

@@ -25,18 +25,19 @@ FAMILIES: tuple[Family, ...] = (
     Family("BERT", ("bert",), ("embed", "score", "classify"), ("encoder", "classifier")),
     Family("XLM-RoBERTa, RoBERTa", ("xlm-roberta", "roberta"), ("embed", "score", "classify"),
            ("encoder", "classifier")),
+    Family("ModernBERT", ("modernbert",), ("embed",), ("modernbert",)),
     Family("Llama (incl. Llama 3.x rope scaling), SmolLM", ("llama",), ("generate", "embed"), ("llama",)),
     Family("Mistral", ("mistral",), ("generate", "embed"), ("llama",)),
     Family("Qwen2, Qwen2.5", ("qwen2",), ("generate", "embed"), ("llama",)),
     Family("Qwen3 (q/k norms), Qwen3-Embedding", ("qwen3",), ("generate", "embed"), ("llama",)),
     Family("Gemma 2", ("gemma2",), ("generate", "embed"), ("llama", "gemma")),
     Family("Gemma 3 (text)", ("gemma3_text",), ("generate", "embed"), ("llama", "gemma")),
-    Family("any other encoder transformers ships (ModernBERT, MPNet, DistilBERT, ...)", ("(any other)",),
+    Family("any other encoder transformers ships (MPNet, DistilBERT, ...)", ("(any other)",),
            ("embed",), ("hf_fallback",), FALLBACK),
 )
 
 DECODER_TYPES = tuple(t for f in FAMILIES if "llama" in f.runtime for t in f.model_types)
-ENCODER_TYPES = ("bert", "xlm-roberta", "roberta")
+ENCODER_TYPES = ("bert", "xlm-roberta", "roberta", "modernbert")
 DECODER_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                          "Gemma2ForCausalLM", "Gemma3ForCausalLM")
 

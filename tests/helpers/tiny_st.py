@@ -94,20 +94,44 @@ def make_st_qwen3(d: Path) -> Path:
     return write_pipeline(d, 64, ["lasttoken"], prompts={"query": "Instruct: find the answer\nQuery: "})
 
 
-def make_st_modernbert(d: Path, seed: int = 0) -> Path:
-    """A tiny ModernBERT (no native implementation: it runs through the transformers fallback),
-    with the tiny BERT tokenizer, mean pooling, Normalize and prompts."""
-    import transformers
-
+def _bert_tokenized(d: Path) -> list[str]:
+    """The tiny BERT's tokenizer files in `d` (its model files removed); its vocabulary."""
     make_tiny_bert(d, hidden=32, max_position=128)
     for f in ("model.safetensors", "config.json"):
         (d / f).unlink()
-    vocab = (d / "vocab.txt").read_text().split("\n")
+    return (d / "vocab.txt").read_text().split("\n")[:-1]
+
+
+def make_st_modernbert(d: Path, seed: int = 0) -> Path:
+    """A tiny ModernBERT (native), saved by transformers as ModernBertForMaskedLM (keys under
+    `model.` plus an MLM head), with a local window far shorter than the texts, mean pooling,
+    Normalize and prompts."""
+    import transformers
+
+    vocab = _bert_tokenized(d)
     cfg = transformers.ModernBertConfig(
-        vocab_size=len(vocab) - 1, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
-        max_position_embeddings=128, local_attention=8, global_attn_every_n_layers=3,
+        vocab_size=len(vocab), hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
+        max_position_embeddings=128, local_attention=8, global_attn_every_n_layers=3, norm_bias=True,
         pad_token_id=vocab.index("[PAD]"), cls_token_id=vocab.index("[CLS]"), sep_token_id=vocab.index("[SEP]"),
         bos_token_id=vocab.index("[CLS]"), eos_token_id=vocab.index("[SEP]"))
     torch.manual_seed(seed)
-    transformers.ModernBertModel(cfg).save_pretrained(d, safe_serialization=True)
+    model = transformers.ModernBertForMaskedLM(cfg)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:      # LayerNorms start at ones/zeros: make a wrong norm show
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1 + (1.0 if name.endswith("weight") else 0.0))
+    model.save_pretrained(d, safe_serialization=True)
+    return write_pipeline(d, 32, ["mean"], prompts=PROMPTS)
+
+
+def make_st_distilbert(d: Path, seed: int = 0) -> Path:
+    """A tiny DistilBERT: no native implementation, so it runs through the transformers fallback."""
+    import transformers
+
+    vocab = _bert_tokenized(d)
+    cfg = transformers.DistilBertConfig(vocab_size=len(vocab), dim=32, n_layers=2, n_heads=4, hidden_dim=64,
+                                        max_position_embeddings=128, pad_token_id=vocab.index("[PAD]"))
+    torch.manual_seed(seed)
+    transformers.DistilBertModel(cfg).save_pretrained(d, safe_serialization=True)
     return write_pipeline(d, 32, ["mean"], prompts=PROMPTS)

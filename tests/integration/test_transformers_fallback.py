@@ -1,4 +1,4 @@
-"""The transformers fallback end to end through the real `batchinf` command: a tiny ModernBERT
+"""The transformers fallback end to end through the real `batchinf` command: a tiny DistilBERT
 (no native implementation) imported as a bundle, run as an embed job with a prompt, its vectors
 equal to sentence-transformers' `encode`, `_MANIFEST.json` naming transformers and its version;
 and the refusals: remote code (auto_map, shipped *.py) and a missing transformers install."""
@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tests.helpers.corpus import manifest
-from tests.helpers.tiny_st import make_st_modernbert
+from tests.helpers.tiny_st import make_st_distilbert
 
 pytestmark = pytest.mark.integration
 
@@ -28,11 +28,11 @@ def bi(*args: str, code: str | None = None) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
-def test_modernbert_runs_through_transformers(tmp_path: Path, bi_home: Path) -> None:
+def test_distilbert_runs_through_transformers(tmp_path: Path, bi_home: Path) -> None:
     import transformers
     from sentence_transformers import SentenceTransformer
 
-    d = make_st_modernbert(tmp_path / "modernbert")
+    d = make_st_distilbert(tmp_path / "distilbert")
     r = bi("bundle", "import", str(d), "--name", "mb")
     assert r.returncode == 0, r.stderr
     texts = [f"record {i}: the water of the world and the people in it " * (1 + i % 4) for i in range(40)]
@@ -54,7 +54,7 @@ def test_modernbert_runs_through_transformers(tmp_path: Path, bi_home: Path) -> 
 
 
 def test_remote_code_is_refused(tmp_path: Path, bi_home: Path) -> None:
-    d = make_st_modernbert(tmp_path / "remote")
+    d = make_st_distilbert(tmp_path / "remote")
     cfg = json.loads((d / "config.json").read_text())
     (d / "config.json").write_text(json.dumps({**cfg, "auto_map": {"AutoModel": "modeling_x.XModel"}}))
     r = bi("bundle", "import", str(d), "--name", "remote")
@@ -66,7 +66,7 @@ def test_remote_code_is_refused(tmp_path: Path, bi_home: Path) -> None:
 
 
 def test_missing_transformers_names_the_install(tmp_path: Path, bi_home: Path) -> None:
-    d = make_st_modernbert(tmp_path / "mb")
+    d = make_st_distilbert(tmp_path / "mb")
     code = "import sys; sys.modules['transformers'] = None; from batchinf.cli import main; main()"
     r = bi("bundle", "import", str(d), "--name", "mb", code=code)
     assert r.returncode != 0 and "pip install transformers" in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -1,6 +1,7 @@
 """sentence-transformers directories against sentence-transformers' own `encode`: every Pooling
 mode (and a concatenation), Dense, Normalize and prompts over BERT; XLM-RoBERTa (positions offset
-by padding_idx + 1); a Qwen3 decoder with last-token pooling (Qwen3-Embedding's layout)."""
+by padding_idx + 1); ModernBERT (native: local/global attention and rope bases); a Qwen3 decoder
+with last-token pooling (Qwen3-Embedding's layout)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from batchinf.runtime import bundle as rb
 from batchinf.runtime.st_modules import POOLING_MODES, prompt_for
 from batchinf.tasks import build_meta
 from tests.helpers.tiny_models import ENCODER_TEXTS
-from tests.helpers.tiny_st import PROMPTS, make_st_bert, make_st_qwen3, make_st_xlmr
+from tests.helpers.tiny_st import PROMPTS, make_st_bert, make_st_modernbert, make_st_qwen3, make_st_xlmr
 
 pytestmark = pytest.mark.parity
 
@@ -56,6 +57,14 @@ def test_xlm_roberta_positions_offset_by_padding_idx(tmp_path: Path) -> None:
     meta, got = _ours(d, texts, "passage")
     assert meta["family"] == "xlm-roberta" and meta["max_length"] == 62
     assert np.abs(got - _reference(d, texts, "passage")).max() <= 1e-5
+
+
+def test_modernbert_native(tmp_path: Path) -> None:
+    d = make_st_modernbert(tmp_path / "modernbert")
+    meta, got = _ours(d, ENCODER_TEXTS, "query")
+    assert meta["family"] == "modernbert" and "encoder" not in meta     # native, not the fallback
+    assert max(len(fx["token_ids"]) for fx in meta["fixtures"]) > 8      # past the local window
+    assert np.abs(got - _reference(d, ENCODER_TEXTS, "query")).max() <= 1e-5
 
 
 def test_decoder_embedding_last_token(tmp_path: Path) -> None:

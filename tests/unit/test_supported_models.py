@@ -12,6 +12,7 @@ from batchinf.runtime import families, gguf
 from batchinf.runtime.encoder import EncoderConfig
 from batchinf.runtime.families import FAMILIES, NATIVE, TABLE_END, TABLE_START, supported_models_markdown
 from batchinf.runtime.llama import MODEL_TYPES, config_of
+from batchinf.runtime.modernbert import ModernBertConfig
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 TINY = {"vocab_size": 10, "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 2,
@@ -35,6 +36,8 @@ def test_registry_matches_the_runtimes() -> None:
         for mt in fam.model_types:
             if "llama" in fam.runtime:
                 assert config_of({**TINY, "model_type": mt}).model_type == mt
+            elif "modernbert" in fam.runtime:
+                ModernBertConfig.from_hf({**TINY, "model_type": mt})
             else:
                 EncoderConfig.from_hf({**TINY, "model_type": mt})
     with pytest.raises(BundleError):
