@@ -32,7 +32,7 @@ __all__ = ["DEVICES", "FORMATS", "TASKS", "EmbedOptions", "GenerateOptions", "In
 TASKS = tuple(TASK_REGISTRY)
 FORMATS = ("jsonl", "parquet", "openai-batch")
 LATER_INPUT_FIELDS = ("query_field", "document_field", "documents_field", "image_field")
-LATER_OPTION_FIELDS = ("dimensions",)     # task options added later: absent from content keys when unset
+LATER_OPTION_FIELDS = ("dimensions", "prompt_name", "prompt")   # task options added later: absent from content keys when unset
 NOT_A_MAPPING = "a job manifest must be a mapping with name, task, bundle, input and output"
 
 

@@ -19,7 +19,7 @@ from batchinf import failpoints
 from batchinf.errors import BatchinfError, VerificationError
 from batchinf.digests import sha256_file
 from batchinf.ledger import jobs as job_repo
-from batchinf.ledger import lineage
+from batchinf.ledger import lineage, registry
 from batchinf.ledger import shards as shard_repo
 from batchinf.ledger.events import now
 from batchinf.ledger.models import Job, Shard
@@ -28,6 +28,7 @@ from batchinf.openai_output import RenderContext, fingerprint, render_not_run, r
 from batchinf.parts import digest_of_uri, read_table
 from batchinf.store import get_store, join, normalize_uri
 from batchinf.tasks import get_task
+from batchinf.version import __version__
 
 MANIFEST = "_MANIFEST.json"
 SUCCESS = "_SUCCESS"
@@ -137,6 +138,13 @@ def _openai_context(job: Job) -> RenderContext | None:
                          system_fingerprint=fingerprint(job.bundle_digest))
 
 
+def _implementation(digest: str) -> dict[str, str]:
+    """What computed the job's results: batchinf's native runtime, or (a bundle imported through the
+    transformers fallback) transformers at the version its fixtures were computed and checked with."""
+    meta = registry.meta(digest)
+    return meta.get("implementation") or {"name": "batchinf", "version": __version__}
+
+
 def _not_done(rows: list[Shard]) -> list[Shard]:
     """Shards whose records have no committed row: neither done nor split into children."""
     parents = {r.parent_id for r in rows if r.parent_id}
@@ -234,8 +242,8 @@ def publish(job: Job) -> dict[str, Any]:
                       "output_rows", "error_rows", "execute_seconds")}
     manifest = {
         "job_id": job.id, "name": job.name, "task": job.task, "bundle": job.bundle_ref,
-        "bundle_digest": job.bundle_digest, "input_uri": job.input_uri, "output_uri": out,
-        "inputs": inputs, "parts": parts,
+        "bundle_digest": job.bundle_digest, "implementation": _implementation(job.bundle_digest),
+        "input_uri": job.input_uri, "output_uri": out, "inputs": inputs, "parts": parts,
         "counts": {"records_total": job.records_total, "records_succeeded": sums["output_rows"],
                    "records_failed": sums["error_rows"], "records_truncated": plan.get("truncated", 0)},
         "tokens": {"input": sums["tokens_input"], "output": sums["tokens_output"],

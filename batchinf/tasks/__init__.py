@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from batchinf.errors import BundleError, ManifestError
+from batchinf.runtime.families import FAMILIES
 from batchinf.tasks.base import RunOutput, Task
 from batchinf.tasks.classify import Classify, ClassifyOptions
 from batchinf.tasks.classify_image import ClassifyImage, ClassifyImageOptions
@@ -24,8 +25,9 @@ __all__ = ["TASKS", "ClassifyImageOptions", "ClassifyOptions", "EmbedOptions",
 TASKS: dict[str, Task] = {t.name: t for t in (Embed(), Generate(), Score(), Classify(), ClassifyImage())}
 # bundle import asks the tasks in this order (more specific model heads first)
 DETECTION_ORDER = ("generate", "classify_image", "score", "classify", "embed")
-SUPPORTED = ("bert (embed), llama, mistral, qwen2 (generate), Bert/XLMRobertaForSequenceClassification "
-             "(score: cross-encoders; classify), ViTForImageClassification (classify_image)")
+SUPPORTED = ("; ".join(f"{', '.join(f.model_types)} ({', '.join(f.tasks)})" for f in FAMILIES)
+             + "; Bert/XLMRobertaForSequenceClassification (score: cross-encoders; classify)"
+             + "; ViTForImageClassification (classify_image)")
 
 
 def get_task(name: str) -> Task:
@@ -40,6 +42,10 @@ def detect(config: dict[str, Any], src: Path) -> Task:
     for name in DETECTION_ORDER:
         if TASKS[name].detects(config, src):
             return TASKS[name]
+    from batchinf.runtime.hf_fallback import fallback_architecture
+
+    if config.get("model_type") and fallback_architecture(config, src) is not None:
+        return TASKS["embed"]     # no native family: transformers' own model class computes it
     raise BundleError(f"{src}: model_type {config.get('model_type')!r} is not supported yet (architectures "
                       f"{config.get('architectures')}); supported: {SUPPORTED}")
 

@@ -11,8 +11,8 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field
 
+from batchinf.errors import BatchinfError, ManifestError
 from batchinf.manifest_rules import BOOLEAN, POSITIVE, Part, choice, nullable
-from batchinf.errors import ManifestError
 from batchinf.tasks.base import RECORD_FIELDS, STAGE_SCHEMA, RunOutput, Task, ok_rows, record_columns, staged_row
 from batchinf.tasks.batching import EmbedOutcome, embed_isolating, run_units, token_budget_batches
 from batchinf.tasks.embed_request import (
@@ -40,6 +40,11 @@ class EmbedOptions(Part):
     dimensions: Annotated[int | None, nullable(POSITIVE)] = Field(
         None, description=("vector size, for bundles that declare Matryoshka support (matryoshka_dims): "
                            "truncate, then re-normalise"))
+    prompt_name: str | None = Field(
+        None, description="a prompt of the bundle's config_sentence_transformers.json (e.g. query) prepended "
+                          "to every text; default: the bundle's default_prompt_name, if any")
+    prompt: str | None = Field(None, max_length=4096,
+                               description="text prepended to every record verbatim (overrides prompt_name)")
 
 
 def embedding_schema(dim: int) -> pa.Schema:
@@ -63,15 +68,16 @@ def tokenizer_for(runtime: Any, max_length: int) -> Any:
 
 
 def stage_texts(obj: Any, tok: Any, records: Iterator[Any], what: str = "embed",
-                meta: dict[str, Any] | None = None) -> pa.Table:
+                meta: dict[str, Any] | None = None, prefix: str = "") -> pa.Table:
     """Tokenize text records in chunks; an over-long text is truncated and counted, or with
-    truncate: false becomes a too_long error row. With the bundle's `meta` (task embed) records
+    truncate: false becomes a too_long error row; every text follows `prefix` (an embedding
+    prompt). With the bundle's `meta` (task embed) records
     may also carry several inputs, token arrays, dimensions and an encoding (embed_request)."""
     schema = STAGE_SCHEMA if meta is None else EMBED_STAGE_SCHEMA
     cols: dict[str, list[Any]] = {name: [] for name in schema.names}
 
     def flush(batch: list) -> None:
-        texts = [x for r in batch if r.error is None for x in (r.items or (r.text,)) if isinstance(x, str)]
+        texts = [prefix + x for r in batch if r.error is None for x in (r.items or (r.text,)) if isinstance(x, str)]
         encoded = iter(tok.encode_batch(texts) if texts else ())
         for r in batch:
             row = {**staged_row(r), "input_ids": None}
@@ -168,7 +174,13 @@ class Embed(Task):
         return super().limits(runtime, options)
 
     def stage(self, obj: Any, runtime: Any, records: Iterator[Any]) -> pa.Table:
-        return stage_texts(obj, tokenizer_for(runtime, obj.max_length), records, meta=runtime.meta)
+        from batchinf.runtime.st_modules import prompt_for
+
+        try:
+            prefix = prompt_for(runtime.meta, obj.options.prompt_name, obj.options.prompt)
+        except BatchinfError as e:
+            raise ManifestError(str(e)) from None
+        return stage_texts(obj, tokenizer_for(runtime, obj.max_length), records, meta=runtime.meta, prefix=prefix)
 
     def result_schema(self, meta: dict[str, Any], options: Any = None) -> pa.Schema:
         return embedding_schema(getattr(options, "dimensions", None) or embedding_size(meta))
@@ -214,9 +226,12 @@ class Embed(Task):
         return RunOutput(table, failures, {"input": n, "output": 0, "real": n, "padded": out.padded})
 
     def detects(self, config: dict[str, Any], src: Path) -> bool:
+        from batchinf.runtime.families import ENCODER_TYPES, is_decoder_embedding
+
         archs = config.get("architectures") or []
-        return config.get("model_type") == "bert" and not any(a.endswith("ForSequenceClassification")
-                                                                 for a in archs)
+        return is_decoder_embedding(config, src) or (
+            config.get("model_type") in ENCODER_TYPES and not any(a.endswith("ForSequenceClassification")
+                                                                  for a in archs))
 
     def build_meta(self, src: Path, files: list[str], *, max_length: int | None, dtype: str) -> dict[str, Any]:
         from batchinf.runtime import bundle as rb

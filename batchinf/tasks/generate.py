@@ -167,10 +167,9 @@ class Generate(Task):
         return {"finish_reasons": dict(sorted(counts.items()))}
 
     def detects(self, config: dict[str, Any], src: Path) -> bool:
-        from batchinf.runtime.bundle import DECODER_ARCHITECTURES, DECODER_TYPES
+        from batchinf.runtime.families import is_decoder, is_decoder_embedding
 
-        return (config.get("model_type", "") in DECODER_TYPES
-                or any(a in DECODER_ARCHITECTURES for a in config.get("architectures") or ()))
+        return is_decoder(config) and not is_decoder_embedding(config, src)
 
     def build_meta(self, src: Path, files: list[str], *, max_length: int | None, dtype: str) -> dict[str, Any]:
         from batchinf.runtime import bundle as rb

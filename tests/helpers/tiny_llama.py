@@ -111,6 +111,13 @@ def make_tiny_llama(dir: Path, *, family: str = "llama", hidden: int = 64, layer
     }
     _write_json(dir / "config.json", cfg)
     save_file(_random_weights(cfg, seed), str(dir / "model.safetensors"), metadata={"format": "pt"})
+    write_tokenizer_files(dir, tok, max_position)
+    return dir
+
+
+def write_tokenizer_files(dir: Path, tok: Tokenizer, max_position: int) -> None:
+    """tokenizer.json, tokenizer_config.json (ChatML template) and generation_config.json."""
+    eos_id, bos_id = tok.token_to_id("<|im_end|>"), tok.token_to_id("<|im_start|>")
     tok.save(str(dir / "tokenizer.json"))
     _write_json(dir / "tokenizer_config.json", {
         "tokenizer_class": "GPT2Tokenizer",
@@ -124,7 +131,6 @@ def make_tiny_llama(dir: Path, *, family: str = "llama", hidden: int = 64, layer
     })
     _write_json(dir / "generation_config.json", {"bos_token_id": bos_id, "eos_token_id": [eos_id],
                                                  "do_sample": False})
-    return dir
 
 
 def make_family_dirs(root: Path) -> dict[str, Path]:
