@@ -1,8 +1,9 @@
 """Read a GGUF file (llama.cpp's format) and convert a Llama-family model into an HF-format directory
 (config.json, model.safetensors, tokenizer.json, tokenizer_config.json, generation_config.json).
 
-Our own reader: header, metadata, tensor infos, and dequantisation of F32, F16, BF16, Q8_0, Q4_0
-and Q4_1 blocks. llama.cpp's converter permutes the rows of Q and K of `llama` models for its
+Our own reader: header, metadata, tensor infos; blocks are dequantised by
+batchinf.runtime.gguf_quants (SUPPORTED_GGUF_TYPES: the float types, Q4_0 to Q8_0, the K-quants
+Q2_K to Q6_K, IQ4_NL and IQ4_XS). llama.cpp's converter permutes the rows of Q and K of `llama` models for its
 interleaved rotary; `unpermute` undoes that so the weights fit HF's rotate-half rotary again.
 """
 
@@ -21,6 +22,7 @@ import torch
 from safetensors.torch import save_file
 
 from batchinf.errors import BundleError
+from batchinf.runtime.gguf_quants import GGML_TYPES, SUPPORTED_GGUF_TYPES, dequantize
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -31,37 +33,6 @@ MAX_ARRAY_DEPTH = 4         # metadata arrays of arrays
 _SCALARS = {0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4),
             6: ("<f", 4), 7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8)}
 _STRING, _ARRAY = 8, 9
-
-
-def _f16(raw: np.ndarray) -> np.ndarray:
-    return raw.view(np.float16).astype(np.float32)
-
-
-def _q8_0(b: np.ndarray) -> np.ndarray:     # block: f16 scale d, 32 × int8 q; x = d * q
-    return _f16(b[:, :2]) * b[:, 2:].view(np.int8).astype(np.float32)
-
-
-def _nibbles(qs: np.ndarray) -> np.ndarray:  # [n, 16] bytes -> [n, 32]: low nibbles first, then high
-    return np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.float32)
-
-
-def _q4_0(b: np.ndarray) -> np.ndarray:     # block: f16 d, 16 bytes of nibbles; x = d * (q - 8)
-    return _f16(b[:, :2]) * (_nibbles(b[:, 2:]) - 8.0)
-
-
-def _q4_1(b: np.ndarray) -> np.ndarray:     # block: f16 d, f16 m, 16 bytes of nibbles; x = d * q + m
-    return _f16(b[:, :2]) * _nibbles(b[:, 4:]) + _f16(b[:, 2:4])
-
-
-# ggml type id -> (name, elements per block, bytes per block, dequantiser of [n_blocks, bytes] uint8)
-GGML_TYPES: dict[int, tuple[str, int, int, Any]] = {
-    0: ("F32", 1, 4, lambda b: b.view(np.float32).reshape(-1).copy()),  # copy: no view into the mmap
-    1: ("F16", 1, 2, lambda b: b.view(np.float16).astype(np.float32).reshape(-1)),
-    2: ("Q4_0", 32, 18, _q4_0),
-    3: ("Q4_1", 32, 20, _q4_1),
-    8: ("Q8_0", 32, 34, _q8_0),
-    30: ("BF16", 1, 2, lambda b: (b.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(-1)),
-}
 
 
 @dataclass(frozen=True)
@@ -201,12 +172,12 @@ class GGUFFile:
         info = self.tensors[name]
         if info.ggml_type not in GGML_TYPES:
             raise BundleError(f"{self.path}: tensor {name} has ggml type {info.ggml_type}, which batchinf "
-                              f"cannot dequantise (supported: {', '.join(t[0] for t in GGML_TYPES.values())}); "
+                              f"cannot dequantise (supported: {', '.join(SUPPORTED_GGUF_TYPES)}); "
                               "convert the file with llama.cpp to one of those")
-        _, block, nbytes, dequant = GGML_TYPES[info.ggml_type]
+        nbytes = GGML_TYPES[info.ggml_type][2]
         start, n_blocks = self._extent(info)
         raw = np.frombuffer(self._mm, dtype=np.uint8, count=n_blocks * nbytes, offset=start)
-        return dequant(raw.reshape(n_blocks, nbytes)).reshape(info.shape)
+        return dequantize(raw, info.ggml_type, math.prod(info.shape)).reshape(info.shape)
 
 
 def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
