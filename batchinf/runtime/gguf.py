@@ -156,8 +156,9 @@ class GGUFFile:
             return self.data_start + info.offset, 0     # refused with its name when it is read
         _, block, nbytes, _ = GGML_TYPES[info.ggml_type]
         count = math.prod(info.shape)
-        if count % block:
-            raise BundleError(f"{self.path}: tensor {info.name} has {count} elements, not a multiple of {block}")
+        if info.shape[-1] % block:      # ggml quantises row by row: blocks never straddle rows
+            raise BundleError(f"{self.path}: tensor {info.name} has rows of {info.shape[-1]} elements, not a "
+                              f"multiple of its type's block of {block}")
         n_blocks = count // block
         start = self.data_start + info.offset
         if start + n_blocks * nbytes > len(self._mm):

@@ -3,6 +3,7 @@ and every tensor type we dequantise."""
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 from types import ModuleType
 
@@ -115,6 +116,20 @@ def test_unsupported_type_and_bad_files_are_clear_errors(gguf: ModuleType, tmp_p
     w.close()
     with GGUFFile(path) as g, pytest.raises(BundleError, match=r"blk\.0\.attn_q\.weight has ggml type 16.*Q6_K"):
         g.tensor("blk.0.attn_q.weight")
+    # a K-quant tensor whose rows (128) are shorter than its block (256), the element count unchanged
+    kq = tmp_path / "rows.gguf"
+    w = gguf.GGUFWriter(str(kq), "llama")
+    w.add_tensor("t", np.zeros((2, 144), np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q4_K)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    raw = kq.read_bytes()
+    dims = struct.pack("<IQQ", 2, 256, 2)
+    assert raw.count(dims) == 1
+    kq.write_bytes(raw.replace(dims, struct.pack("<IQQ", 2, 128, 4)))
+    with pytest.raises(BundleError, match="rows of 128 elements, not a multiple of its type's block of 256"):
+        GGUFFile(kq)
     (tmp_path / "short.gguf").write_bytes(path.read_bytes()[:40])
     with pytest.raises(BundleError, match="truncated or corrupt"):
         GGUFFile(tmp_path / "short.gguf")
