@@ -75,6 +75,8 @@ def response_format_problem(rf: Any, where: str = "response_format") -> str | No
             return f"{where}.json_schema.name must be 1-64 letters, digits, _ or -"
         if not isinstance(js.get("schema"), dict):
             return f"{where}.json_schema.schema must be a JSON Schema object"
+        if not isinstance(js.get("description", ""), str):
+            return f"{where}.json_schema.description must be a string"
         if not isinstance(js.get("strict", False), (bool, type(None))):
             return f"{where}.json_schema.strict must be true or false"
     try:

@@ -32,6 +32,8 @@ __all__ = ["DEVICES", "FORMATS", "TASKS", "EmbedOptions", "GenerateOptions", "In
 TASKS = tuple(TASK_REGISTRY)
 FORMATS = ("jsonl", "parquet", "openai-batch")
 LATER_INPUT_FIELDS = ("query_field", "document_field", "documents_field", "image_field")
+# generate options added later: absent at their default, so older manifests keep their content keys
+LATER_OPTIONS: dict[str, Any] = {"response_format": None, "logprobs": False, "top_logprobs": 0}
 NOT_A_MAPPING = "a job manifest must be a mapping with name, task, bundle, input and output"
 
 
@@ -154,6 +156,10 @@ class JobManifest(_Part):
                 del d["input"][key]
         if not d["input"]["include_hidden"]:    # unset, it leaves content keys as they were
             del d["input"]["include_hidden"]
+        options = d.get("options") or {}
+        for key, default in LATER_OPTIONS.items():     # likewise for options added later, at their default
+            if key in options and options[key] == default:
+                del options[key]
         return d
 
     def content_key(self) -> str:

@@ -37,7 +37,15 @@ GENERATION_SCHEMA = pa.schema(RECORD_FIELDS + [
     ("logprobs", pa.string()),                  # JSON of OpenAI's logprobs.content list, when asked for
 ])
 
-RESPONSE_FORMAT = nullable(Rule(response_format_problem, {"type": "object"}))
+RESPONSE_FORMAT = nullable(Rule(response_format_problem, {
+    "type": "object", "required": ["type"], "additionalProperties": False,
+    "properties": {"type": {"enum": ["text", "json_object", "json_schema"]},
+                   "json_schema": {"type": "object", "required": ["name", "schema"], "additionalProperties": False,
+                                   "properties": {"name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+                                                  "schema": {"type": "object"}, "description": {"type": "string"},
+                                                  "strict": {"type": ["boolean", "null"]}}}},
+    "if": {"properties": {"type": {"const": "json_schema"}}}, "then": {"required": ["json_schema"]},
+    "else": {"not": {"required": ["json_schema"]}}}))
 TOP_LOGPROBS = Rule(lambda v, w: integer_problem(v, w, 0, MAX_TOP_LOGPROBS),
                     {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS})
 
