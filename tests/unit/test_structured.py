@@ -34,12 +34,13 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> GenerateRuntime:
     return rt
 
 
+@pytest.mark.slow
 def test_greedy_and_sampled_answers_follow_the_schema(runtime: GenerateRuntime) -> None:
     prompt = runtime.encode_chat([{"role": "user", "content": "the of and"}])
     arr = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": 1, "maxItems": 3}
-    reqs = [GenRequest(i, prompt, SamplingParams(max_tokens=80, temperature=0.0 if i < 2 else 1.0, seed=i,
+    reqs = [GenRequest(i, prompt, SamplingParams(max_tokens=60, temperature=0.0 if i < 2 else 1.0, seed=i,
                                                  response_format=_rf(SCHEMA if i % 2 else arr)))
-            for i in range(8)]
+            for i in range(5)]
     plain = runtime.generate([GenRequest(99, prompt, SamplingParams(max_tokens=20))])
     out = {r.key: r for r in runtime.generate(reqs)}
     for i, r in out.items():
@@ -48,8 +49,8 @@ def test_greedy_and_sampled_answers_follow_the_schema(runtime: GenerateRuntime) 
     (free,) = plain
     with pytest.raises(ValueError):
         json.loads(free.text)               # unconstrained, the random model writes no JSON
-    again = {r.key: r.text for r in runtime.generate(reqs)}
-    assert again == {k: r.text for k, r in out.items()}
+    again = {r.key: r.text for r in runtime.generate(reqs[2:4])}     # sampled: the same again, in another batch
+    assert again == {k: out[k].text for k in (2, 3)}
 
 
 def test_logprobs_line_up_with_tokens(runtime: GenerateRuntime) -> None:
