@@ -32,7 +32,9 @@ __all__ = ["DEVICES", "FORMATS", "TASKS", "EmbedOptions", "GenerateOptions", "In
 TASKS = tuple(TASK_REGISTRY)
 FORMATS = ("jsonl", "parquet", "openai-batch")
 LATER_INPUT_FIELDS = ("query_field", "document_field", "documents_field", "image_field")
-LATER_OPTION_FIELDS = ("dimensions", "prompt_name", "prompt")   # task options added later: absent from content keys when unset
+# task options added later: absent from content keys at their default, so older manifests keep their keys
+LATER_OPTIONS: dict[str, Any] = {"dimensions": None, "prompt_name": None, "prompt": None,
+                                 "response_format": None, "logprobs": False, "top_logprobs": 0}
 NOT_A_MAPPING = "a job manifest must be a mapping with name, task, bundle, input and output"
 
 
@@ -155,9 +157,10 @@ class JobManifest(_Part):
                 del d["input"][key]
         if not d["input"]["include_hidden"]:    # unset, it leaves content keys as they were
             del d["input"]["include_hidden"]
-        for key in LATER_OPTION_FIELDS:
-            if key in d["options"] and d["options"][key] is None:
-                del d["options"][key]
+        options = d.get("options") or {}
+        for key, default in LATER_OPTIONS.items():     # likewise for options added later, at their default
+            if key in options and options[key] == default:
+                del options[key]
         return d
 
     def content_key(self) -> str:

@@ -90,8 +90,10 @@ def result_line(row: dict[str, Any], ctx: RenderContext) -> dict[str, Any]:
         usage.update(completion_tokens=row["output_tokens"],
                      total_tokens=row["input_tokens"] + row["output_tokens"])
         if row["kind"] == "chat":
+            lp = row.get("logprobs")
             choice = {"index": 0, "message": {"role": "assistant", "content": row["text"]},
-                      "logprobs": None, "finish_reason": row["finish_reason"]}
+                      "logprobs": {"content": json.loads(lp), "refusal": None} if lp else None,
+                      "finish_reason": row["finish_reason"]}
             body = {"id": f"chatcmpl-{h[:32]}", "object": "chat.completion"}
         else:
             choice = {"index": 0, "text": row["text"], "logprobs": None, "finish_reason": row["finish_reason"]}

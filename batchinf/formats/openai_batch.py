@@ -8,7 +8,10 @@ task embed at staging and rendering) and `/v1/rerank` (body.query, body.document
 body.top_n: the shape Cohere, Jina and vLLM share). The custom_id is the record id; a line's url
 must suit the job's task (chat and completions: generate; embeddings: embed; rerank: score).
 Sampling fields of the body (max_tokens / max_completion_tokens, temperature, top_p, top_k, seed,
-stop) override the job's options for that line and are checked like the manifest's options (batchinf.checks). Body keys
+stop) and, for chat lines, response_format (json_object, json_schema), logprobs and top_logprobs
+override the job's options for that line and are checked like the manifest's options
+(batchinf.checks); a schema that cannot be enforced is found when the job is planned, and is that
+line's error row. Body keys
 that do not change the answer (IGNORED) are accepted and ignored; anything batchinf cannot honour
 (_NOT_SUPPORTED, unknown keys) becomes the line's error row, saying why and what to do -- never
 a silently different answer. The response lines are rendered by batchinf.openai_output.
@@ -18,7 +21,8 @@ from __future__ import annotations
 
 from typing import Any, BinaryIO, Iterator
 
-from batchinf.checks import integer_problem, number_problem, stop_strings
+from batchinf.checks import (MAX_TOP_LOGPROBS, integer_problem, number_problem, response_format_problem,
+                             stop_strings)
 from batchinf.formats.jsonl import parse_problem, json_objects
 from batchinf.formats.record import InputRecord, check_messages, record_id_of, unicode_problem
 
@@ -37,8 +41,8 @@ _NOT_SUPPORTED: dict[str, tuple[Any, str]] = {
     "tool_choice": (lambda v: v in (None, "none"), "tool_choice is not supported; remove it"),
     "functions": (lambda v: not v, "functions (function calling) are not supported; remove them"),
     "function_call": (lambda v: v in (None, "none"), "function_call is not supported; remove it"),
-    "logprobs": (lambda v: v in (None, False), "logprobs are not returned by batchinf; remove logprobs"),
-    "top_logprobs": (lambda v: v in (None, 0), "top_logprobs are not returned by batchinf; remove it"),
+    "logprobs": (lambda v: v in (None, False), "logprobs are returned for /v1/chat/completions lines only"),
+    "top_logprobs": (lambda v: v in (None, 0), "top_logprobs are returned for /v1/chat/completions lines only"),
     "echo": (lambda v: v in (None, False), "echo is not supported; remove it"),
     "best_of": (lambda v: v in (None, 1), "best_of > 1 is not supported; remove it"),
     "suffix": (lambda v: v in (None, ""), "suffix (fill-in-the-middle) is not supported; remove it"),
@@ -46,7 +50,7 @@ _NOT_SUPPORTED: dict[str, tuple[Any, str]] = {
     "frequency_penalty": (lambda v: v in (None, 0), "frequency_penalty is not supported; remove it or set 0"),
     "presence_penalty": (lambda v: v in (None, 0), "presence_penalty is not supported; remove it or set 0"),
     "response_format": (lambda v: v in (None, {"type": "text"}),
-                        "response_format other than text (JSON mode, schemas) is not supported; remove it"),
+                        "response_format (JSON mode, schemas) is supported for /v1/chat/completions lines only"),
     "modalities": (lambda v: v in (None, ["text"]), "only text output is supported; remove modalities"),
     "audio": (lambda v: v is None, "audio output is not supported; remove audio"),
     "prediction": (lambda v: v is None, "predicted outputs are not supported; remove prediction"),
@@ -56,6 +60,7 @@ _SAMPLING = {"max_tokens", "max_completion_tokens", "temperature", "top_p", "top
 _EMBEDDING = {"dimensions", "encoding_format"}
 MAX_EMBED_INPUTS = 2048         # inputs in one embeddings request, as OpenAI allows
 MAX_TOKEN_ID = (1 << 31) - 1    # staged as int32; the bundle's vocabulary is checked at staging
+_CHAT_ONLY = {"response_format", "logprobs", "top_logprobs"}     # honoured on chat lines
 
 
 def read_openai_batch(fh: BinaryIO, uri: str, task: str) -> Iterator[InputRecord]:
@@ -104,10 +109,12 @@ def parse_line(obj: dict[str, Any], ordinal: int, where: str, task: str) -> Inpu
         if key not in known:
             return _error(ordinal, rid, "unsupported_parameter",
                           f"{here}: body.{key} is not supported for {url}; remove it")
-        if key in _NOT_SUPPORTED and not _NOT_SUPPORTED[key][0](value):
+        if key in _NOT_SUPPORTED and not _NOT_SUPPORTED[key][0](value) and not (url == CHAT and key in _CHAT_ONLY):
             return _error(ordinal, rid, f"unsupported_{key}", f"{here}: body.{key}={value!r:.60}: "
                                                               f"{_NOT_SUPPORTED[key][1]}")
     params, problem = _sampling(body) if url != EMBEDDINGS else _embedding(body)
+    if not problem and url == CHAT:
+        problem = _structured(body, params)
     if problem:
         return _error(ordinal, rid, "invalid_parameter", f"{here}: {problem}")
     field = _CONTENT[url]
@@ -239,3 +246,23 @@ def _rerank(body: dict[str, Any], ordinal: int, rid: str, here: str) -> InputRec
         params["top_n"] = body["top_n"]
     return InputRecord(ordinal, rid, None, params=params, endpoint=RERANK,
                        fields={"query": query, "documents": docs})
+
+
+def _structured(body: dict[str, Any], p: dict[str, Any]) -> str | None:
+    """A chat line's response_format, logprobs and top_logprobs into `p`, or what is wrong."""
+    if body.get("response_format") is not None:
+        if (err := response_format_problem(body["response_format"], "body.response_format")):
+            return err
+        p["response_format"] = body["response_format"]
+    if body.get("logprobs") is not None:
+        if not isinstance(body["logprobs"], bool):
+            return f"body.logprobs must be true or false, got {body['logprobs']!r:.40}"
+        if body["logprobs"]:
+            p["logprobs"] = True
+    if body.get("top_logprobs") is not None:
+        if (err := integer_problem(body["top_logprobs"], "body.top_logprobs", 0, MAX_TOP_LOGPROBS)):
+            return err
+        if not body.get("logprobs"):
+            return "body.top_logprobs needs body.logprobs: true"
+        p["top_logprobs"] = body["top_logprobs"]
+    return None

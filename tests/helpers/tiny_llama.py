@@ -85,13 +85,14 @@ def _write_json(path: Path, obj: object) -> None:
 
 def make_tiny_llama(dir: Path, *, family: str = "llama", hidden: int = 64, layers: int = 2, heads: int = 4,
                     kv_heads: int = 2, intermediate: int = 128, max_position: int = 256, seed: int = 0,
-                    rope_theta: float = 10000.0) -> Path:
-    """Write a loadable (transformers and batchinf) tiny decoder of `family` into `dir`."""
+                    rope_theta: float = 10000.0, tokenizer: Tokenizer | None = None) -> Path:
+    """Write a loadable (transformers and batchinf) tiny decoder of `family` into `dir`; `tokenizer`
+    (default: the tiny trained one) needs the ChatML special tokens."""
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {sorted(FAMILIES)}, got {family!r}")
     dir = Path(dir)
     dir.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer()
+    tok = tokenizer or build_tokenizer()
     eos_id, bos_id = tok.token_to_id("<|im_end|>"), tok.token_to_id("<|im_start|>")
     cfg = {
         **FAMILIES[family],

@@ -48,6 +48,11 @@ def test_supported_lines_become_records_with_their_overrides() -> None:
     assert b.params == {"max_tokens": 5, "top_k": 3, "stop": ["END", "."]}
     assert (c.record_id, c.params, c.error) == ("7", {}, None)
     assert [r.ordinal for r in recs] == [0, 1, 2]
+    rf = {"type": "json_schema", "json_schema": {"name": "person", "strict": True,
+                                                 "schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}}
+    (d,) = read(line(CHAT, {"messages": [{"role": "user", "content": "x"}], "response_format": rf, "logprobs": True,
+                            "top_logprobs": 3}, "d"))
+    assert (d.error, d.params) == (None, {"response_format": rf, "logprobs": True, "top_logprobs": 3})
     (e,) = read(line(EMBEDDINGS, {"input": "vector please", "model": "x", "encoding_format": "float"}), task="embed")
     assert (e.text, e.endpoint, e.error, e.params) == ("vector please", EMBEDDINGS, None, {})
 
@@ -83,10 +88,24 @@ BAD = [
      "unsupported_stream", "stream is not available in a batch"),
     (line(CHAT, {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}), "generate",
      "unsupported_tools", "function calling"),
-    (line(CHAT, {"messages": [{"role": "user", "content": "x"}], "logprobs": True}), "generate",
-     "unsupported_logprobs", "logprobs are not returned"),
-    (line(CHAT, {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}),
-     "generate", "unsupported_response_format", "JSON mode"),
+    (line(COMPLETIONS, {"prompt": "x", "logprobs": 2}), "generate",
+     "unsupported_logprobs", "chat/completions lines only"),
+    (line(COMPLETIONS, {"prompt": "x", "response_format": {"type": "json_object"}}),
+     "generate", "unsupported_response_format", "chat/completions lines only"),
+    (line(CHAT, {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}),
+     "generate", "invalid_parameter", "body.response_format must be an object with type one of"),
+    (line(CHAT, {"messages": [{"role": "user", "content": "x"}], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "a b", "schema": {}}}}),
+     "generate", "invalid_parameter", "json_schema.name must be"),
+    (line(CHAT, {"messages": [{"role": "user", "content": "x"}], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "a", "schema": "{}"}}}),
+     "generate", "invalid_parameter", "json_schema.schema must be a JSON Schema object"),
+    (line(CHAT, {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}), "generate",
+     "invalid_parameter", "needs body.logprobs: true"),
+    (line(CHAT, {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21}),
+     "generate", "invalid_parameter", "body.top_logprobs must be an integer in [0, 20]"),
+    (line(CHAT, {"messages": [{"role": "user", "content": "x"}], "logprobs": "yes"}), "generate",
+     "invalid_parameter", "body.logprobs must be true or false"),
     (line(CHAT, {"messages": [{"role": "user", "content": "x"}], "frequency_penalty": 0.5}), "generate",
      "unsupported_frequency_penalty", "remove it or set 0"),
     (line(CHAT, {"messages": [{"role": "user", "content": "x"}], "wibble": 1}), "generate",
@@ -164,6 +183,14 @@ def test_chat_and_completion_result_lines() -> None:
     comp = result_line(gen_row("q2", kind="completion", finish_reason="length"), CTX)["response"]["body"]
     assert comp["object"] == "text_completion" and comp["choices"][0]["text"] == "Paris."
     assert comp["choices"][0]["finish_reason"] == "length"
+
+
+def test_chat_logprobs_in_openai_shape() -> None:
+    content = [{"token": "Paris", "logprob": -0.25, "bytes": list(b"Paris"),
+                "top_logprobs": [{"token": "Paris", "logprob": -0.25, "bytes": list(b"Paris")}]}]
+    body = result_line(gen_row("q1", logprobs=json.dumps(content)), CTX)["response"]["body"]
+    assert body["choices"][0]["logprobs"] == {"content": content, "refusal": None}
+    assert result_line(gen_row("q1", logprobs=None), CTX)["response"]["body"]["choices"][0]["logprobs"] is None
 
 
 def test_embedding_result_line() -> None:
