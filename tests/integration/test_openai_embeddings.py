@@ -6,6 +6,9 @@ with any bad input failing whole."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,10 +24,16 @@ pytestmark = pytest.mark.integration
 openai = pytest.importorskip("openai")
 
 
-def import_minilm(root: Path) -> None:
-    from batchinf.bundles import import_bundle
+def bundle_import(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "batchinf.cli", "bundle", "import", str(minilm_dir()), *args],
+                          env=dict(os.environ), capture_output=True, text=True, timeout=300, check=False)
 
-    import_bundle(minilm_dir(), "minilm", alias="prod", matryoshka_dims=[256, 128])
+
+def import_minilm(root: Path) -> None:
+    r = bundle_import("--name", "minilm", "--alias", "prod", "--matryoshka-dims", "256,128", "--json")
+    assert r.returncode == 0, r.stderr
+    bad = bundle_import("--name", "bad", "--matryoshka-dims", "512")     # beyond the model's 384
+    assert bad.returncode != 0 and "between 1 and the model's 384 dimensions" in bad.stderr, bad.stderr
 
 
 @pytest.fixture(scope="module")

@@ -311,3 +311,29 @@ def test_rerank_result_line_is_sorted_by_relevance() -> None:
     assert body["model"] == "ce@prod" and body["usage"] == {"total_tokens": 30} and body["id"].startswith("rerank-")
     top = result_line({**row, "top": [1, 2]}, ctx)["response"]["body"]["results"]
     assert [r["index"] for r in top] == [1, 2]
+
+
+def test_a_list_line_whose_input_fails_while_running_fails_whole() -> None:
+    """Every input is its own sequence; one failing (isolated down to itself) fails its line
+    alone, the other lines keep their vectors in input order, shortened where asked."""
+    from types import SimpleNamespace
+
+    from batchinf.tasks.embed import Embed, EmbedOptions
+
+    def embed(batch: list[list[int]]) -> tuple[np.ndarray, int]:
+        if any(13 in s for s in batch):
+            raise RuntimeError("boom")
+        return np.asarray([[float(s[0]), 1.0, 0.0, 0.0] for s in batch], np.float32), sum(map(len, batch))
+
+    runtime = SimpleNamespace(meta={"fixtures": [{"embedding": [0.0] * 4}]}, embed=embed)
+    c = {"record_id": ["one", "list", "bad", "short"], "source": [URI] * 4, "ordinal": [0, 1, 2, 3],
+         "error": [None] * 4, "message": [None] * 4, "n_tokens": [1, 2, 2, 1], "truncated": [False] * 4,
+         "input_ids": [[5], None, None, [3]], "items": [None, [[7], [2]], [[4], [13]], None],
+         "dimensions": [None, None, None, 2], "encoding_format": [None, "base64", None, None]}
+    out = Embed().run(c, runtime, EmbedOptions(), lambda: None)
+    assert set(out.failures) == {2} and "boom" in out.failures[2]
+    rows = {r["record_id"]: r for r in out.table.to_pylist()}
+    assert rows["one"]["embedding"] == [5.0, 1.0, 0.0, 0.0] and rows["one"]["embeddings"] is None
+    assert rows["list"]["embedding"] is None and [v[0] for v in rows["list"]["embeddings"]] == [7.0, 2.0]
+    assert rows["list"]["encoding_format"] == "base64" and rows["list"]["input_tokens"] == 2
+    assert np.allclose(rows["short"]["embeddings"], [[3 / 10 ** 0.5, 1 / 10 ** 0.5]])    # cut to 2, unit length
