@@ -80,7 +80,7 @@ def make_st_xlmr(d: Path, seed: int = 0) -> Path:
     return write_pipeline(d, 32, ["mean"], prompts=PROMPTS)
 
 
-def make_st_qwen3(d: Path) -> Path:
+def make_st_qwen3(d: Path, pooling: str = "lasttoken") -> Path:
     """A tiny Qwen3 saved as a bare Qwen3Model (keys without `model.`, no lm_head), pooled by its
     last token, normalised, with an instruction prompt: Qwen3-Embedding's layout."""
     import transformers
@@ -91,7 +91,7 @@ def make_st_qwen3(d: Path) -> Path:
         f.unlink()
     bare.save_pretrained(d, safe_serialization=True)
     _write(d / "sentence_bert_config.json", {"max_seq_length": 200, "do_lower_case": False})
-    return write_pipeline(d, 64, ["lasttoken"], prompts={"query": "Instruct: find the answer\nQuery: "})
+    return write_pipeline(d, 64, [pooling], prompts={"query": "Instruct: find the answer\nQuery: "})
 
 
 def _bert_tokenized(d: Path) -> list[str]:

@@ -67,10 +67,11 @@ def test_modernbert_native(tmp_path: Path) -> None:
     assert np.abs(got - _reference(d, ENCODER_TEXTS, "query")).max() <= 1e-5
 
 
-def test_decoder_embedding_last_token(tmp_path: Path) -> None:
-    d = make_st_qwen3(tmp_path / "qwen3-embed")
+@pytest.mark.parametrize("pooling", ["lasttoken", "mean"])
+def test_decoder_embedding(tmp_path: Path, pooling: str) -> None:
+    d = make_st_qwen3(tmp_path / "qwen3-embed", pooling)
     meta, got = _ours(d, ENCODER_TEXTS, "query")
-    assert meta["task"] == "embed" and meta["encoder"] == "decoder" and meta["pooling"] == "lasttoken"
+    assert meta["task"] == "embed" and meta["encoder"] == "decoder" and meta["pooling"] == pooling
     assert np.abs(got - _reference(d, ENCODER_TEXTS, "query")).max() <= 1e-5
 
 
