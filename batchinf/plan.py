@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,7 @@ from batchinf.store import ObjectPin, get_store, join
 from batchinf.submit import pin_inputs
 from batchinf.tasks import get_task
 from batchinf.tasks.base import STAGE_SCHEMA  # noqa: F401 -- re-exported
+from batchinf.tasks.batching import token_budget_batches
 from batchinf.tasks.generate import GENERATE_STAGE_SCHEMA, record_params  # noqa: F401 -- re-exported
 
 ERROR_BUCKET = -1          # shard bucket for records that failed validation: nothing to compute
@@ -192,12 +194,13 @@ def finish_plan(job: Job) -> None:
     full = full.set_column(full.schema.get_field_index("message"), "message", pa.array(messages, pa.string()))
     full = full.append_column("source", pa.DictionaryArray.from_arrays(pa.array(src, pa.int32()), source_uris))
 
-    shard_rows = []
+    shard_rows, padded = [], 0
     for b in sorted(set(bucket[keep].tolist())):
         members = np.flatnonzero((bucket == b) & keep)
         # Within a bucket: by length, ties by (object, ordinal) -- deterministic.
         members = members[np.lexsort((ordinal[members], src[members], n_tokens[members]))]
         for k, run in enumerate(cut(members, n_tokens, m.shards.max_records, m.shards.max_tokens)):
+            padded += padded_tokens(n_tokens[run], getattr(m.options, "max_batch_tokens", None))
             uri = shard_file(job.work_uri, int(b), k)
             write_table(uri, full.take(pa.array(run)), row_group_size=STAGE_ROW_GROUP)
             key = np.ascontiguousarray(np.stack([src[run], ordinal[run]], axis=1), dtype=np.int64).tobytes()
@@ -209,6 +212,27 @@ def finish_plan(job: Job) -> None:
     plan_info = {"bucket_bounds": bounds, "max_length": tasks[0].max_length if tasks else None, "objects": len(pins),
                  "records": int(keep.sum()), "invalid": int((~valid & keep).sum()),
                  "truncated": int(np.asarray(table.column("truncated").to_numpy(zero_copy_only=False))[keep].sum()),
-                 "tokens": int(n_tokens[keep].sum())}
+                 "tokens": int(n_tokens[keep].sum()), "padded_tokens": padded,
+                 "invalid_by_code": dict(sorted(Counter(e for e, k in zip(errors, keep) if k and e).items())),
+                 "buckets": bucket_summary(bounds, bucket[keep & valid], n_tokens[keep & valid])}
     job_repo.start_running(job.id, shard_rows, json.dumps(plan_info), int(keep.sum()),
-                           now() - (job.started_at or now()))
+                           now() - (job.started_at or now()), hold=job.hold)
+
+
+def bucket_summary(bounds: list[int], bucket: np.ndarray, n_tokens: np.ndarray) -> list[dict[str, int]]:
+    """Records and tokens of each length bucket (valid records only), for the dry run's report."""
+    return [{"bucket": b, "max_tokens": bound, "records": int((bucket == b).sum()),
+             "tokens": int(n_tokens[bucket == b].sum())} for b, bound in enumerate(bounds)]
+
+
+def padded_tokens(lengths: np.ndarray, max_batch_tokens: int | None) -> int:
+    """The positions one shard's forward batches will compute: its records sorted by length in
+    the executor's token-budget batches (each padded to its longest), or, for a task without a
+    token budget (generate), every record padded to the shard's longest -- an upper bound."""
+    lengths = np.sort(np.asarray(lengths, dtype=np.int64))
+    if lengths.size == 0:
+        return 0
+    if not max_batch_tokens:
+        return int(lengths.size * lengths[-1])
+    as_list = lengths.tolist()
+    return sum(len(b) * as_list[b[-1]] for b in token_budget_batches(as_list, max_batch_tokens))

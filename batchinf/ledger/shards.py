@@ -83,14 +83,15 @@ def dispatch_demand() -> list[Demand]:
     planning = values(JOB_PLANNING)
     with tx() as conn:
         rows = conn.execute(
-            select(jobs.c.id, jobs.c.status, jobs.c.priority, jobs.c.deadline_at, jobs.c.created_at,
+            select(jobs.c.id, jobs.c.status, jobs.c.priority, jobs.c.deadline_at, jobs.c.created_at, jobs.c.hold,
                    func.count(shards.c.id).filter(flying).label("in_flight"),
                    func.count(shards.c.id).filter(_ready(now())).label("ready"))
             .outerjoin(shards, shards.c.job_id == jobs.c.id)
             .where(jobs.c.status.in_([JobStatus.RUNNING.value, *planning]))
-            .group_by(jobs.c.id, jobs.c.status, jobs.c.priority, jobs.c.deadline_at, jobs.c.created_at)).all()
-    return [Demand(r.id, r.priority, r.deadline_at, r.created_at, r.in_flight,
-                   UNPLANNED_DEMAND if r.status in planning else r.ready) for r in rows]
+            .group_by(jobs.c.id, jobs.c.status, jobs.c.priority, jobs.c.deadline_at, jobs.c.created_at,
+                      jobs.c.hold)).all()
+    return [Demand(r.id, r.priority, r.deadline_at, r.created_at, r.in_flight,   # a dry run will not dispatch
+                   UNPLANNED_DEMAND if r.status in planning and not r.hold else r.ready) for r in rows]
 
 
 def mark_dispatched(shard_ids: list[str]) -> None:

@@ -61,6 +61,7 @@ jobs = Table(
     Column("step_failures", Integer, nullable=False, default=0),     # consecutive failed lifecycle steps
     Column("confined", Boolean, nullable=False, default=False),      # storage checked against the tenant's grants
     Column("retry_of", String(40), nullable=True, index=True),       # the job this one retries (batchinf retry)
+    Column("hold", Boolean, nullable=False, default=False),          # a dry run: planned, then held (`batchinf plan`)
     UniqueConstraint("tenant", "idempotency_key", name="uq_jobs_tenant_idempotency"),
     Index("ix_jobs_status", "status"),
     Index("ix_jobs_tenant_created", "tenant", "created_at"),

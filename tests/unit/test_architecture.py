@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("batchinf.plan", "batchinf.execute", "batchinf.verify", "batchinf.schedules"),
     ("batchinf.quarantine", "batchinf.dispatch"),
     ("batchinf.lifecycle",),
-    ("batchinf.controller",),
+    ("batchinf.controller", "batchinf.dryrun"),
     ("batchinf.api",),
     ("batchinf.cli", "batchinf.__main__", "batchinf.workers"),
 ]
