@@ -85,7 +85,7 @@ class Controller:
             stop.wait(self.tick_seconds)
 
     def tick(self) -> None:
-        shares = share_slots(self.max_in_flight, shard_repo.dispatch_demand())
+        shares = share_slots(self.max_in_flight, shard_repo.dispatch_demand(cap=max(1, self.max_in_flight)))
         for job_id in job_repo.active_ids():
             try:
                 if job_repo.lock(job_id, self.name, max(30.0, 10 * self.tick_seconds)):

@@ -197,7 +197,8 @@ def start_running(job_id: str, shard_rows: list[dict[str, Any]], plan: str, reco
             conn.execute(insert(shards), shard_rows)
         return transition(conn, job_id, JobStatus.PLANNED if hold else JobStatus.RUNNING,
                           detail={"shards": len(shard_rows)}, plan=plan, records_total=records_total,
-                          plan_seconds=plan_seconds)
+                          plan_seconds=plan_seconds,
+                          error_records=sum(r["num_records"] for r in shard_rows if r["bucket"] < 0))
 
 
 def release(job_id: str) -> bool:
