@@ -134,6 +134,7 @@ def _peak(fn: Callable[[], object]) -> int:
         tracemalloc.stop()
 
 
+@pytest.mark.slow
 def test_the_global_steps_peak_memory_does_not_grow_with_the_job(tmp_path: Path, tiny_bundle: str,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bucketing, "DEDUP_RANGE_RECORDS", 1000)
