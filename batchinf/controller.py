@@ -31,9 +31,11 @@ def drive(job_id: str, *, workers: int = 1, device: str = "auto", threads: int |
     pool = LocalPool(job_id, workers=workers, device=device, threads=threads)
     failures = 0
     try:
-        if job_repo.get(job_id).status in {JobStatus.RUNNING, *JOB_PLANNING}:
+        if job_repo.get(job_id).status in {JobStatus.RUNNING, JobStatus.PLANNED, *JOB_PLANNING}:
             pool.start()            # workers load the bundle while the job is pinned and planned
         while (status := job_repo.get(job_id).status) not in JOB_TERMINAL:
+            if status == JobStatus.PLANNED:     # planned by a dry run (`batchinf plan`): run its shards
+                job_repo.release(job_id)
             ok = step(job_id, pool)
             failures = 0 if ok else failures + 1
             if on_tick:
@@ -87,7 +89,7 @@ class Controller:
 
     def tick(self) -> bool:
         """One step of every active job; True when one of them changed status."""
-        shares = share_slots(self.max_in_flight, shard_repo.dispatch_demand())
+        shares = share_slots(self.max_in_flight, shard_repo.dispatch_demand(cap=max(1, self.max_in_flight)))
         moved = False
         for job_id in job_repo.active_ids():
             try:

@@ -60,3 +60,19 @@ def test_score_throughput_short_mode(tmp_path: Path) -> None:
     assert report["batchinf"]["padding_efficiency"] >= 0.9
     assert 0 < report["cross_encoder_predict"]["padding_efficiency"] <= 1
     assert report["batchinf"]["pairs_per_s"] > 0 and report["cross_encoder_predict"]["pairs_per_s"] > 0
+
+
+def test_plan_scale_short_mode(tmp_path: Path) -> None:
+    """Planning a synthetic job (tokenizer only) and the ledger simulation on PostgreSQL both run
+    and count what they claim: every record planned, every commit a committed shard."""
+    from tests.helpers.services import fresh_postgres_db
+
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "plan_scale.py"), "--short", "--json",
+                        "--database-url", fresh_postgres_db()], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    report = json.loads(r.stdout)
+    plan, ledger = report["planning"], report["ledger"]
+    assert plan["records"] == 4000 and plan["status"] == "running"
+    assert plan["peak_rss_mib"]["global_step"] > 0 and plan["records_per_s_per_planning_process"] > 0
+    assert ledger["commits"] > 0 and ledger["committed"] == ledger["commits"]
+    assert ledger["idle"]["status_ms"] > 0 and ledger["under_load"]["tick_ms_p50"] > 0

@@ -8,7 +8,7 @@ Create Date: 2026-12-01
 from alembic import op
 import sqlalchemy as sa
 
-revision = '0011_i17'
+revision = '0011'
 down_revision = '0010'
 branch_labels = None
 depends_on = None
