@@ -1,7 +1,7 @@
 """job summaries: what a published job's task says about its results (label counts, a score
 histogram), as in its _MANIFEST.json, kept for the status object and the REST API
 
-Revision ID: 0011_i17
+Revision ID: 0011
 Revises: 0010
 Create Date: 2026-12-01
 """

@@ -1,8 +1,8 @@
 """scale: jobs held after a dry run's planning (`batchinf plan`: jobs.hold, status planned); the
 shards' dispatch-order index (job, status, bucket desc, ordinal)
 
-Revision ID: 0011_scale
-Revises: 0010
+Revision ID: 0012
+Revises: 0011
 Create Date: 2026-12-01
 """
 from alembic import op
