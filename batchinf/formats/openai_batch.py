@@ -257,8 +257,7 @@ def _structured(body: dict[str, Any], p: dict[str, Any]) -> str | None:
     if body.get("logprobs") is not None:
         if not isinstance(body["logprobs"], bool):
             return f"body.logprobs must be true or false, got {body['logprobs']!r:.40}"
-        if body["logprobs"]:
-            p["logprobs"] = True
+        p["logprobs"] = body["logprobs"]        # false too: it overrides a job's logprobs: true
     if body.get("top_logprobs") is not None:
         if (err := integer_problem(body["top_logprobs"], "body.top_logprobs", 0, MAX_TOP_LOGPROBS)):
             return err

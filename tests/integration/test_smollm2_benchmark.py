@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_generate_throughput_short_mode(smollm2_gguf: Path, tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "generate_throughput.py"), "--short", "--json",
-                        "--gguf", str(smollm2_gguf), "--only", "continuous,static,transformers,structured"], check=False, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+                        "--gguf", str(smollm2_gguf), "--only", "continuous,static,transformers,structured"],
+                       check=False, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads(r.stdout)
     contenders = {"batchinf continuous", "batchinf static", "transformers static"}

@@ -58,6 +58,17 @@ def _write(gguf: ModuleType, path: Path, tensors: dict[str, tuple[np.ndarray, ob
     return want
 
 
+def _write_raw(gguf: ModuleType, path: Path, tensors: dict[str, tuple[np.ndarray, object]]) -> None:
+    """A GGUF file of raw blocks (uint8 [rows, bytes]) of the given ggml types."""
+    w = gguf.GGUFWriter(str(path), "llama")
+    for name, (raw, qtype) in tensors.items():
+        w.add_tensor(name, raw, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def test_reader_matches_gguf_package(gguf: ModuleType, tmp_path: Path) -> None:
     Q = gguf.GGMLQuantizationType
     TYPES = [Q[name] for name in TYPE_NAMES]
@@ -87,17 +98,10 @@ def test_every_block_layout_matches_gguf_bit_for_bit(gguf: ModuleType, tmp_path:
     Q = gguf.GGMLQuantizationType
     rng = np.random.default_rng(1)
     path = tmp_path / "raw.gguf"
-    w = gguf.GGUFWriter(str(path), "llama")
-    want = {}
-    for name in RAW_NAMES + TYPE_NAMES[3:]:
-        block, nbytes = gguf.GGML_QUANT_SIZES[Q[name]]
-        raw = rng.integers(0, 256, size=(5, 6 * nbytes), dtype=np.uint8)     # 5 rows of 6 blocks
-        w.add_tensor(f"t.{name}", raw, raw_dtype=Q[name])
-        want[f"t.{name}"] = gguf.quants.dequantize(raw, Q[name]).astype(np.float32)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    blocks = {f"t.{name}": (rng.integers(0, 256, size=(5, 6 * gguf.GGML_QUANT_SIZES[Q[name]][1]), dtype=np.uint8),
+                            Q[name]) for name in RAW_NAMES + TYPE_NAMES[3:]}     # 5 rows of 6 blocks
+    _write_raw(gguf, path, blocks)
+    want = {n: gguf.quants.dequantize(raw, qt).astype(np.float32) for n, (raw, qt) in blocks.items()}
     with GGUFFile(path) as g:
         for name, ref in want.items():
             got = g.tensor(name)
@@ -108,22 +112,12 @@ def test_every_block_layout_matches_gguf_bit_for_bit(gguf: ModuleType, tmp_path:
 
 def test_unsupported_type_and_bad_files_are_clear_errors(gguf: ModuleType, tmp_path: Path) -> None:
     path = tmp_path / "iq2.gguf"
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_tensor("blk.0.attn_q.weight", np.zeros((2, 66), np.uint8), raw_dtype=gguf.GGMLQuantizationType.IQ2_XXS)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    _write_raw(gguf, path, {"blk.0.attn_q.weight": (np.zeros((2, 66), np.uint8), gguf.GGMLQuantizationType.IQ2_XXS)})
     with GGUFFile(path) as g, pytest.raises(BundleError, match=r"blk\.0\.attn_q\.weight has ggml type 16.*Q6_K"):
         g.tensor("blk.0.attn_q.weight")
     # a K-quant tensor whose rows (128) are shorter than its block (256), the element count unchanged
     kq = tmp_path / "rows.gguf"
-    w = gguf.GGUFWriter(str(kq), "llama")
-    w.add_tensor("t", np.zeros((2, 144), np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q4_K)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    _write_raw(gguf, kq, {"t": (np.zeros((2, 144), np.uint8), gguf.GGMLQuantizationType.Q4_K)})
     raw = kq.read_bytes()
     dims = struct.pack("<IQQ", 2, 256, 2)
     assert raw.count(dims) == 1

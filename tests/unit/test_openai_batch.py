@@ -43,7 +43,8 @@ def test_supported_lines_become_records_with_their_overrides() -> None:
     a, b, c = recs
     assert (a.record_id, a.error, a.endpoint, a.text) == ("a", None, CHAT, None)
     assert a.messages == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Why?"}]
-    assert a.params == {"max_tokens": 40, "temperature": 0.7, "top_p": 0.9, "seed": 11, "stop": ["\n\n"]}
+    assert a.params == {"max_tokens": 40, "temperature": 0.7, "top_p": 0.9, "seed": 11, "stop": ["\n\n"],
+                        "logprobs": False}
     assert (b.record_id, b.text, b.endpoint, b.messages) == ("b", "Once upon", COMPLETIONS, None)
     assert b.params == {"max_tokens": 5, "top_k": 3, "stop": ["END", "."]}
     assert (c.record_id, c.params, c.error) == ("7", {}, None)

@@ -77,3 +77,16 @@ def test_schemas_llguidance_cannot_enforce_are_named(schema: dict, fragment: str
     assert problem is not None and fragment in problem
     assert grammar_problem(_rf(SCHEMA)) is None
     assert grammar_problem(canonical_response_format({"type": "json_object"})) is None
+
+
+def test_a_line_overrides_the_jobs_response_format_and_logprobs() -> None:
+    from batchinf.tasks.generate import GenerateOptions, record_params
+
+    job = GenerateOptions(response_format={"type": "json_object"}, logprobs=True, top_logprobs=2)
+    p = record_params(job, "r1", None)
+    assert (p["response_format"], p["logprobs"]) == ('{"type":"json_object"}', 2)
+    p = record_params(job, "r1", {"logprobs": False, "response_format": {"type": "text"}})
+    assert (p["response_format"], p["logprobs"]) == (None, None)
+    p = record_params(GenerateOptions(), "r1", {"logprobs": True, "response_format": {
+        "type": "json_schema", "json_schema": {"schema": {"type": "object"}, "name": "x"}}})
+    assert p["logprobs"] == 0 and p["response_format"] == _rf({"type": "object"}).replace('"name":"s"', '"name":"x"')
