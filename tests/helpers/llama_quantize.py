@@ -71,10 +71,14 @@ def requantised_smollm2(kind: str) -> Path:
         return out
     src, tool = smollm2_gguf(), llama_quantize()
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".part")
-    r = subprocess.run([str(tool), "--allow-requantize", str(src), str(tmp), kind, "2"],
-                       capture_output=True, text=True, timeout=600)
-    if r.returncode:
-        unavailable(f"llama-quantize {kind} failed: {r.stderr[-500:]}")
-    tmp.replace(out)
+    with open(out.with_suffix(".lock"), "w") as lock:    # CI starts making them in the background
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if out.is_file():
+            return out
+        tmp = out.with_suffix(".part")
+        r = subprocess.run([str(tool), "--allow-requantize", str(src), str(tmp), kind, "2"],
+                           capture_output=True, text=True, timeout=600)
+        if r.returncode:
+            unavailable(f"llama-quantize {kind} failed: {r.stderr[-500:]}")
+        tmp.replace(out)
     return out
