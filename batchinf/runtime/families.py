@@ -34,6 +34,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("Gemma 3 (text)", ("gemma3_text",), ("generate", "embed"), ("llama", "gemma")),
     Family("any other encoder transformers ships (MPNet, DistilBERT, ...)", ("(any other)",),
            ("embed",), ("hf_fallback",), FALLBACK),
+    Family("any other causal LM transformers ships (GPT-2, GPT-NeoX/Pythia, OPT, Phi, Falcon, ...)",
+           ("(any other)",), ("generate",), ("hf_decoder",), FALLBACK),
 )
 
 DECODER_TYPES = tuple(t for f in FAMILIES if "llama" in f.runtime for t in f.model_types)
