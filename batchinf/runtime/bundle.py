@@ -242,6 +242,10 @@ def _build_generate_meta(src: Path, files: list[str], *, max_length: int | None,
         from batchinf.runtime.llama import config_of
 
         cfg = config_of(config)
+        if cfg.bidirectional:
+            raise BundleError(f"{src}: use_bidirectional_attention makes this model an encoder (EmbeddingGemma); "
+                              "it cannot generate. Import it as a sentence-transformers directory (modules.json "
+                              "with a Pooling module) for task embed")
         family, model_type, limit = "llama", cfg.model_type, cfg.context_length
     else:   # no native decoder: transformers' own causal LM computes it (runtime/hf_decoder.py)
         from batchinf.runtime.hf_decoder import context_length

@@ -24,13 +24,13 @@ CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
-def make_tiny_decoder(dir: Path, family: str, *, seed: int = 0, layers: int = 3) -> Path:
+def make_tiny_decoder(dir: Path, family: str, *, seed: int = 0, layers: int = 3, **extra: Any) -> Path:
     import transformers
 
     dir = Path(dir)
     dir.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer()
-    spec = dict(CONFIGS[family])
+    spec = {**CONFIGS[family], **extra}
     cfg = getattr(transformers, spec.pop("cls"))(
         vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
