@@ -231,7 +231,6 @@ class GenerateRuntime:
             self.load_model()
         stats = stats if stats is not None else GenStats()
         model = self.model
-        dev = model.device
         # The cache is n_slots x capacity positions, so the budget bounds memory as well as admission.
         capacity = max(len(r.prompt_ids) + r.params.max_tokens for r in reqs)
         per_token = self.kv_bytes_per_token()
