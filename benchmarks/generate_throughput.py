@@ -15,9 +15,11 @@ lengths, same torch thread count, same batch size (slots) for every contender:
       integers, which no answer can complete, so every request still produces exactly its
       max_tokens and the two runs differ only by the masks: the row is their cost, against the mean
       of (a) and a second run of (a) right after it.
+  (e) batchinf fallback (--only ...,fallback): (a) with the model run through the transformers
+      fallback (transformers' own model class, one DynamicCache and one forward pass per slot).
 
-Both batchinf contenders share prompt prefixes (the chat template's system prompt) between slots
-unless --no-prefix-sharing; transformers recomputes every prompt.
+The native batchinf contenders share prompt prefixes (the chat template's system prompt) between slots
+unless --no-prefix-sharing; the fallback and transformers recompute every prompt.
 
 Output lengths are controlled, not left to the model: each prompt has its own `max_tokens`, drawn
 log-uniformly from [min, max] (many short answers, a few long ones), and EOS is ignored by all
@@ -152,6 +154,13 @@ def main() -> int:
         runs["batchinf continuous again"] = run_batchinf(rt, prompts, lengths, args.slots, static=False)
     if "static" in only:
         runs["batchinf static"] = run_batchinf(rt, prompts, lengths, args.slots, static=True)
+    if "fallback" in only:      # the same model through the transformers fallback (runtime/hf_decoder.py)
+        from batchinf.runtime.generate import GenerateRuntime
+
+        fb = GenerateRuntime(local_dir(info.digest), {**rt.meta, "implementation": {"name": "transformers"}})
+        fb.eos_ids = ()
+        run_batchinf(fb, prompts[:2], [4, 4], 2, False)    # warm-up
+        runs["batchinf fallback"] = run_batchinf(fb, prompts, lengths, args.slots, static=False)
     if "transformers" in only:
         from transformers import AutoModelForCausalLM
 

@@ -231,16 +231,30 @@ def _build_generate_meta(src: Path, files: list[str], *, max_length: int | None,
     """bundle.json for a Llama-family decoder: context length, special tokens, decoding defaults,
     and fixtures (token ids of fixed texts; greedy continuations of the first few) computed with
     our own runtime on CPU in float32."""
+    from batchinf.runtime.families import is_decoder
     from batchinf.runtime.generate import GenerateRuntime, GenRequest, SamplingParams
-    from batchinf.runtime.llama import config_of
 
     if dtype not in ("float32", "bfloat16", "float16"):
         raise BundleError(f"dtype {dtype!r} is not supported; use float32 or bfloat16")
-    cfg = config_of(json.loads((src / "config.json").read_text()))
-    context = max_length or cfg.context_length
-    if context > cfg.context_length:
-        raise BundleError(f"max length {context} exceeds the model's {cfg.context_length} positions")
     config = json.loads((src / "config.json").read_text())
+    native = is_decoder(config)
+    if native:
+        from batchinf.runtime.llama import config_of
+
+        cfg = config_of(config)
+        if cfg.bidirectional:
+            raise BundleError(f"{src}: use_bidirectional_attention makes this model an encoder (EmbeddingGemma); "
+                              "it cannot generate. Import it as a sentence-transformers directory (modules.json "
+                              "with a Pooling module) for task embed")
+        family, model_type, limit = "llama", cfg.model_type, cfg.context_length
+    else:   # no native decoder: transformers' own causal LM computes it (runtime/hf_decoder.py)
+        from batchinf.runtime.hf_decoder import context_length
+
+        family = model_type = str(config.get("model_type"))
+        limit = context_length(config)
+    context = max_length or limit
+    if context > limit:
+        raise BundleError(f"max length {context} exceeds the model's {limit} positions")
     gen_cfg = _json_or_empty(src / "generation_config.json")
     tok_cfg = _json_or_empty(src / "tokenizer_config.json")
     from tokenizers import Tokenizer
@@ -267,11 +281,15 @@ def _build_generate_meta(src: Path, files: list[str], *, max_length: int | None,
                 "top_k": int(gen_cfg.get("top_k", 0) or 0) if do_sample else 0,
                 "top_p": float(gen_cfg.get("top_p", 1.0) or 1.0) if do_sample else 1.0}
     meta: dict[str, Any] = {
-        "format": BUNDLE_FORMAT, "task": "generate", "family": "llama", "model_type": cfg.model_type,
+        "format": BUNDLE_FORMAT, "task": "generate", "family": family, "model_type": model_type,
         "dtype": dtype, "context_length": context, "special_tokens": specials,
         "chat_template": bool(tok_cfg.get("chat_template")), "decoding": decoding,
         "files": {f: sha256_file(src / f) for f in files},
     }
+    if not native:
+        from batchinf.runtime.hf_fallback import implementation
+
+        meta["implementation"] = implementation()
     runtime = GenerateRuntime(src, meta, device="cpu", dtype_override="float32")
     check_chat_template(runtime, src)
     fixtures: list[dict[str, Any]] = [{"text": t, "token_ids": runtime.encode_prompt(t)} for t in FIXTURE_TEXTS]
@@ -337,7 +355,7 @@ def verify_tokenizer_fixtures(runtime: Any) -> None:
 
 def verify_model_fixtures(runtime: Any) -> None:
     """Encoder: each fixture's embedding within cosine 0.9999 (float32); decoder: see below."""
-    if runtime.meta["family"] == "llama":
+    if hasattr(runtime, "generate"):     # a decoder (native or the transformers fallback)
         return verify_generate_fixtures(runtime)
     ids = [fx["token_ids"] for fx in runtime.meta["fixtures"]]
     got, _ = runtime.embed(ids)

@@ -49,6 +49,7 @@ class LlamaConfig:
     layer_types: tuple[str, ...] | None = None   # per layer: sliding_attention or full_attention
     local_window: int | None = None         # window of the sliding_attention layers
     local_rope_theta: float | None = None   # Gemma 3: rope base of the sliding layers (unscaled)
+    bidirectional: bool = False             # EmbeddingGemma: an encoder, every token sees every other
 
     @classmethod
     def from_hf(cls, c: dict[str, Any]) -> LlamaConfig:

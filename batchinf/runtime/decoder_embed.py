@@ -1,10 +1,13 @@
 """A native decoder (runtime/llama.py's families) as a text encoder: its final hidden states,
 which sentence-transformers' pooling (e.g. Qwen3-Embedding's last token) turns into embeddings.
-Checkpoints saved from the bare model (`Qwen3Model`: keys without `model.`, no lm_head) load too."""
+Checkpoints saved from the bare model (`Qwen3Model`: keys without `model.`, no lm_head) load too.
+A bidirectional one (EmbeddingGemma's `use_bidirectional_attention`) attends both ways, padding
+masked out, instead of causally."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -26,7 +29,23 @@ class DecoderEncoder(nn.Module):
         pos = torch.arange(S, device=input_ids.device)
         part = d._part(input_ids, pos[None], pos.expand(B, S), torch.arange(B, device=input_ids.device), S,
                        fresh=True)
+        if d.config.bidirectional:
+            part.where.mask, part.where.local = bidirectional_masks(attention_mask.bool(), d.config)
         return d._run([part], cache).view(B, S, -1)
+
+
+def bidirectional_masks(valid: Tensor, cfg: Any) -> tuple[Tensor, Tensor | None]:
+    """EmbeddingGemma's attention (as transformers builds it): every query sees every real key;
+    in sliding layers only those less than `local_window` positions away, on either side.
+    valid [B, S] -> masks [B, 1, rep*S, S] (the H/KV query heads of a KV head are extra rows)."""
+    S = valid.shape[1]
+    rep = cfg.num_attention_heads // cfg.num_key_value_heads
+    full = valid[:, None, :].expand(-1, S, -1)                                      # [B, S, S]
+    pos = torch.arange(S, device=valid.device)
+    near = (pos[None, :] - pos[:, None]).abs() < cfg.local_window if cfg.local_window else None
+    local = full & near if near is not None else None
+    return (full.repeat(1, rep, 1)[:, None],
+            local.repeat(1, rep, 1)[:, None] if local is not None else None)
 
 
 def load_decoder_encoder(model_dir: Path, device: str | torch.device = "cpu",

@@ -31,9 +31,12 @@ FAMILIES: tuple[Family, ...] = (
     Family("Qwen2, Qwen2.5", ("qwen2",), ("generate", "embed"), ("llama",)),
     Family("Qwen3 (q/k norms), Qwen3-Embedding", ("qwen3",), ("generate", "embed"), ("llama",)),
     Family("Gemma 2", ("gemma2",), ("generate", "embed"), ("llama", "gemma")),
-    Family("Gemma 3 (text)", ("gemma3_text",), ("generate", "embed"), ("llama", "gemma")),
+    Family("Gemma 3 (text), EmbeddingGemma (bidirectional, embed only)", ("gemma3_text",), ("generate", "embed"),
+           ("llama", "gemma")),
     Family("any other encoder transformers ships (MPNet, DistilBERT, ...)", ("(any other)",),
            ("embed",), ("hf_fallback",), FALLBACK),
+    Family("any other causal LM transformers ships (GPT-2, GPT-NeoX/Pythia, OPT, Phi, Falcon, ...)",
+           ("(any other)",), ("generate",), ("hf_decoder",), FALLBACK),
 )
 
 DECODER_TYPES = tuple(t for f in FAMILIES if "llama" in f.runtime for t in f.model_types)

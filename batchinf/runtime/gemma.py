@@ -2,7 +2,9 @@
 (1 + w), embeddings scaled by sqrt(hidden), norms around attention and MLP, query_pre_attn_scalar,
 tanh soft-capping of attention scores and logits (Gemma 2), sliding-window attention on the
 layers config.json marks `sliding_attention`, q/k norms and a separate rope base for those layers
-(Gemma 3), and a gelu-tanh MLP."""
+(Gemma 3), and a gelu-tanh MLP. `use_bidirectional_attention` (EmbeddingGemma) makes it an encoder:
+embed only (runtime/decoder_embed.py), every layer bidirectional, the sliding ones within the
+window on both sides."""
 
 from __future__ import annotations
 
@@ -31,14 +33,14 @@ def gemma_config(c: dict[str, Any]) -> LlamaConfig:
     act = c.get("hidden_activation") or c.get("hidden_act") or "gelu_pytorch_tanh"
     if ACTIVATIONS.get(act) != "gelu_tanh":
         raise BundleError(f"hidden_activation {act!r} is not supported for Gemma; use gelu_pytorch_tanh")
-    if c.get("use_bidirectional_attention"):
-        raise BundleError("use_bidirectional_attention is not supported; batchinf runs Gemma as a causal decoder")
     base = {**common_fields(c), "tie_word_embeddings": bool(c.get("tie_word_embeddings", True))}
     rope = c.get("rope_parameters") or {}
     local_theta = (rope.get(SLIDING) or {}).get("rope_theta", c.get("rope_local_base_freq"))
     if mt == "gemma3_text" and local_theta is None:
         local_theta = 10000.0
     window = c.get("sliding_window")
+    if window and c.get("use_bidirectional_attention"):
+        window = int(window) // 2 + 1   # as transformers reads it: config.json's window spans both sides
     return LlamaConfig(
         **base, qkv_bias=bool(c.get("attention_bias", False)), o_bias=bool(c.get("attention_bias", False)),
         hidden_act="gelu_tanh", qk_norm=mt == "gemma3_text", norm_offset=True, sandwich_norms=True,
@@ -47,6 +49,7 @@ def gemma_config(c: dict[str, Any]) -> LlamaConfig:
         attn_softcap=_cap(c.get("attn_logit_softcapping")), final_softcap=_cap(c.get("final_logit_softcapping")),
         layer_types=_layer_types(c, base["num_hidden_layers"]), local_window=int(window) if window else None,
         local_rope_theta=float(local_theta) if local_theta is not None else None,
+        bidirectional=bool(c.get("use_bidirectional_attention")),
     )
 
 

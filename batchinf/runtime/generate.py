@@ -165,19 +165,23 @@ class GenerateRuntime:
         from batchinf.runtime.llama import load_llama
 
         dtype = "float32" if self.device == "cpu" else self._dtype   # CPUs here lack fast bf16
+        if (self.meta.get("implementation") or {}).get("name") == "transformers":
+            from batchinf.runtime.hf_decoder import load_transformers_decoder
+
+            self.model = load_transformers_decoder(self.root, device=self.device, dtype=getattr(torch, dtype))
+            self.share_prefixes = False     # its slots are transformers caches, not copyable K/V rows
+            return
         self.model = load_llama(self.root, device=self.device, dtype=getattr(torch, dtype))
 
     def teacher_forced_rank(self, prompt_ids: list[int], continuation: list[int]) -> int:
         """The worst rank (0 = top) of each continuation token given everything before it."""
-        from batchinf.runtime.llama import KVCache
-
         if self.model is None:
             self.load_model()
         if not continuation:
             return 0
         ids = prompt_ids + continuation
         dev = self.model.device
-        cache = KVCache(self.model.config, 1, len(ids), self.model.lm_head.weight.dtype, dev)
+        cache = self.model.new_cache(1, len(ids))
         with torch.inference_mode():
             logits = self.model.prefill(torch.tensor([ids], device=dev), torch.tensor([len(ids)], device=dev),
                                         torch.tensor([0], device=dev), cache, all_logits=True)[0]
@@ -225,11 +229,8 @@ class GenerateRuntime:
             return
         if self.model is None:
             self.load_model()
-        from batchinf.runtime.llama import KVCache
-
         stats = stats if stats is not None else GenStats()
         model = self.model
-        dev = model.device
         # The cache is n_slots x capacity positions, so the budget bounds memory as well as admission.
         capacity = max(len(r.prompt_ids) + r.params.max_tokens for r in reqs)
         per_token = self.kv_bytes_per_token()
@@ -241,7 +242,7 @@ class GenerateRuntime:
                                  f"bytes of KV cache, over this worker's budget of {budget} bytes "
                                  "(BATCHINF_MAX_KV_CACHE_BYTES); lower max_tokens or shorten the prompt")
         n_slots = max(1, min(max_slots, len(reqs), max_batch_tokens // capacity, budget // (capacity * per_token)))
-        cache = KVCache(model.config, n_slots, capacity, model.lm_head.weight.dtype, dev)
+        cache = model.new_cache(n_slots, capacity)
         # Longest max_tokens first: long answers start early, so the tail once the queue is empty
         # (few live rows, each step paying for all the weights) is made of short ones.
         order = reqs if static else sorted(reqs, key=lambda r: -r.params.max_tokens)
@@ -392,10 +393,7 @@ def _compact(slots: list[_Seq | None], cache: Any) -> None:
             return
         seq = slots[hi]
         assert seq is not None
-        n = seq.pos + 1                          # positions written so far (and the next one)
-        for layer in cache.layers:
-            layer.k[lo, :, :n].copy_(layer.k[hi, :, :n])   # [KV, n, Dh]
-            layer.v[lo, :, :n].copy_(layer.v[hi, :, :n])
+        cache.move(hi, lo, seq.pos + 1)          # positions written so far (and the next one)
         seq.slot, slots[lo], slots[hi] = lo, seq, None
 
 

@@ -1,5 +1,6 @@
 """The transformers fallback: an embedding model whose architecture has no native implementation
-(e.g. ModernBERT, MPNet, DistilBERT) runs through transformers' own `AutoModel` class, under the
+(e.g. MPNet, DistilBERT) runs through transformers' own `AutoModel` class (a causal LM for
+generation through `AutoModelForCausalLM`, see `hf_decoder.py`), under the
 same bundle contract (file digests, fixtures, pinned dtype) and the same token-budget batching
 and sentence-transformers pipeline as a native one. Safetensors only, never remote code
 (`trust_remote_code=False` always; a model that needs it is refused at import). transformers is
@@ -42,25 +43,37 @@ def refuse_remote_code(src: Path, config: dict[str, Any]) -> None:
                           "transformers ships, or one batchinf runs natively")
 
 
+def _is_causal_lm(arch: str) -> bool:
+    return arch.endswith(("ForCausalLM", "LMHeadModel"))
+
+
 def fallback_architecture(config: dict[str, Any], src: Path) -> str | None:
     """The transformers class an embedding model without a native implementation would run
-    through, or None when it is not one (a decoder for generation is not: generate needs a native
-    family). Refuses remote code before anything is imported."""
+    through, or None when it is not one (a causal LM is not: see `causal_lm_architecture`).
+    Refuses remote code before anything is imported."""
     archs = [a for a in config.get("architectures") or () if isinstance(a, str)]
     # a bare encoder (ModernBertModel, MPNetModel), not a head (GPT2LMHeadModel, *ForCausalLM)
     embed_like = (src / "modules.json").is_file() or any(
         a.endswith("Model") and "LMHead" not in a and "For" not in a for a in archs)
-    if not embed_like:
-        return None
+    return _known_class(config, src, archs, "AutoModel") if embed_like else None
+
+
+def causal_lm_architecture(config: dict[str, Any], src: Path) -> str | None:
+    """The transformers class a generation model without a native decoder runs through
+    (GPT2LMHeadModel, GPTNeoXForCausalLM, ...), or None when config.json names no causal LM."""
+    archs = [a for a in config.get("architectures") or () if isinstance(a, str) and _is_causal_lm(a)]
+    return _known_class(config, src, archs, "AutoModelForCausalLM") if archs else None
+
+
+def _known_class(config: dict[str, Any], src: Path, archs: list[str], auto: str) -> str:
     refuse_remote_code(src, config)
     transformers = transformers_module()
-    mapping = transformers.AutoConfig.for_model  # raises ValueError for an unknown model_type
     try:
-        mapping(str(config.get("model_type")))
+        transformers.AutoConfig.for_model(str(config.get("model_type")))   # ValueError for an unknown type
     except (ValueError, KeyError):
         raise BundleError(f"{src}: model_type {config.get('model_type')!r} is unknown to transformers "
                           f"{transformers.__version__}; upgrade it or use a supported model") from None
-    return next((a for a in archs if hasattr(transformers, a)), "AutoModel")
+    return next((a for a in archs if hasattr(transformers, a)), auto)
 
 
 def implementation() -> dict[str, str]:
@@ -78,14 +91,17 @@ class TransformersEncoder(nn.Module):
         return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
 
-def load_transformers_encoder(model_dir: Path, device: str = "cpu", dtype: Any = None) -> TransformersEncoder:
+def from_pretrained(model_dir: Path, auto_class: str, device: str, dtype: Any) -> nn.Module:
+    """transformers' `auto_class` from a model directory: safetensors only, never remote code."""
     model_dir = Path(model_dir)
-    config = json.loads((model_dir / "config.json").read_text())
-    refuse_remote_code(model_dir, config)
-    transformers = transformers_module()
+    refuse_remote_code(model_dir, json.loads((model_dir / "config.json").read_text()))
     try:
-        model = transformers.AutoModel.from_pretrained(model_dir, trust_remote_code=False, use_safetensors=True,
-                                                       local_files_only=True)
+        model = getattr(transformers_module(), auto_class).from_pretrained(
+            model_dir, trust_remote_code=False, use_safetensors=True, local_files_only=True)
     except (OSError, ValueError) as e:
         raise BundleError(f"{model_dir}: transformers cannot load this model ({e})") from e
-    return TransformersEncoder(model.to(device=device, dtype=dtype).eval())
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def load_transformers_encoder(model_dir: Path, device: str = "cpu", dtype: Any = None) -> TransformersEncoder:
+    return TransformersEncoder(from_pretrained(model_dir, "AutoModel", device, dtype))

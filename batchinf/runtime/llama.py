@@ -258,6 +258,12 @@ class KVCache:
         self.layers = [LayerCache(slots, cfg.num_key_value_heads, capacity, cfg.head_dim, dtype, device)
                        for _ in range(cfg.num_hidden_layers)]
 
+    def move(self, src: int, dst: int, positions: int) -> None:
+        """Slot dst's first `positions` positions := slot src's."""
+        for layer in self.layers:
+            layer.k[dst, :, :positions].copy_(layer.k[src, :, :positions])   # [KV, n, Dh]
+            layer.v[dst, :, :positions].copy_(layer.v[src, :, :positions])
+
 
 class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg: LlamaConfig) -> None:
@@ -273,6 +279,9 @@ class LlamaForCausalLM(nn.Module):
     @property
     def device(self) -> torch.device:
         return self.lm_head.weight.device
+
+    def new_cache(self, slots: int, capacity: int) -> KVCache:
+        return KVCache(self.config, slots, capacity, self.lm_head.weight.dtype, self.device)
 
     def _rope(self, pos: Tensor, dtype: torch.dtype, inv_freq: Tensor) -> tuple[Tensor, Tensor]:
         freqs = pos.float()[..., None] * inv_freq                  # [..., Dh/2], fp32 like HF

@@ -42,10 +42,13 @@ def detect(config: dict[str, Any], src: Path) -> Task:
     for name in DETECTION_ORDER:
         if TASKS[name].detects(config, src):
             return TASKS[name]
-    from batchinf.runtime.hf_fallback import fallback_architecture
+    from batchinf.runtime.hf_fallback import causal_lm_architecture, fallback_architecture
 
+    # no native family: transformers' own model class computes it
+    if config.get("model_type") and causal_lm_architecture(config, src) is not None:
+        return TASKS["generate"]
     if config.get("model_type") and fallback_architecture(config, src) is not None:
-        return TASKS["embed"]     # no native family: transformers' own model class computes it
+        return TASKS["embed"]
     raise BundleError(f"{src}: model_type {config.get('model_type')!r} is not supported yet (architectures "
                       f"{config.get('architectures')}); supported: {SUPPORTED}")
 

@@ -1,4 +1,4 @@
-"""Task generate: text from a Llama-family decoder for a plain prompt or chat messages. Staged:
+"""Task generate: text from a decoder (native, or the transformers fallback) for a plain prompt or chat messages. Staged:
 prompt token ids and each record's resolved sampling params (length measure: prompt tokens); run:
 one continuous batch over the whole shard."""
 

@@ -24,13 +24,13 @@ CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
-def make_tiny_decoder(dir: Path, family: str, *, seed: int = 0, layers: int = 3) -> Path:
+def make_tiny_decoder(dir: Path, family: str, *, seed: int = 0, layers: int = 3, **extra: Any) -> Path:
     import transformers
 
     dir = Path(dir)
     dir.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer()
-    spec = dict(CONFIGS[family])
+    spec = {**CONFIGS[family], **extra}
     cfg = getattr(transformers, spec.pop("cls"))(
         vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
@@ -43,6 +43,42 @@ def make_tiny_decoder(dir: Path, family: str, *, seed: int = 0, layers: int = 3)
         for name, p in model.named_parameters():
             std = 0.1 if "norm" in name else 0.3
             p.copy_(torch.randn(p.shape, generator=g) * std + (1.0 if "norm" in name and family == "qwen3" else 0))
+    model.save_pretrained(dir, safe_serialization=True)
+    write_tokenizer_files(dir, tok, 256)
+    return dir
+
+
+# Causal LMs with no native batchinf decoder: they run through the transformers fallback.
+FALLBACK_CONFIGS: dict[str, dict[str, Any]] = {
+    "gpt2": {"cls": "GPT2Config", "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 256},
+    "gpt_neox": {"cls": "GPTNeoXConfig", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                 "intermediate_size": 128, "max_position_embeddings": 256, "rotary_pct": 0.5},
+    "opt": {"cls": "OPTConfig", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "ffn_dim": 128, "max_position_embeddings": 256, "word_embed_proj_dim": 64},
+}
+
+
+def make_tiny_causal_lm(dir: Path, family: str = "gpt2", *, seed: int = 0) -> Path:
+    """A tiny random-weight causal LM of `family` (FALLBACK_CONFIGS) saved as safetensors by
+    transformers, with the tiny ChatML tokenizer; weights scaled up so greedy answers vary."""
+    import transformers
+
+    dir = Path(dir)
+    dir.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer()
+    spec = dict(FALLBACK_CONFIGS[family])
+    eos = tok.token_to_id("<|im_end|>")
+    cfg = getattr(transformers, spec.pop("cls"))(vocab_size=tok.get_vocab_size(), bos_token_id=eos,
+                                                 eos_token_id=eos, pad_token_id=eos, **spec)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or "ln" in name:
+                p.copy_(1.0 + torch.randn(p.shape, generator=g) * 0.1 if name.endswith("weight") else p * 0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
     model.save_pretrained(dir, safe_serialization=True)
     write_tokenizer_files(dir, tok, 256)
     return dir

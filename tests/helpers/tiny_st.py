@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -83,15 +84,25 @@ def make_st_xlmr(d: Path, seed: int = 0) -> Path:
 def make_st_qwen3(d: Path, pooling: str = "lasttoken") -> Path:
     """A tiny Qwen3 saved as a bare Qwen3Model (keys without `model.`, no lm_head), pooled by its
     last token, normalised, with an instruction prompt: Qwen3-Embedding's layout."""
+    return _bare_st_decoder(d, "qwen3", [pooling])
+
+
+def make_st_embeddinggemma(d: Path) -> Path:
+    """A tiny bidirectional Gemma 3 saved as a bare Gemma3TextModel, mean-pooled, with a Dense layer,
+    normalised, with a prompt: EmbeddingGemma's layout."""
+    return _bare_st_decoder(d, "gemma3_text", ["mean"], dense_out=24, use_bidirectional_attention=True)
+
+
+def _bare_st_decoder(d: Path, family: str, modes: list[str], dense_out: int | None = None, **extra: Any) -> Path:
     import transformers
 
-    make_tiny_decoder(d, "qwen3")
+    make_tiny_decoder(d, family, **extra)
     bare = transformers.AutoModel.from_pretrained(d, dtype=torch.float32)
     for f in d.glob("*.safetensors"):
         f.unlink()
     bare.save_pretrained(d, safe_serialization=True)
     _write(d / "sentence_bert_config.json", {"max_seq_length": 200, "do_lower_case": False})
-    return write_pipeline(d, 64, [pooling], prompts={"query": "Instruct: find the answer\nQuery: "})
+    return write_pipeline(d, 64, modes, dense_out=dense_out, prompts={"query": "Instruct: find the answer\nQuery: "})
 
 
 def _bert_tokenized(d: Path) -> list[str]:

@@ -1,7 +1,7 @@
 """sentence-transformers directories against sentence-transformers' own `encode`: every Pooling
 mode (and a concatenation), Dense, Normalize and prompts over BERT; XLM-RoBERTa (positions offset
 by padding_idx + 1); ModernBERT (native: local/global attention and rope bases); a Qwen3 decoder
-with last-token pooling (Qwen3-Embedding's layout)."""
+with last-token pooling (Qwen3-Embedding's layout); a bidirectional Gemma 3 (EmbeddingGemma's layout)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,10 @@ from batchinf.errors import BundleError
 from batchinf.runtime import bundle as rb
 from batchinf.runtime.st_modules import POOLING_MODES, prompt_for
 from batchinf.tasks import build_meta
+from tests.helpers.tiny_decoders import WINDOW
 from tests.helpers.tiny_models import ENCODER_TEXTS
-from tests.helpers.tiny_st import PROMPTS, make_st_bert, make_st_modernbert, make_st_qwen3, make_st_xlmr
+from tests.helpers.tiny_st import (PROMPTS, make_st_bert, make_st_embeddinggemma, make_st_modernbert, make_st_qwen3,
+                                  make_st_xlmr)
 
 pytestmark = pytest.mark.parity
 
@@ -73,6 +75,24 @@ def test_decoder_embedding(tmp_path: Path, pooling: str) -> None:
     meta, got = _ours(d, ENCODER_TEXTS, "query")
     assert meta["task"] == "embed" and meta["encoder"] == "decoder" and meta["pooling"] == pooling
     assert np.abs(got - _reference(d, ENCODER_TEXTS, "query")).max() <= 1e-5
+
+
+def test_embeddinggemma_bidirectional(tmp_path: Path) -> None:
+    d = make_st_embeddinggemma(tmp_path / "embeddinggemma")
+    meta, got = _ours(d, ENCODER_TEXTS, "query")
+    assert meta["family"] == "gemma3_text" and meta["encoder"] == "decoder" and meta["pooling"] == "mean"
+    assert max(len(fx["token_ids"]) for fx in meta["fixtures"]) > 2 * WINDOW     # past the sliding window
+    want = _reference(d, ENCODER_TEXTS, "query")
+    assert got.shape == want.shape and np.abs(got - want).max() <= 1e-5
+    # bidirectional for real: the causal decoder gives other vectors
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "use_bidirectional_attention": False}))
+    assert np.abs(_ours(d, ENCODER_TEXTS, "query")[1] - want).max() > 1e-3
+    # it is an encoder: without modules.json it is refused as a generation model
+    (d / "config.json").write_text(json.dumps(cfg))
+    (d / "modules.json").unlink()
+    with pytest.raises(BundleError, match="use_bidirectional_attention"):
+        build_meta(d)
 
 
 def test_refusals(tmp_path: Path) -> None:

@@ -95,11 +95,11 @@ def test_import_refuses_non_directory_and_non_bert(bi_home: Path, tiny_model_dir
     with pytest.raises(BundleError, match="not a directory"):
         import_bundle(tiny_model_dir / "config.json", "x")
     cfg = json.loads((tiny_model_dir / "config.json").read_text())
-    # a generation model without a native family (the transformers fallback serves embedding models only)
-    cfg["model_type"], cfg["architectures"] = "gpt2", ["GPT2LMHeadModel"]
+    # an encoder-decoder: no native family, and neither a bare encoder nor a causal LM for the fallback
+    cfg["model_type"], cfg["architectures"] = "t5", ["T5ForConditionalGeneration"]
     (tiny_model_dir / "config.json").write_text(json.dumps(cfg))
     (tiny_model_dir / "modules.json").unlink()
-    with pytest.raises(BundleError, match="'gpt2' is not supported"):
+    with pytest.raises(BundleError, match="'t5' is not supported"):
         import_bundle(tiny_model_dir, "x")
     assert list_bundles() == []
 

@@ -40,5 +40,7 @@ def test_qwen3_and_refusals() -> None:
         config_of({**BASE, "model_type": "gemma2", "hidden_activation": "relu"})
     with pytest.raises(BundleError, match="layer_types"):
         config_of({**BASE, "model_type": "gemma2", "layer_types": ["sliding_attention"]})
-    with pytest.raises(BundleError, match="bidirectional"):
-        config_of({**BASE, "model_type": "gemma3_text", "use_bidirectional_attention": True})
+    # EmbeddingGemma: config.json's window spans both sides; transformers attends within window // 2 + 1
+    cfg = config_of({**BASE, "model_type": "gemma3_text", "use_bidirectional_attention": True, "sliding_window": 512})
+    assert cfg.bidirectional and cfg.local_window == 257
+    assert not config_of({**BASE, "model_type": "gemma3_text", "sliding_window": 512}).bidirectional
