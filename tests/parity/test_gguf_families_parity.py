@@ -1,5 +1,6 @@
 """GGUF import of Qwen3, Gemma 2 and Gemma 3 (text): tiny random models built by transformers,
-converted by llama.cpp's own convert_hf_to_gguf.py (f32 and f16), imported with our converter, and
+and tiny Llama (Llama 3 rope scaling) and Mistral ones, converted by llama.cpp's own
+convert_hf_to_gguf.py (f32, f16 and q8_0), imported with our converter, and
 run on our decoder. The logits equal transformers' on the original HF model within 1e-4 (f32; f16
 files are compared with the HF model's f16-rounded weights), greedy tokens are identical, and the
 imported weights equal what transformers' own GGUF loader reads from the same file."""
@@ -9,26 +10,33 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+from batchinf.runtime import bundle as rb
+from batchinf.runtime.decoder_config import rope_inv_freq
+from batchinf.runtime.generate import GenerateRuntime
 from batchinf.runtime.gguf import convert_gguf
 from batchinf.runtime.llama import load_llama
 from tests.helpers.decoder_parity import assert_greedy_matches, hf_causal_lm, prefill_logits
 from tests.helpers.hf_to_gguf import hf_to_gguf
 from tests.helpers.tiny_decoders import WINDOW, make_tiny_decoder
+from tests.helpers.tiny_llama import make_tiny_llama
 
 pytestmark = pytest.mark.parity
 
 # What a GGUF file can say: llama.cpp stores no query_pre_attn_scalar (it uses head_dim) and no Gemma 3
 # layer pattern (every sixth layer global); Qwen3's head_dim differs from hidden / heads, as in the real ones.
-FAMILIES = {
+# Llama (Llama 3 rope scaling: llama.cpp writes a rope_freqs tensor) and Mistral (written as `llama`,
+# Q/K rows permuted) come from tiny_llama.
+FAMILIES: dict[str, dict[str, Any]] = {
     "qwen3": dict(layers=3, head_dim=32),
     "gemma2": dict(layers=3, query_pre_attn_scalar=16),
     "gemma3_text": dict(layers=6, query_pre_attn_scalar=16, layer_types=None),
+    "llama": {}, "mistral": {},
 }
-GGUF_ARCH = {"qwen3": "qwen3", "gemma2": "gemma2", "gemma3_text": "gemma3"}
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +45,8 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Pa
     root = tmp_path_factory.mktemp("gguf-families")
     out = {}
     for i, (fam, spec) in enumerate(FAMILIES.items()):
-        hf = make_tiny_decoder(root / fam, fam, seed=10 + i, **spec)
+        hf = (make_tiny_llama(root / fam, family=fam, seed=10 + i) if fam in ("llama", "mistral")
+              else make_tiny_decoder(root / fam, fam, seed=10 + i, **spec))
         gguf = hf_to_gguf(hf, "f32")
         out[fam] = (hf, gguf, convert_gguf(gguf, root / f"{fam}-imported"))
     return out
@@ -61,8 +70,12 @@ def test_imported_config_is_the_original(models, family: str) -> None:
     hf, gguf, ours = models[family]
     want, got = load_llama(hf).config, load_llama(ours).config
     assert got.rms_norm_eps == pytest.approx(want.rms_norm_eps, rel=1e-6)      # stored as float32
-    assert dataclasses.replace(got, rms_norm_eps=want.rms_norm_eps) == want, family
-    assert json.loads((ours / "config.json").read_text())["model_type"] == family
+    imported_type = "llama" if family == "mistral" else family      # Mistral files are `llama` ones
+    assert got.model_type == imported_type
+    # Llama 3 rope parameters come back from rope_freqs as another split giving the same frequencies
+    torch.testing.assert_close(rope_inv_freq(got), rope_inv_freq(want), rtol=1e-6, atol=0)
+    assert dataclasses.replace(got, rms_norm_eps=want.rms_norm_eps, model_type=family,
+                               rope_scaling=want.rope_scaling) == want, family
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -73,8 +86,9 @@ def test_gguf_logits_and_greedy_match_transformers_on_the_hf_model(models, famil
     assert_greedy_matches(ours, _seqs(ref.config.vocab_size)[:3], 16, family, ref=ref)
 
 
+@pytest.mark.parametrize("outtype", ["f32", "q8_0"])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_gguf_weights_match_transformers_gguf_loader(models, family: str) -> None:
+def test_gguf_weights_match_transformers_gguf_loader(models, family: str, outtype: str, tmp_path: Path) -> None:
     """transformers' GGUF loader on the same file: the same tensors (Gemma's +1 undone alike). Its loader
     ignores `qwen3.attention.key_length` (head_dim falls back to 128), so Qwen3's attention tensors get
     other shapes there and only the rest is compared."""
@@ -82,6 +96,9 @@ def test_gguf_weights_match_transformers_gguf_loader(models, family: str) -> Non
     from transformers import AutoModelForCausalLM
 
     hf, gguf, ours = models[family]
+    if outtype != "f32":
+        gguf = hf_to_gguf(hf, outtype)
+        ours = convert_gguf(gguf, tmp_path / outtype)
     theirs = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
                                                   ignore_mismatched_sizes=family == "qwen3").state_dict()
     mine = load_file(str(ours / "model.safetensors"))
@@ -107,3 +124,12 @@ def test_f16_gguf_matches_the_f16_rounded_model(models, family: str, tmp_path: P
     ref = hf_causal_lm(hf)
     ref.load_state_dict({k: v for k, v in load_file(str(ours / "model.safetensors")).items()}, strict=False)
     _assert_logits(load_llama(ours), ref, _seqs(ref.config.vocab_size), 1e-4, f"{family} f16")
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_imported_bundle_pins_fixtures(models, family: str) -> None:
+    meta = rb.build_meta(models[family][2])
+    assert meta["task"] == "generate"
+    rt = GenerateRuntime(models[family][2], meta)
+    rt.load_model()
+    rb.verify_generate_fixtures(rt)
