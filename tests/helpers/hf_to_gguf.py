@@ -5,9 +5,9 @@ on what llama.cpp really writes (tensor names, metadata keys, Gemma's folded nor
 The converter is extracted once into the tool cache (see llama_quantize.cache_dir()); converted files
 are cached there too, keyed by the digest of the HF directory. The converter recognises BPE
 tokenizers by a hash of their output; the tiny test tokenizer is unknown to it, so the driver names it
-`gpt-2` (the tokenizer is not what these files test). Gemma 2's converter insists on a SentencePiece
-tokenizer.model (and Qwen's imports sentencepiece before looking for one); the driver gives them the BPE
-path Gemma 3's converter takes when that file is absent."""
+`gpt-2`, which is what it is (byte-level BPE, GPT-2's split; the parity test checks that). Gemma 2's
+converter insists on a SentencePiece tokenizer.model (and Qwen's imports sentencepiece before looking
+for one); the driver gives them the BPE path Gemma 3's converter takes when that file is absent."""
 
 from __future__ import annotations
 

@@ -133,3 +133,14 @@ def test_imported_bundle_pins_fixtures(models, family: str) -> None:
     rt = GenerateRuntime(models[family][2], meta)
     rt.load_model()
     rb.verify_generate_fixtures(rt)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma2"])
+def test_imported_tokenizer_and_chat_template_match_the_original(models, family: str) -> None:
+    """The tiny tokenizer is byte-level BPE with GPT-2's split, which is what the driver names it."""
+    hf, _, ours = models[family]
+    want, got = GenerateRuntime(hf, {"context_length": 256}), GenerateRuntime(ours, {"context_length": 256})
+    for text in ["the people of the world", "  hello\n\tworld 42!", "été ☃", ""]:
+        assert got.encode_prompt(text) == want.encode_prompt(text), text
+        chat = [{"role": "user", "content": text}]
+        assert got.encode_chat(chat) == want.encode_chat(chat), text
