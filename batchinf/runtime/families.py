@@ -64,10 +64,11 @@ def is_decoder_embedding(config: dict[str, Any], src: Path) -> bool:
 
 def gguf_support() -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(model_types runtime/gguf.py converts, tensor types it dequantises), read from its tables."""
-    from batchinf.runtime import gguf
+    from batchinf.runtime.gguf_arch import ARCHS
+    from batchinf.runtime.gguf_quants import GGML_TYPES
 
-    return (tuple(sorted({v[0] for v in gguf._ARCH.values()})),
-            tuple(t[0] for t in gguf.GGML_TYPES.values()))
+    return (tuple(sorted({a.model_type for a in ARCHS.values()} | {"mistral"})),   # Mistral files are `llama`
+            tuple(t[0] for t in GGML_TYPES.values()))
 
 
 def supported_models_markdown() -> str:

@@ -1,10 +1,11 @@
-"""Read a GGUF file (llama.cpp's format) and convert a Llama-family model into an HF-format directory
-(config.json, model.safetensors, tokenizer.json, tokenizer_config.json, generation_config.json).
+"""Read a GGUF file (llama.cpp's format) and convert a Llama/Mistral, Qwen2/3 or Gemma 2/3 model into an
+HF-format directory (config.json, model.safetensors, tokenizer.json, tokenizer_config.json, generation_config.json).
 
 Our own reader: header, metadata, tensor infos; blocks are dequantised by
 batchinf.runtime.gguf_quants (SUPPORTED_GGUF_TYPES: the float types, Q4_0 to Q8_0, the K-quants
 Q2_K to Q6_K, IQ4_NL and IQ4_XS). llama.cpp's converter permutes the rows of Q and K of `llama` models for its
-interleaved rotary; `unpermute` undoes that so the weights fit HF's rotate-half rotary again.
+interleaved rotary; `unpermute` undoes that so the weights fit HF's rotate-half rotary again. What
+differs per architecture (tensor names, Gemma's norm offset, family config fields) is in gguf_arch.py.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 from safetensors.torch import save_file
 
 from batchinf.errors import BundleError
+from batchinf.runtime.gguf_arch import arch_of, family_config, hf_tensor_name, layer_names, norm_shift
 from batchinf.runtime.gguf_vocab import build_tokenizer
 from batchinf.runtime.gguf_quants import GGML_TYPES, SUPPORTED_GGUF_TYPES, dequantize
 
@@ -252,18 +254,8 @@ def _llama3_from_freqs(r: np.ndarray, head_dim: int, theta: float, orig: int | N
 
 # --- conversion ----------------------------------------------------------------------------------
 
-_ARCH = {"llama": ("llama", "LlamaForCausalLM", True), "qwen2": ("qwen2", "Qwen2ForCausalLM", False)}
-_LAYER_NAMES = {"attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
-                "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
-                "attn_v.weight": "self_attn.v_proj.weight", "attn_q.bias": "self_attn.q_proj.bias",
-                "attn_k.bias": "self_attn.k_proj.bias", "attn_v.bias": "self_attn.v_proj.bias",
-                "attn_output.weight": "self_attn.o_proj.weight", "ffn_gate.weight": "mlp.gate_proj.weight",
-                "ffn_up.weight": "mlp.up_proj.weight", "ffn_down.weight": "mlp.down_proj.weight"}
-_TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-              "output.weight": "lm_head.weight"}
-
 def convert_gguf(path: Path | str, out: Path, *, dtype: str = "float32") -> Path:
-    """Write an HF-format Llama-family model directory for a GGUF file into `out`. A file whose
+    """Write an HF-format decoder model directory for a GGUF file into `out`. A file whose
     header or metadata is malformed (wrong types, missing keys, shapes that do not fit) raises
     BundleError saying so."""
     try:
@@ -281,10 +273,8 @@ def _convert_gguf(path: Path | str, out: Path, *, dtype: str = "float32") -> Pat
     out.mkdir(parents=True, exist_ok=True)
     with GGUFFile(path) as g:
         m = g.metadata
-        arch = m.get("general.architecture")
-        if arch not in _ARCH:
-            raise BundleError(f"{path}: GGUF architecture {arch!r} is not supported; supported: {', '.join(_ARCH)}")
-        model_type, hf_arch, permuted = _ARCH[arch]
+        a = arch_of(m, path)
+        arch = m["general.architecture"]
 
         def key(name: str, default: Any = None) -> Any:
             value = m.get(f"{arch}.{name}", default)
@@ -293,13 +283,14 @@ def _convert_gguf(path: Path | str, out: Path, *, dtype: str = "float32") -> Pat
             return value
 
         heads, layers = int(key("attention.head_count")), int(key("block_count"))
+        head_dim = key("attention.key_length", key("rope.dimension_count", int(key("embedding_length")) // heads))
         kv_heads = int(key("attention.head_count_kv", heads))
         tokens = m["tokenizer.ggml.tokens"]
         config: dict[str, Any] = {
-            "architectures": [hf_arch], "model_type": model_type, "vocab_size": len(tokens),
+            "architectures": [a.hf_arch], "model_type": a.model_type, "vocab_size": len(tokens),
             "hidden_size": int(key("embedding_length")), "intermediate_size": int(key("feed_forward_length")),
             "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
-            "head_dim": int(key("rope.dimension_count", int(key("embedding_length")) // heads)),
+            "head_dim": int(head_dim),
             "max_position_embeddings": int(key("context_length")),
             "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon")),
             "rope_theta": float(key("rope.freq_base", 10000.0)), "hidden_act": "silu",
@@ -310,22 +301,22 @@ def _convert_gguf(path: Path | str, out: Path, *, dtype: str = "float32") -> Pat
                                config["head_dim"], config["rope_theta"])
         if scaling:
             config["rope_scaling"] = scaling
+        config.update(family_config(a, arch, key, config))
+        names = layer_names(a)
         state: dict[str, torch.Tensor] = {}
         for name in g.tensors:
             if name == "rope_freqs.weight":
                 continue                    # became config.rope_scaling
-            if name in _TOP_NAMES:
-                hf = _TOP_NAMES[name]
-            elif name.startswith("blk.") and name.split(".", 2)[2] in _LAYER_NAMES:
-                i, rest = name.split(".", 2)[1:]
-                hf = f"model.layers.{i}.{_LAYER_NAMES[rest]}"
-            else:
+            hf = hf_tensor_name(a, name, names)
+            if hf is None:
                 raise BundleError(f"{path}: unexpected tensor {name!r} for a {arch} model")
             w = g.tensor(name)
-            if permuted and name.endswith(("attn_q.weight", "attn_q.bias")):
+            if a.permuted and name.endswith(("attn_q.weight", "attn_q.bias")):
                 w = unpermute(w, heads)
-            elif permuted and name.endswith(("attn_k.weight", "attn_k.bias")):
+            elif a.permuted and name.endswith(("attn_k.weight", "attn_k.bias")):
                 w = unpermute(w, kv_heads)
+            if norm_shift(a, name):
+                w = w + np.float32(norm_shift(a, name))
             state[hf] = torch.from_numpy(np.ascontiguousarray(w)).to(getattr(torch, dtype))
         save_file(state, str(out / "model.safetensors"), metadata={"format": "pt", "source": Path(path).name})
         (out / "config.json").write_text(json.dumps(config, indent=2))

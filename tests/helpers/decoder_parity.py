@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from batchinf.runtime.generate import GenerateRuntime, GenRequest, SamplingParams
+from batchinf.runtime.llama import KVCache
 
 
 def hf_causal_lm(d: Path):
@@ -15,12 +17,24 @@ def hf_causal_lm(d: Path):
     return AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
 
 
-def assert_greedy_matches(d: Path, texts: list[str], max_tokens: int, label: str) -> None:
-    """Greedy continuations of every text, batched through our continuous batching, equal
-    transformers' generate on each text alone, token for token."""
+def prefill_logits(model: Any, seqs: list[list[int]]) -> torch.Tensor:
+    """Our decoder's logits at every position of a right-padded batch, [B, S, V]."""
+    S = max(map(len, seqs))
+    tokens = torch.tensor([s + [0] * (S - len(s)) for s in seqs])
+    cache = KVCache(model.config, len(seqs), S, torch.float32, torch.device("cpu"))
+    with torch.inference_mode():
+        return model.prefill(tokens, torch.tensor(list(map(len, seqs))), torch.arange(len(seqs)), cache,
+                             all_logits=True)
+
+
+def assert_greedy_matches(d: Path, texts: list[str] | list[list[int]], max_tokens: int, label: str,
+                          ref: Any = None) -> None:
+    """Greedy continuations of every text (or token list), batched through our continuous batching,
+    equal transformers' generate on each alone, token for token; `ref` is the reference model
+    (default: transformers' on `d` itself)."""
     rt = GenerateRuntime(d, {"context_length": 256, "special_tokens": {"eos_ids": []}})
-    ref = hf_causal_lm(d)
-    prompts = [rt.encode_prompt(t) for t in texts]
+    ref = hf_causal_lm(d) if ref is None else ref
+    prompts = [t if isinstance(t, list) else rt.encode_prompt(t) for t in texts]
     results = {r.key: r for r in rt.generate(GenRequest(i, p, SamplingParams(max_tokens=max_tokens))
                                              for i, p in enumerate(prompts))}
     for i, p in enumerate(prompts):

@@ -24,16 +24,17 @@ CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
-def make_tiny_decoder(dir: Path, family: str, *, seed: int = 0, layers: int = 3, **extra: Any) -> Path:
+def make_tiny_decoder(dir: Path, family: str, *, seed: int = 0, layers: int = 3, **overrides: Any) -> Path:
+    """`overrides` replace CONFIGS' fields (None drops one)."""
     import transformers
 
     dir = Path(dir)
     dir.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer()
-    spec = {**CONFIGS[family], **extra}
+    spec = {k: v for k, v in {**CONFIGS[family], **overrides}.items() if v is not None}
     cfg = getattr(transformers, spec.pop("cls"))(
         vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=spec.pop("head_dim", 16), max_position_embeddings=256,
         rms_norm_eps=1e-5, bos_token_id=tok.token_to_id("<|im_start|>"), eos_token_id=tok.token_to_id("<|im_end|>"),
         pad_token_id=tok.token_to_id("<|im_end|>"), tie_word_embeddings=family != "qwen3", **spec)
     torch.manual_seed(seed)

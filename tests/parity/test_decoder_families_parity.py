@@ -13,8 +13,8 @@ import torch
 
 from batchinf.runtime import bundle as rb
 from batchinf.runtime.generate import GenerateRuntime
-from batchinf.runtime.llama import KVCache, load_llama
-from tests.helpers.decoder_parity import assert_greedy_matches, hf_causal_lm
+from batchinf.runtime.llama import load_llama
+from tests.helpers.decoder_parity import assert_greedy_matches, hf_causal_lm, prefill_logits
 from tests.helpers.tiny_decoders import CONFIGS, WINDOW, make_tiny_decoder
 
 pytestmark = pytest.mark.parity
@@ -30,15 +30,6 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {fam: make_tiny_decoder(root / fam, fam, seed=i) for i, fam in enumerate(CONFIGS)}
 
 
-def _prefill(model, seqs: list[list[int]]) -> torch.Tensor:
-    S = max(map(len, seqs))
-    tokens = torch.tensor([s + [0] * (S - len(s)) for s in seqs])
-    cache = KVCache(model.config, len(seqs), S, torch.float32, torch.device("cpu"))
-    with torch.inference_mode():
-        return model.prefill(tokens, torch.tensor(list(map(len, seqs))), torch.arange(len(seqs)), cache,
-                             all_logits=True)
-
-
 @pytest.mark.parametrize("family", list(CONFIGS))
 def test_logits_match_transformers(dirs: dict[str, Path], family: str) -> None:
     d = dirs[family]
@@ -46,7 +37,7 @@ def test_logits_match_transformers(dirs: dict[str, Path], family: str) -> None:
     rt = GenerateRuntime(d, {"context_length": 256})
     seqs = [rt.encode_prompt(t) for t in TEXTS]
     assert max(map(len, seqs)) > 2 * WINDOW
-    got = _prefill(ours, seqs)
+    got = prefill_logits(ours, seqs)
     for i, s in enumerate(seqs):
         with torch.inference_mode():
             want = ref(torch.tensor([s])).logits[0]
@@ -59,7 +50,7 @@ def test_logits_match_transformers(dirs: dict[str, Path], family: str) -> None:
         # the window is real: without it, tokens past the window get other logits
         ours.config = dataclasses.replace(cfg, local_window=None)
         ours.windowed = False
-        unwindowed = _prefill(ours, seqs)
+        unwindowed = prefill_logits(ours, seqs)
         long = max(range(len(seqs)), key=lambda i: len(seqs[i]))
         assert torch.allclose(unwindowed[long, :WINDOW], got[long, :WINDOW], atol=1e-5)
         assert (unwindowed[long, WINDOW:len(seqs[long])] - got[long, WINDOW:len(seqs[long])]).abs().max() > 1e-3
