@@ -69,7 +69,9 @@ class SelfAttention(nn.Module):
         """Query, key and value stacked into one [3D, D] projection: one GEMM and one output
         allocation instead of three (rebuilt whenever the weights are replaced, moved or written)."""
         projs = (self.query, self.key, self.value)
-        key = tuple(n for p in projs for t in (p.weight, p.bias) for n in (t.data_ptr(), t._version))
+        # inference tensors (weights made under inference_mode) keep no version counter
+        key = tuple(n for p in projs for t in (p.weight, p.bias)
+                    for n in (t.data_ptr(), 0 if t.is_inference() else t._version))
         if self._fused is None or self._fused[0] != key:
             with torch.no_grad():
                 w = torch.cat([p.weight for p in projs]).detach()
