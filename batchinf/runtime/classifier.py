@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from batchinf.errors import BatchinfError, BundleError
-from batchinf.runtime.encoder import _TANH_GELUS, BertLayer, EncoderConfig
+from batchinf.runtime.encoder import _TANH_GELUS, BertLayer, EncoderConfig, attention_bias
 
 FAMILIES = {"bert": "bert", "xlm-roberta": "roberta", "roberta": "roberta"}   # model_type -> weight prefix
 M = TypeVar("M", bound=nn.Module)
@@ -113,7 +113,7 @@ class SequenceClassifier(nn.Module):
             position_ids = torch.arange(S, device=input_ids.device)[None, :].expand_as(input_ids)
         if int(position_ids.max()) >= self.cfg.encoder.max_position_embeddings:
             raise BatchinfError(f"sequence length {S} exceeds the model's positions; lower max_length")
-        mask = attention_mask.bool()[:, None, None, :]
+        mask = attention_bias(attention_mask, self.embeddings.LayerNorm.weight.dtype)
         x = self.embeddings(input_ids, token_type_ids, position_ids)
         for layer in self.encoder.layer:
             x = layer(x, mask)

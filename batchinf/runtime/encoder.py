@@ -63,14 +63,28 @@ class SelfAttention(nn.Module):
         self.query = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self._fused: tuple[tuple[int, ...], Tensor, Tensor] | None = None
 
-    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+    def qkv_weights(self) -> tuple[Tensor, Tensor]:
+        """Query, key and value stacked into one [3D, D] projection: one GEMM and one output
+        allocation instead of three (rebuilt whenever the weights are replaced, moved or written)."""
+        projs = (self.query, self.key, self.value)
+        # inference tensors (weights made under inference_mode) keep no version counter
+        key = tuple(n for p in projs for t in (p.weight, p.bias)
+                    for n in (t.data_ptr(), 0 if t.is_inference() else t._version))
+        if self._fused is None or self._fused[0] != key:
+            with torch.no_grad():
+                w = torch.cat([p.weight for p in projs]).detach()
+                b = torch.cat([p.bias for p in projs]).detach()
+            self._fused = (key, w, b)
+        return self._fused[1], self._fused[2]
+
+    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
         B, S, D = x.shape
-        # [B, S, D] -> [B, H, S, Dh]
-        q, k, v = (
-            proj(x).view(B, S, self.n_head, D // self.n_head).transpose(1, 2)
-            for proj in (self.query, self.key, self.value)
-        )
+        w, b = self.qkv_weights()
+        # [B, S, 3, H, Dh] -> q, k, v views [B, H, S, Dh]
+        qkv = F.linear(x, w, b).view(B, S, 3, self.n_head, D // self.n_head)
+        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # mask: [B, 1, 1, S]
         return y.transpose(1, 2).reshape(B, S, D)
 
@@ -84,7 +98,11 @@ class ResidualOutput(nn.Module):
         self.LayerNorm = nn.LayerNorm(d_out, eps=eps)
 
     def forward(self, h: Tensor, residual: Tensor) -> Tensor:
-        return self.LayerNorm(self.dense(h) + residual)
+        # residual + bias, then the GEMM accumulates into it: one pass and one allocation fewer
+        # than dense(h) + residual
+        y = (residual + self.dense.bias).view(-1, residual.shape[-1])
+        y.addmm_(h.reshape(-1, h.shape[-1]), self.dense.weight.t())
+        return self.LayerNorm(y.view(residual.shape))
 
 
 class Attention(nn.Module):
@@ -104,7 +122,10 @@ class Intermediate(nn.Module):
         self.approximate = "tanh" if cfg.hidden_act in _TANH_GELUS else "none"
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.gelu(self.dense(x), approximate=self.approximate)  # [B, S, I]
+        h = self.dense(x)
+        if torch.is_inference_mode_enabled():   # in place: one [B, S, I] allocation fewer
+            return torch.ops.aten.gelu_(h, approximate=self.approximate)
+        return F.gelu(h, approximate=self.approximate)  # [B, S, I]
 
 
 class BertLayer(nn.Module):
@@ -159,11 +180,18 @@ class BertEncoder(nn.Module):
                 f"sequence length {S} exceeds the {self.config.max_position_embeddings} position embeddings "
                 f"(less an offset of {self.config.position_offset}); lower the tokenizer max_length"
             )
-        mask = attention_mask.bool()[:, None, None, :]  # [B, 1, 1, S], True = attend
+        mask = attention_bias(attention_mask, self.embeddings.LayerNorm.weight.dtype)
         x = self.embeddings(input_ids)
         for layer in self.encoder.layer:
             x = layer(x, mask)
         return x  # [B, S, D]
+
+
+def attention_bias(attention_mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """[B, S] 1/0 mask -> additive [B, 1, 1, S] bias (0 = attend, -inf = padding), built once per
+    batch: a boolean mask would be converted to this by every layer's attention again."""
+    bias = torch.zeros(attention_mask.shape, dtype=dtype, device=attention_mask.device)
+    return bias.masked_fill_(attention_mask == 0, float("-inf"))[:, None, None, :]
 
 
 def load_encoder(

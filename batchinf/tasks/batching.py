@@ -101,7 +101,7 @@ def generate_isolating(generate: Callable[[list[Any]], Any], requests: list[Any]
 
 
 def run_units(forward: Callable[[list[int]], tuple[np.ndarray, int]], lengths: list[int], units: list[int],
-              unit_records: list[str], max_batch_tokens: int) -> EmbedOutcome:
+              unit_records: list[str], max_batch_tokens: int, min_fill: float = 0.95) -> EmbedOutcome:
     """Run units of work (tokenized sequences, pairs, images) sorted by `lengths` in token-budget
     batches through `forward(unit positions) -> (one output row per unit, padded positions)`,
     isolating failures. Returns outputs and failures by unit position."""
@@ -112,6 +112,6 @@ def run_units(forward: Callable[[list[int]], tuple[np.ndarray, int]], lengths: l
     def fwd(batch_ids: list[list[int]]) -> tuple[np.ndarray, int]:
         return forward([b[0] for b in batch_ids])
 
-    for batch in token_budget_batches([lengths[u] for u in order], max_batch_tokens):
+    for batch in token_budget_batches([lengths[u] for u in order], max_batch_tokens, min_fill):
         embed_isolating(fwd, index, [order[j] for j in batch], unit_records, out)
     return out

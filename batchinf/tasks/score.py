@@ -31,6 +31,9 @@ SCORE_SCHEMA = pa.schema(RECORD_FIELDS + [
     ("input_tokens", pa.int32()), ("truncated", pa.bool_()),
 ])
 HISTOGRAM_BINS = 10
+# Pair lengths are heavy-tailed; batches at least this full (real / padded tokens) cost a few
+# more, smaller batches at the tail, which a cross-encoder's GEMMs absorb (about 0.99 efficient).
+MIN_FILL = 0.98
 
 
 class ScoreOptions(Part):
@@ -141,7 +144,7 @@ class Score(Task):
             return runtime.logits([ids[u] for u in units], [types[u] for u in units])
 
         out = run_units(forward, [len(x) for x in ids], list(range(len(ids))),
-                        [c["record_id"][i] for i in owner], options.max_batch_tokens)
+                        [c["record_id"][i] for i in owner], options.max_batch_tokens, MIN_FILL)
         failures: dict[int, str] = {}
         for u, msg in out.failures.items():
             failures.setdefault(owner[u], msg)

@@ -51,13 +51,14 @@ def test_openai_overhead_short_mode(minilm_dir: Path, tmp_path: Path) -> None:
 
 def test_score_throughput_short_mode(tmp_path: Path) -> None:
     """Both sides score the same pairs (same answers); batchinf's length-sorted token-budget
-    batches waste under 10% of the positions they compute."""
+    batches waste under 3% of the positions they compute; one timed repetition per side."""
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "score_throughput.py"), "--short", "--json"],
                        capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads(r.stdout)
     assert report["pairs"] == 200 and report["max_abs_diff"] < 1e-4
-    assert report["batchinf"]["padding_efficiency"] >= 0.9
+    assert report["batchinf"]["padding_efficiency"] >= 0.97
+    assert report["reps"] == 1 and len(report["batchinf"]["seconds"]) == len(report["cross_encoder_predict"]["seconds"]) == 1
     assert 0 < report["cross_encoder_predict"]["padding_efficiency"] <= 1
     assert report["batchinf"]["pairs_per_s"] > 0 and report["cross_encoder_predict"]["pairs_per_s"] > 0
 

@@ -159,3 +159,30 @@ def test_embed_batch_refuses_empty_sequences(tiny: Path) -> None:
     for batch in ([], [[2, 3], []]):
         with pytest.raises(BatchinfError):
             embed_batch(model, batch, 0, "mean", normalize=True)
+
+
+def test_fused_layer_matches_unfused_reference_and_follows_weight_writes() -> None:
+    """The fused QKV projection, bias-in-residual accumulation, in-place GELU and additive mask
+    give what three separate projections, dense + residual and a boolean mask give; writing a
+    weight in place rebuilds the fused projection."""
+    from batchinf.runtime.encoder import BertLayer, attention_bias
+
+    torch.manual_seed(0)
+    layer = BertLayer(EncoderConfig(10, 16, 1, 4, 32, 20)).eval()
+    x = torch.randn(3, 5, 16)
+    am = torch.tensor([[1] * 5, [1] * 3 + [0] * 2, [1] + [0] * 4])
+
+    def reference() -> torch.Tensor:
+        a = layer.attention
+        q, k, v = (p(x).view(3, 5, 4, 4).transpose(1, 2) for p in (a.self.query, a.self.key, a.self.value))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=am.bool()[:, None, None, :])
+        h = a.output.LayerNorm(a.output.dense(y.transpose(1, 2).reshape(3, 5, 16)) + x)
+        f = F.gelu(layer.intermediate.dense(h))
+        return layer.output.LayerNorm(layer.output.dense(f) + h)
+
+    for _ in range(2):
+        with torch.inference_mode():
+            got = layer(x, attention_bias(am, torch.float32))
+        assert (got - reference()).abs().max() < 1e-5
+        with torch.no_grad():
+            layer.attention.self.value.weight.mul_(3)   # the second pass must see this
