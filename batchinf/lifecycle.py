@@ -41,7 +41,7 @@ def _plan(job: Job, d: Dispatcher, slots: int | None) -> None:
     whose `max_attempts` planning attempts all failed (raised, timed out or died) fails the job."""
     objects = job_repo.inputs(job.id)
     if all(o.records is not None for o in objects):
-        finish_plan(job)
+        finish_plan(job, d.workers())
         return
     s, t = settings(), now()
     open_ = [o for o in objects if o.records is None]

@@ -28,6 +28,7 @@ from batchinf.ledger.models import Job
 from batchinf.ledger.states import JobStatus, ShardStatus
 from batchinf.formats import read_records
 from batchinf.parts import STAGE_ROW_GROUP, read_table, write_table
+from batchinf.sizing import cut_balanced, record_work, target_work
 from batchinf.store import ObjectPin, get_store, join
 from batchinf.submit import pin_inputs
 from batchinf.tasks import get_task
@@ -103,6 +104,13 @@ def cut(order: np.ndarray, tokens: np.ndarray, max_records: int, max_tokens: int
     return runs
 
 
+def shard_work(table: pa.Table, n_tokens: np.ndarray) -> np.ndarray:
+    """Per-record work of a staged job table (a generate record also decodes its max_tokens)."""
+    if "max_tokens" not in table.schema.names:
+        return record_work(n_tokens)
+    return record_work(n_tokens, pa.compute.fill_null(table.column("max_tokens"), 0).to_numpy())
+
+
 def pin_job(job: Job) -> None:
     """submitted -> planning: pin every input object once (a second pinner changes nothing). A
     retry job pins the very objects (same versions) of the job it retries that hold its records."""
@@ -153,9 +161,10 @@ def plan_one_object(job_id: str, idx: int) -> int:
     return n
 
 
-def finish_plan(job: Job) -> None:
+def finish_plan(job: Job, workers: int | None = None) -> None:
     """The global step once every object is staged: drop duplicate ids, choose bucket bounds from
-    the job's own length distribution, cut shards, and move the job to running."""
+    the job's own length distribution, cut shards sized by work for `workers` (the manifest's
+    `shards.target_workers` wins; see `sizing`), and move the job to running."""
     m = job.manifest
     tasks = object_tasks(job)
     pins = [t.pin for t in tasks]
@@ -193,11 +202,15 @@ def finish_plan(job: Job) -> None:
     full = full.append_column("source", pa.DictionaryArray.from_arrays(pa.array(src, pa.int32()), source_uris))
 
     shard_rows = []
+    work, workers = shard_work(table, n_tokens), m.shards.target_workers or workers
+    target = target_work(int(work[valid & keep].sum()), workers, m.shards.max_tokens)
     for b in sorted(set(bucket[keep].tolist())):
         members = np.flatnonzero((bucket == b) & keep)
         # Within a bucket: by length, ties by (object, ordinal) -- deterministic.
         members = members[np.lexsort((ordinal[members], src[members], n_tokens[members]))]
-        for k, run in enumerate(cut(members, n_tokens, m.shards.max_records, m.shards.max_tokens)):
+        runs = (cut(members, n_tokens, m.shards.max_records, m.shards.max_tokens) if b == ERROR_BUCKET else
+                cut_balanced(members, work, target, m.shards.max_records, m.shards.max_tokens))
+        for k, run in enumerate(runs):
             uri = shard_file(job.work_uri, int(b), k)
             write_table(uri, full.take(pa.array(run)), row_group_size=STAGE_ROW_GROUP)
             key = np.ascontiguousarray(np.stack([src[run], ordinal[run]], axis=1), dtype=np.int64).tobytes()
@@ -209,6 +222,6 @@ def finish_plan(job: Job) -> None:
     plan_info = {"bucket_bounds": bounds, "max_length": tasks[0].max_length if tasks else None, "objects": len(pins),
                  "records": int(keep.sum()), "invalid": int((~valid & keep).sum()),
                  "truncated": int(np.asarray(table.column("truncated").to_numpy(zero_copy_only=False))[keep].sum()),
-                 "tokens": int(n_tokens[keep].sum())}
+                 "tokens": int(n_tokens[keep].sum()), "workers": workers, "shard_work": target}
     job_repo.start_running(job.id, shard_rows, json.dumps(plan_info), int(keep.sum()),
                            now() - (job.started_at or now()))

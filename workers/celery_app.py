@@ -13,7 +13,10 @@ from celery.signals import setup_logging
 
 from batchinf.config import settings
 from batchinf.dispatch import Dispatcher
+from batchinf.ledger import attempts as attempt_repo
 from batchinf.ledger.models import Job
+
+RECENT_WORKER_SECONDS = 600.0    # a worker that ran an attempt this recently counts as live
 
 app = Celery("batchinf")
 app.conf.update(
@@ -101,3 +104,9 @@ class CeleryDispatcher(Dispatcher):
 
     def _send_twin(self, shard_id: str) -> None:
         execute_shard.apply_async(args=[shard_id], kwargs={"speculative": True})
+
+    def workers(self) -> int | None:
+        """The workers that ran attempts lately (the controller sees no other fleet); None when
+        none did (a cold fleet): a job is then cut by its caps unless its manifest names
+        `shards.target_workers`."""
+        return attempt_repo.recent_workers(RECENT_WORKER_SECONDS) or None

@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("batchinf.ledger",),
     ("batchinf.bundles", "batchinf.tenants", "batchinf.scopes", "batchinf.limits", "batchinf.submit",
      "batchinf.metrics", "batchinf.openai_batches", "batchinf.retries"),
-    ("batchinf.plan", "batchinf.execute", "batchinf.verify", "batchinf.schedules"),
+    ("batchinf.plan", "batchinf.sizing", "batchinf.execute", "batchinf.verify", "batchinf.schedules"),
     ("batchinf.quarantine", "batchinf.dispatch"),
     ("batchinf.lifecycle",),
     ("batchinf.controller",),

@@ -1,0 +1,125 @@
+"""Shard sizing by work: enough shards for the pool, none below the minimum work, equal work per
+shard within a bucket, within the manifest's caps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from batchinf import sizing
+from batchinf.ledger import jobs, shards
+from batchinf.ledger.states import JobStatus
+from batchinf.lifecycle import step
+from batchinf.manifest import parse_manifest
+from batchinf.sizing import MIN_SHARD_WORK, SHARDS_PER_WORKER, cut_balanced, target_work
+from batchinf.submit import submit
+from tests.helpers.corpus import manifest, write_jsonl
+from tests.helpers.stages import InProcess
+
+
+def _lengths(n: int, seed: int = 0) -> np.ndarray:
+    """Heavy-tailed token counts like the benchmark corpus (median ~40, capped at 256)."""
+    rng = np.random.default_rng(seed)
+    return np.clip(rng.lognormal(np.log(40), 1.0, n).astype(np.int64), 3, 256)
+
+
+def _shards(tokens: np.ndarray, workers: int | None, max_records: int = 4096,
+            max_tokens: int = 1_000_000) -> list[np.ndarray]:
+    order = np.argsort(tokens, kind="stable")
+    return cut_balanced(order, tokens, target_work(int(tokens.sum()), workers, max_tokens), max_records, max_tokens)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 600), min_size=1, max_size=300), st.integers(1, 5000), st.integers(1, 60),
+       st.integers(1, 40_000))
+def test_runs_cover_every_record_once_in_order_within_caps(tokens: list[int], target: int, max_records: int,
+                                                           max_tokens: int) -> None:
+    work = np.array(tokens, dtype=np.int64)
+    order = np.arange(len(tokens))[::-1].copy()
+    runs = cut_balanced(order, work, target, max_records, max_tokens, min_work=1)
+    assert np.concatenate(runs).tolist() == order.tolist()
+    assert all(len(r) and len(r) <= max_records for r in runs)
+    assert all(len(r) == 1 or work[r].sum() <= max_tokens for r in runs)
+
+
+def test_shard_counts_for_small_jobs_across_pool_sizes() -> None:
+    job_3k, job_1k, tiny = _lengths(3000), _lengths(1000, seed=1), _lengths(100, seed=2)
+    assert job_3k.sum() > 8 * SHARDS_PER_WORKER * MIN_SHARD_WORK / 2     # big enough for 4 workers' shards
+    counts = {w: len(_shards(job_3k, w)) for w in (None, 1, 2, 4)}
+    # one worker (or an unknown fleet): the caps alone, one shard; else SHARDS_PER_WORKER per worker
+    assert counts == {None: 1, 1: 1, 2: 2 * SHARDS_PER_WORKER, 4: 4 * SHARDS_PER_WORKER}
+    # more workers than the job has minimum-work shards for: bounded by MIN_SHARD_WORK
+    assert len(_shards(job_3k, 64)) == job_3k.sum() // MIN_SHARD_WORK
+    assert len(_shards(job_1k, 2)) == min(2 * SHARDS_PER_WORKER, job_1k.sum() // MIN_SHARD_WORK) > 1
+    assert all(len(_shards(tiny, w)) == 1 for w in (1, 2, 8, 64))          # a tiny job stays one shard
+    # the manifest's caps still bound every shard
+    capped = _shards(job_3k, 2, max_records=100)
+    assert len(capped) >= 30 and all(len(r) <= 100 for r in capped)
+
+
+def test_work_per_shard_is_balanced_not_records() -> None:
+    tokens = _lengths(3000)
+    for workers in (2, 4, 8):
+        runs = _shards(tokens, workers)
+        work = [int(tokens[r].sum()) for r in runs]
+        records = [len(r) for r in runs]
+        assert max(work) - min(work) <= 2 * tokens.max(), (workers, work)   # equal up to a record or two
+        assert max(records) > 2 * min(records)        # short records' shards hold more of them
+        assert all(w >= MIN_SHARD_WORK for w in work)
+
+
+def test_target_work_bounds() -> None:
+    assert target_work(10**6, 2, 1_000_000) == 10**6 // (2 * SHARDS_PER_WORKER)
+    assert target_work(1000, 8, 1_000_000) == MIN_SHARD_WORK           # never below the minimum
+    assert target_work(10**9, 2, 50_000) == 50_000                     # never above max_tokens
+    assert target_work(10**6, None, 400_000) == target_work(10**6, 1, 400_000) == 400_000
+
+
+RECORDS = 120
+
+
+class Pool(InProcess):
+    """An in-process dispatcher that says how many workers will run the job."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+
+    def workers(self) -> int | None:
+        return self.n
+
+
+def _planned_by_step(tmp_path: Path, name: str, d: InProcess, **shards_spec: object) -> str:
+    write_jsonl(tmp_path / name / "in.jsonl", RECORDS, seed=3, bad=False)
+    raw = manifest(str(tmp_path / name / "in.jsonl"), str(tmp_path / name / "out"),
+                   shards={"max_records": 4096, **shards_spec})
+    job_id, _ = submit(parse_manifest(dict(raw, name=name)))
+    while jobs.get(job_id).status != JobStatus.RUNNING:
+        assert step(job_id, d, slots=0)
+    return job_id
+
+
+def test_the_lifecycle_cuts_a_job_for_the_dispatchers_workers(tmp_path: Path, tiny_bundle: str,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sizing, "MIN_SHARD_WORK", 1)       # the tiny corpus has few tokens
+    counts, pools = {}, {n: Pool(n) for n in (1, 3)}
+    for n, d in pools.items():
+        job_id = _planned_by_step(tmp_path, f"w{n}", d)
+        planned = [s for s in shards.of_job(job_id) if s.bucket >= 0]
+        counts[n] = len(planned)
+        assert jobs.get(job_id).plan["workers"] == n
+        assert sum(s.num_records for s in planned) == RECORDS
+    assert counts == {1: 1, 3: 3 * SHARDS_PER_WORKER}
+    # the manifest's hint wins over the dispatcher's count; an unknown fleet is cut by the caps
+    hinted = _planned_by_step(tmp_path, "hint", InProcess(), target_workers=2)
+    assert len([s for s in shards.of_job(hinted) if s.bucket >= 0]) == 2 * SHARDS_PER_WORKER
+    # the finely cut job still runs to success, every record once
+    while jobs.get(job_id).status != JobStatus.SUCCEEDED:
+        assert step(job_id, pools[3])
+    ids = pq.read_table(tmp_path / "w3" / "out", columns=["record_id"], ignore_prefixes=["_", "errors"])
+    assert sorted(ids.column("record_id").to_pylist()) == sorted(f"r{i}" for i in range(RECORDS))
