@@ -13,10 +13,13 @@ from __future__ import annotations
 import numpy as np
 
 SHARDS_PER_WORKER = 4
-# Measured (benchmarks/embed_throughput.py --overhead, README "Performance"): a shard's fixed cost
-# is ~0.10 s on this machine and all-MiniLM-L6-v2 computes ~5k tokens/s on one thread, so 2 s of
-# compute (20x the fixed cost: <= 5% overhead) is ~10k tokens.
+# Measured (README "Performance", "Shard sizing"): a shard's fixed cost outside its compute is
+# ~0.15-0.2 s on the 2-core dev machine and all-MiniLM-L6-v2 computes ~2.2k tokens/s on one
+# loaded thread, so 20x the fixed cost (<= 5% overhead) is ~4 s, ~9-10k tokens.
 MIN_SHARD_WORK = 10_000
+# A streaming attempt computes its shard in chunks of this much work (at least 4 batches), and
+# may split at a chunk's end: the finest grain of dynamic splitting.
+SPLIT_CHUNK_WORK = 8192
 
 
 def record_work(n_tokens: np.ndarray, max_tokens: np.ndarray | None = None) -> np.ndarray:
