@@ -87,7 +87,7 @@ def _chunks(staged: pa.Table | pa.RecordBatch, work: int) -> Iterator[pa.Table |
     """A streamed batch in contiguous slices of about `work` tokens: the record boundaries at which
     the attempt may split its shard."""
     cum = np.cumsum(staged.column("n_tokens").to_numpy(zero_copy_only=False).astype(np.int64))
-    if staged.num_rows == 0 or cum[-1] <= work:
+    if staged.num_rows == 0 or not work or cum[-1] <= work:
         yield staged
         return
     cuts = np.unique(np.clip(np.searchsorted(cum, np.arange(work, cum[-1], work), side="left") + 1,
@@ -102,7 +102,7 @@ def _split_children(job_work_uri: str, shard: Shard, lease: Lease, done: int) ->
     (one when the rest is small), under names unique to this attempt."""
     rest = read_table(shard.input_uri).slice(done)
     work = rest.column("n_tokens").to_numpy(zero_copy_only=False).astype(np.int64)
-    halves = 2 if int(work.sum()) >= sizing.MIN_SHARD_WORK and rest.num_rows > 1 else 1
+    halves = 2 if int(work.sum()) >= sizing.min_shard_work() and rest.num_rows > 1 else 1
     runs = sizing.cut_balanced(np.arange(rest.num_rows), work, -(-int(work.sum()) // halves), rest.num_rows,
                         1 << 62, min_work=1)
     children = []
@@ -151,7 +151,7 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
     failures = PartWriter(ERROR_SCHEMA)
     done = done_tokens = 0          # records (and their work) computed so far, in staged order
     split_at: int | None = None     # set when the lifecycle asked this attempt to split
-    chunk = max(sizing.SPLIT_CHUNK_WORK, 4 * int(getattr(m.options, "max_batch_tokens", 0) or 0))
+    chunk = sizing.split_chunk_work() and max(sizing.split_chunk_work(), 4 * int(getattr(m.options, "max_batch_tokens", 0) or 0))
     try:
         for staged in _staged_chunks(shard.input_uri, task.streams, chunk):
             if done and done < shard.num_records and splits.split_wanted(lease):

@@ -1,7 +1,7 @@
 """Shard sizing by work: how many shards each length bucket is cut into, and where.
 
 A job yields enough shards for the workers that run it (`SHARDS_PER_WORKER` each, so the last
-ones end close together), but no shard is cut below `MIN_SHARD_WORK`, the work whose compute
+ones end close together), but no shard is cut below `min_shard_work()`, the work whose compute
 keeps a shard's fixed cost (claim, staged read, part writes, commit) under ~5%. Each bucket is
 cut into contiguous runs (in its length order) of equal work, within the manifest's
 `shards.max_records` and `shards.max_tokens`. Work is the staged `n_tokens` column: every task's
@@ -12,14 +12,23 @@ from __future__ import annotations
 
 import numpy as np
 
+from batchinf.config import settings
+
 SHARDS_PER_WORKER = 4
-# Measured (README "Performance", "Shard sizing"): a shard's fixed cost outside its compute is
-# ~0.15-0.2 s on the 2-core dev machine and all-MiniLM-L6-v2 computes ~2.2k tokens/s on one
-# loaded thread, so 20x the fixed cost (<= 5% overhead) is ~4 s, ~9-10k tokens.
-MIN_SHARD_WORK = 10_000
-# A streaming attempt computes its shard in chunks of this much work (at least 4 batches), and
-# may split at a chunk's end: the finest grain of dynamic splitting.
-SPLIT_CHUNK_WORK = 8192
+
+
+def min_shard_work() -> int:
+    """BATCHINF_MIN_SHARD_TOKENS (default 10,000). Measured (README "Performance"): a shard's
+    fixed cost outside its compute is ~0.15-0.2 s on the 2-core dev machine and all-MiniLM-L6-v2
+    computes ~2.2k tokens/s on one loaded thread, so 20x the fixed cost (<= 5% overhead) is ~4 s,
+    ~9-10k tokens."""
+    return settings().min_shard_tokens
+
+
+def split_chunk_work() -> int:
+    """BATCHINF_SPLIT_CHUNK_TOKENS (default 8192; 0: no splitting): a streaming attempt computes
+    its shard in chunks of this much work and may split at a chunk's end."""
+    return settings().split_chunk_tokens
 
 
 def record_work(n_tokens: np.ndarray, max_tokens: np.ndarray | None = None) -> np.ndarray:
@@ -36,7 +45,7 @@ def target_work(total: int, workers: int | None, max_tokens: int, min_work: int 
     if not workers or workers <= 1:
         return max(1, max_tokens)
     want = -(-int(total) // (workers * SHARDS_PER_WORKER))
-    return max(1, min(max_tokens, max(MIN_SHARD_WORK if min_work is None else min_work, want)))
+    return max(1, min(max_tokens, max(min_shard_work() if min_work is None else min_work, want)))
 
 
 def _runs(order: np.ndarray, cum: np.ndarray, k: int) -> list[np.ndarray]:
@@ -60,7 +69,7 @@ def cut_balanced(order: np.ndarray, work: np.ndarray, target: int, max_records: 
     w = work[order].astype(np.int64)
     cum = np.cumsum(w)
     total = int(cum[-1])
-    min_work = MIN_SHARD_WORK if min_work is None else min_work
+    min_work = min_shard_work() if min_work is None else min_work
     k = min(-(-total // max(1, target)), max(1, total // max(1, min(min_work, target))))
     k = max(1, k, -(-n // max_records), -(-total // max(1, max_tokens)))
     while k < n:

@@ -16,7 +16,8 @@ from batchinf.ledger import jobs, shards
 from batchinf.ledger.states import JobStatus
 from batchinf.lifecycle import step
 from batchinf.manifest import parse_manifest
-from batchinf.sizing import MIN_SHARD_WORK, SHARDS_PER_WORKER, cut_balanced, target_work
+from batchinf.config import settings as config
+from batchinf.sizing import SHARDS_PER_WORKER, cut_balanced, min_shard_work, target_work
 from batchinf.submit import submit
 from tests.helpers.corpus import manifest, write_jsonl
 from tests.helpers.stages import InProcess
@@ -49,6 +50,8 @@ def test_runs_cover_every_record_once_in_order_within_caps(tokens: list[int], ta
 
 def test_shard_counts_for_small_jobs_across_pool_sizes() -> None:
     job_3k, job_1k, tiny = _lengths(3000), _lengths(1000, seed=1), _lengths(100, seed=2)
+    MIN_SHARD_WORK = min_shard_work()
+    assert MIN_SHARD_WORK == 10_000                                      # the measured default
     assert job_3k.sum() > 8 * SHARDS_PER_WORKER * MIN_SHARD_WORK / 2     # big enough for 4 workers' shards
     counts = {w: len(_shards(job_3k, w)) for w in (None, 1, 2, 4)}
     # one worker (or an unknown fleet): the caps alone, one shard; else SHARDS_PER_WORKER per worker
@@ -70,12 +73,12 @@ def test_work_per_shard_is_balanced_not_records() -> None:
         records = [len(r) for r in runs]
         assert max(work) - min(work) <= 2 * tokens.max(), (workers, work)   # equal up to a record or two
         assert max(records) > 2 * min(records)        # short records' shards hold more of them
-        assert all(w >= MIN_SHARD_WORK for w in work)
+        assert all(w >= min_shard_work() for w in work)
 
 
 def test_target_work_bounds() -> None:
     assert target_work(10**6, 2, 1_000_000) == 10**6 // (2 * SHARDS_PER_WORKER)
-    assert target_work(1000, 8, 1_000_000) == MIN_SHARD_WORK           # never below the minimum
+    assert target_work(1000, 8, 1_000_000) == min_shard_work()         # never below the minimum
     assert target_work(10**9, 2, 50_000) == 50_000                     # never above max_tokens
     assert target_work(10**6, None, 400_000) == target_work(10**6, 1, 400_000) == 400_000
 
@@ -106,7 +109,8 @@ def _planned_by_step(tmp_path: Path, name: str, d: InProcess, **shards_spec: obj
 
 def test_the_lifecycle_cuts_a_job_for_the_dispatchers_workers(tmp_path: Path, tiny_bundle: str,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sizing, "MIN_SHARD_WORK", 1)       # the tiny corpus has few tokens
+    monkeypatch.setenv("BATCHINF_MIN_SHARD_TOKENS", "1")     # the tiny corpus has few tokens
+    config.cache_clear()
     counts, pools = {}, {n: Pool(n) for n in (1, 3)}
     for n, d in pools.items():
         job_id = _planned_by_step(tmp_path, f"w{n}", d)

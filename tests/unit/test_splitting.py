@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from batchinf import sizing
+from batchinf.config import settings
 from batchinf.dispatch import Dispatcher
 from batchinf.errors import StaleAttemptError
 from batchinf.execute import execute_shard
@@ -40,8 +40,9 @@ class Idle(Dispatcher):
 @pytest.fixture(autouse=True)
 def fine_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     """The tiny corpus has few tokens: split at chunks of ~256 tokens, halves of any size."""
-    monkeypatch.setattr(sizing, "SPLIT_CHUNK_WORK", 150)
-    monkeypatch.setattr(sizing, "MIN_SHARD_WORK", 1)
+    monkeypatch.setenv("BATCHINF_SPLIT_CHUNK_TOKENS", "150")
+    monkeypatch.setenv("BATCHINF_MIN_SHARD_TOKENS", "1")
+    settings.cache_clear()
 
 
 def _one_shard_job(tmp_path: Path, name: str = "s") -> tuple[str, Lease]:
