@@ -104,7 +104,7 @@ def _split_children(job_work_uri: str, shard: Shard, lease: Lease, done: int) ->
     work = rest.column("n_tokens").to_numpy(zero_copy_only=False).astype(np.int64)
     halves = 2 if int(work.sum()) >= sizing.min_shard_work() and rest.num_rows > 1 else 1
     runs = sizing.cut_balanced(np.arange(rest.num_rows), work, -(-int(work.sum()) // halves), rest.num_rows,
-                        1 << 62, min_work=1)
+                               1 << 62, min_work=1)
     children = []
     for k, run in enumerate(runs):
         part = rest.slice(int(run[0]), len(run))
@@ -151,7 +151,8 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
     failures = PartWriter(ERROR_SCHEMA)
     done = done_tokens = 0          # records (and their work) computed so far, in staged order
     split_at: int | None = None     # set when the lifecycle asked this attempt to split
-    chunk = sizing.split_chunk_work() and max(sizing.split_chunk_work(), 4 * int(getattr(m.options, "max_batch_tokens", 0) or 0))
+    chunk = sizing.split_chunk_work()         # 0: no splitting; else at least 4 batches a chunk
+    chunk = chunk and max(chunk, 4 * int(getattr(m.options, "max_batch_tokens", 0) or 0))
     try:
         for staged in _staged_chunks(shard.input_uri, task.streams, chunk):
             if done and done < shard.num_records and splits.split_wanted(lease):

@@ -44,7 +44,8 @@ def _evidence(job_id: str, records: int) -> None:
         workers = set(conn.execute(select(attempts.c.worker)).scalars())
         lost = conn.execute(select(attempts.c.status).where(attempts.c.status == "lost")).all()
     assert any(r.parent_id for r in rows), "no shard was split; the scenario tested nothing"
-    assert len(workers) > 2 or lost, f"no worker crashed; the scenario tested nothing ({sum(1 for r in rows if r.parent_id)} split children)"
+    children = sum(1 for r in rows if r.parent_id)
+    assert len(workers) > 2 or lost, f"no worker crashed; the scenario tested nothing ({children} split children)"
     assert sum(r.num_records for r in rows if r.status == "committed") == records
     assert not [r.id for r in rows if r.lease_owner is not None]
 

@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchinf import sizing
 from batchinf.ledger import jobs, shards
 from batchinf.ledger.states import JobStatus
 from batchinf.lifecycle import step
