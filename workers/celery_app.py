@@ -94,7 +94,7 @@ class CeleryDispatcher(Dispatcher):
     def __init__(self, requeue_seconds: float = 30.0) -> None:
         super().__init__()
         self.requeue_seconds = requeue_seconds
-        self._fleet: tuple[float, int] = (float("-inf"), 0)    # (when asked, worker processes up)
+        self._fleet: tuple[float, int] = (float("-inf"), 0)    # (when counted, worker processes up)
 
     def plan(self, job: Job, idxs: list[int]) -> None:
         limit = settings().plan_time_limit     # soft: the task records the timeout; hard: it is killed
@@ -115,9 +115,9 @@ class CeleryDispatcher(Dispatcher):
         `shards.target_workers`."""
         asked, up = self._fleet
         if time.monotonic() - asked > FLEET_REFRESH_SECONDS:
-            up = _processes_up()
+            up = max(_processes_up(), attempt_repo.recent_workers(RECENT_WORKER_SECONDS))
             self._fleet = (time.monotonic(), up)
-        return max(up, attempt_repo.recent_workers(RECENT_WORKER_SECONDS)) or None
+        return up or None
 
 
 def _processes_up() -> int:
