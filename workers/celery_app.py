@@ -116,7 +116,8 @@ class CeleryDispatcher(Dispatcher):
         asked, up = self._fleet
         if time.monotonic() - asked > FLEET_REFRESH_SECONDS:
             up = max(_processes_up(), attempt_repo.recent_workers(RECENT_WORKER_SECONDS))
-            self._fleet = (time.monotonic(), up)
+            if up:                  # none seen yet (a fleet still starting): ask again next tick
+                self._fleet = (time.monotonic(), up)
         return up or None
 
 
