@@ -15,15 +15,20 @@ from batchinf.ledger.models import BundleInfo
 from batchinf.runtime import bundle as rb
 from batchinf.store import get_store, join, split_uri
 from batchinf.tasks import build_meta, get_task
+from batchinf.tasks.embed_request import check_matryoshka_dims
 
 
 def import_bundle(src: str | Path, name: str, *, alias: str | None = None,
-                  max_length: int | None = None, dtype: str = "float32") -> BundleInfo:
-    """Compute bundle.json for a model directory, copy it into the bundle store, register it."""
+                  max_length: int | None = None, dtype: str = "float32",
+                  matryoshka_dims: list[int] | None = None) -> BundleInfo:
+    """Compute bundle.json for a model directory, copy it into the bundle store, register it.
+    `matryoshka_dims`: an embedding model's declared truncation sizes (part of its identity)."""
     src = Path(src)
     if not src.is_dir():
         raise BundleError(f"{src} is not a directory of model files")
     meta = build_meta(src, max_length=max_length, dtype=dtype)
+    if matryoshka_dims:
+        meta["matryoshka_dims"] = check_matryoshka_dims(matryoshka_dims, meta)
     digest = rb.digest_of(meta)
     uri = join(settings().bundle_store, digest.removeprefix("sha256:"))
     scheme, _, path = split_uri(uri)
@@ -116,7 +121,7 @@ def open_runtime(digest: str, *, device: str = "cpu", with_model: bool = True) -
         rb.verify_files(root, meta, digest, cache_dir=settings().home / "cache" / "verified")
         task = get_task(meta.get("task", "embed"))
         runtime = task.open_runtime(root, meta, device)
-        rb.verify_tokenizer_fixtures(runtime)
+        task.verify_inputs(runtime)
         if with_model:
             runtime.load_model()
             task.verify_model(runtime)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 
@@ -45,3 +47,49 @@ def clip(text: str | None, limit: int, length: int | None = None) -> str | None:
         return text
     note = f"… ({full} characters)"
     return text[:max(0, limit - len(note))] + note
+
+
+# --- response_format (structured output): shape only; the schema is compiled by runtime.structured ---
+
+MAX_SCHEMA_BYTES = 65536        # a response_format's JSON, at most
+MAX_TOP_LOGPROBS = 20           # OpenAI's limit
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+TYPES = ("text", "json_object", "json_schema")
+
+
+def response_format_problem(rf: Any, where: str = "response_format") -> str | None:
+    """What is wrong with a response_format's shape, or None (the schema itself is checked by
+    batchinf.runtime.structured.grammar_problem)."""
+    if not isinstance(rf, dict) or rf.get("type") not in TYPES:
+        return f"{where} must be an object with type one of {', '.join(TYPES)}"
+    extra = set(rf) - {"type", "json_schema"}
+    if extra or (rf["type"] != "json_schema" and "json_schema" in rf):
+        return f"{where} has unexpected keys {sorted(extra) or ['json_schema']}"
+    if rf["type"] == "json_schema":
+        js = rf.get("json_schema")
+        if not isinstance(js, dict):
+            return f"{where}.json_schema must be an object with name, schema and optionally strict"
+        if set(js) - {"name", "schema", "strict", "description"}:
+            return f"{where}.json_schema has unexpected keys {sorted(set(js) - {'name', 'schema', 'strict', 'description'})}"
+        if not isinstance(js.get("name"), str) or not _NAME.match(js["name"]):
+            return f"{where}.json_schema.name must be 1-64 letters, digits, _ or -"
+        if not isinstance(js.get("schema"), dict):
+            return f"{where}.json_schema.schema must be a JSON Schema object"
+        if not isinstance(js.get("description", ""), str):
+            return f"{where}.json_schema.description must be a string"
+        if not isinstance(js.get("strict", False), (bool, type(None))):
+            return f"{where}.json_schema.strict must be true or false"
+    try:
+        size = len(json.dumps(rf))
+    except (TypeError, ValueError, RecursionError) as e:
+        return f"{where} is not plain JSON ({e})"
+    if size > MAX_SCHEMA_BYTES:
+        return f"{where} is over {MAX_SCHEMA_BYTES} bytes of JSON; use a smaller schema"
+    return None
+
+
+def canonical_response_format(rf: dict[str, Any] | None) -> str | None:
+    """The staged form of a response_format: compact JSON with sorted keys, None for plain text."""
+    if rf is None or rf.get("type") == "text":
+        return None
+    return json.dumps(rf, sort_keys=True, separators=(",", ":"))

@@ -31,9 +31,11 @@ def drive(job_id: str, *, workers: int = 1, device: str = "auto", threads: int |
     pool = LocalPool(job_id, workers=workers, device=device, threads=threads)
     failures = 0
     try:
-        if job_repo.get(job_id).status in {JobStatus.RUNNING, *JOB_PLANNING}:
+        if job_repo.get(job_id).status in {JobStatus.RUNNING, JobStatus.PLANNED, *JOB_PLANNING}:
             pool.start()            # workers load the bundle while the job is pinned and planned
         while (status := job_repo.get(job_id).status) not in JOB_TERMINAL:
+            if status == JobStatus.PLANNED:     # planned by a dry run (`batchinf plan`): run its shards
+                job_repo.release(job_id)
             ok = step(job_id, pool)
             failures = 0 if ok else failures + 1
             if on_tick:
@@ -76,20 +78,28 @@ class Controller:
 
     def run_forever(self, stop: threading.Event) -> None:
         while not stop.is_set():
+            moved = False
             try:
-                self.tick()
+                moved = self.tick()
             except Exception as exc:  # noqa: BLE001 -- ledger or broker down: try again next tick
                 log.warning("controller tick failed, retrying: %s: %s", type(exc).__name__, exc)
-            stop.wait(self.tick_seconds)
+            # a job that just changed status usually has its next step ready (submitted -> planning
+            # -> plan tasks, verifying -> published): take it now, as `drive` does, not a tick later
+            stop.wait(0 if moved else self.tick_seconds)
 
-    def tick(self) -> None:
-        shares = share_slots(self.max_in_flight, shard_repo.dispatch_demand())
+    def tick(self) -> bool:
+        """One step of every active job; True when one of them changed status."""
+        shares = share_slots(self.max_in_flight, shard_repo.dispatch_demand(cap=max(1, self.max_in_flight)))
+        moved = False
         for job_id in job_repo.active_ids():
             try:
                 if job_repo.lock(job_id, self.name, max(30.0, 10 * self.tick_seconds)):
+                    before = job_repo.get(job_id).status
                     step(job_id, self.dispatcher, slots=shares.get(job_id, 0))
+                    moved = moved or job_repo.get(job_id).status not in (before, *JOB_TERMINAL)
             except Exception as exc:  # noqa: BLE001 -- this job waits for the next tick; others go on
                 log.warning("job %s: %s: %s", job_id, type(exc).__name__, exc)
+        return moved
 
 
 def serve_embedded(stop: threading.Event, *, workers: int = 1, device: str = "auto", threads: int | None = None,

@@ -167,7 +167,7 @@ def worker_main(job_id: str, device: str, threads: int, parent_pid: int, twins: 
         open_runtime(job_repo.get(job_id).bundle_digest, device=device)
     except Exception:  # noqa: BLE001 -- reported (and counted) by the first shard that needs it
         pass
-    waiting = {JobStatus.RUNNING, *JOB_PLANNING}
+    waiting = {JobStatus.RUNNING, JobStatus.PLANNED, *JOB_PLANNING}
     while os.getppid() == parent_pid:
         lease = retrying(leases.claim_next, [job_id], me, settings().lease_seconds)
         while lease is None:

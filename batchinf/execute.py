@@ -147,7 +147,7 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
     task = get_task(m.task)
     error_rows: list[dict[str, Any]] = []
     tokens = {"input": 0, "output": 0, "real": 0, "padded": 0}
-    results = PartWriter(task.result_schema(runtime.meta))
+    results = PartWriter(task.result_schema(runtime.meta, m.options))
     failures = PartWriter(ERROR_SCHEMA)
     done = done_tokens = 0          # records (and their work) computed so far, in staged order
     split_at: int | None = None     # set when the lifecycle asked this attempt to split

@@ -114,7 +114,8 @@ def check_manifest(m: JobManifest, digest: str, tenant: str) -> None:
                             f"that range, {_fix(tenant, 'max_priority')}")
     _at_most("shards.max_records", m.shards.max_records, "shard_max_records", b, tenant)
     _at_most("shards.max_tokens", m.shards.max_tokens, "shard_max_tokens", b, tenant)
-    _at_most("options.max_batch_tokens", m.options.max_batch_tokens, "max_batch_tokens", b, tenant)
+    if hasattr(m.options, "max_batch_tokens"):    # image tasks batch by images instead
+        _at_most("options.max_batch_tokens", m.options.max_batch_tokens, "max_batch_tokens", b, tenant)
     if isinstance(m.options, GenerateOptions):
         _at_most("options.max_slots", m.options.max_slots, "max_slots", b, tenant)
         _at_most("options.max_tokens", m.options.max_tokens, "max_tokens", b, tenant)

@@ -32,6 +32,9 @@ __all__ = ["DEVICES", "FORMATS", "TASKS", "EmbedOptions", "GenerateOptions", "In
 TASKS = tuple(TASK_REGISTRY)
 FORMATS = ("jsonl", "parquet", "openai-batch")
 LATER_INPUT_FIELDS = ("query_field", "document_field", "documents_field", "image_field")
+# task options added later: absent from content keys at their default, so older manifests keep their keys
+LATER_OPTIONS: dict[str, Any] = {"dimensions": None, "prompt_name": None, "prompt": None,
+                                 "response_format": None, "logprobs": False, "top_logprobs": 0}
 NOT_A_MAPPING = "a job manifest must be a mapping with name, task, bundle, input and output"
 
 
@@ -159,6 +162,10 @@ class JobManifest(_Part):
             del d["input"]["include_hidden"]
         if d["shards"]["target_workers"] is None:
             del d["shards"]["target_workers"]
+        options = d.get("options") or {}
+        for key, default in LATER_OPTIONS.items():     # likewise for options added later, at their default
+            if key in options and options[key] == default:
+                del options[key]
         return d
 
     def content_key(self) -> str:

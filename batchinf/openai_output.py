@@ -3,7 +3,9 @@
 For a job whose input format is openai-batch, publishing writes `<output>/openai/part-NNNNN.jsonl`
 beside the Parquet parts: one JSONL file per part (results or errors), its lines in the part's
 row order, so the two can never disagree. A result line has OpenAI's response shape (status 200,
-a chat.completion, text_completion or embedding list body with usage); a failed line has status
+a chat.completion, text_completion or embedding list body with usage; an embeddings line's
+vectors in its inputs' order, as floats or base64; for /v1/rerank the body Cohere, Jina and
+vLLM return: `results` [{index, relevance_score}] best first, and usage); a failed line has status
 400 when the line cannot be run as written and 500 when running it failed, with the error both
 in the response body and in `error`. The bytes are deterministic: ids derive from the job id,
 the custom_id and the line's place (source object, ordinal), `created` is the job's creation
@@ -12,6 +14,7 @@ time, so re-publishing (or verifying) gives identical files.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -19,6 +22,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from batchinf.digests import sha256_file
 from batchinf.parts import open_parquet
 from batchinf.store import get_store
@@ -71,16 +75,25 @@ def result_line(row: dict[str, Any], ctx: RenderContext) -> dict[str, Any]:
     """A succeeded line: status 200 and the body OpenAI returns for the job's task and the row's kind."""
     h = _hash(ctx, row["record_id"], row["source"], row["ordinal"])
     usage = {"prompt_tokens": row["input_tokens"]}
-    if "embedding" in row:
-        body: dict[str, Any] = {"object": "list", "model": ctx.model,
-                                "data": [{"object": "embedding", "index": 0, "embedding": row["embedding"]}],
-                                "usage": {**usage, "total_tokens": row["input_tokens"]}}
+    if row.get("ranks") is not None:     # /v1/rerank: documents best first, the top ones if the line gave top_n
+        order = row["top"] if row["top"] is not None else sorted(range(len(row["ranks"])), key=row["ranks"].__getitem__)
+        body: dict[str, Any] = {"id": f"rerank-{h[:32]}", "model": ctx.model, "usage": {
+            "total_tokens": row["input_tokens"]}, "results": [
+            {"index": k, "relevance_score": row["scores"][k]} for k in order]}
+    elif "embedding" in row:
+        vectors = [row["embedding"]] if row["embedding"] is not None else row["embeddings"]
+        body = {"object": "list", "model": ctx.model,
+                "data": [{"object": "embedding", "index": k, "embedding": _encoded(v, row.get("encoding_format"))}
+                         for k, v in enumerate(vectors)],
+                "usage": {**usage, "total_tokens": row["input_tokens"]}}
     else:
         usage.update(completion_tokens=row["output_tokens"],
                      total_tokens=row["input_tokens"] + row["output_tokens"])
         if row["kind"] == "chat":
+            lp = row.get("logprobs")
             choice = {"index": 0, "message": {"role": "assistant", "content": row["text"]},
-                      "logprobs": None, "finish_reason": row["finish_reason"]}
+                      "logprobs": {"content": json.loads(lp), "refusal": None} if lp else None,
+                      "finish_reason": row["finish_reason"]}
             body = {"id": f"chatcmpl-{h[:32]}", "object": "chat.completion"}
         else:
             choice = {"index": 0, "text": row["text"], "logprobs": None, "finish_reason": row["finish_reason"]}
@@ -90,6 +103,14 @@ def result_line(row: dict[str, Any], ctx: RenderContext) -> dict[str, Any]:
             body["system_fingerprint"] = ctx.system_fingerprint
     return {"id": f"batch_req_{h[:32]}", "custom_id": row["record_id"],
             "response": {"status_code": 200, "request_id": f"req_{h[32:64]}", "body": body}, "error": None}
+
+
+def _encoded(vector: list[float], encoding_format: str | None) -> list[float] | str:
+    """A vector as the request asked: a list of floats, or base64 of its little-endian float32
+    bytes (what OpenAI sends for encoding_format "base64" and its SDK decodes)."""
+    if encoding_format == "base64":
+        return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+    return vector
 
 
 def error_line(row: dict[str, Any], ctx: RenderContext) -> dict[str, Any]:

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
+from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401 -- pa.compute
-from batchinf import failpoints
+from batchinf import bucketing, failpoints, scopes
 from batchinf.bundles import open_runtime
 from batchinf.errors import ManifestError
 from batchinf.ledger import jobs as job_repo
@@ -27,15 +30,17 @@ from batchinf.ledger.events import now
 from batchinf.ledger.models import Job
 from batchinf.ledger.states import JobStatus, ShardStatus
 from batchinf.formats import read_records
-from batchinf.parts import STAGE_ROW_GROUP, read_table, write_table
-from batchinf.sizing import cut_balanced, record_work, target_work
+from batchinf.parts import STAGE_ROW_GROUP, write_table
+from batchinf.plan_summary import IDS_ROW_GROUP, ids_uri, in_stage_order, read_summary, summarize, valid_ids, write_summary
+from batchinf.sizing import target_work
 from batchinf.store import ObjectPin, get_store, join
 from batchinf.submit import pin_inputs
 from batchinf.tasks import get_task
 from batchinf.tasks.base import STAGE_SCHEMA  # noqa: F401 -- re-exported
+from batchinf.tasks.batching import token_budget_batches
 from batchinf.tasks.generate import GENERATE_STAGE_SCHEMA, record_params  # noqa: F401 -- re-exported
 
-ERROR_BUCKET = -1          # shard bucket for records that failed validation: nothing to compute
+ERROR_BUCKET = bucketing.ERROR_BUCKET   # shard bucket for records that failed validation: nothing to compute
 
 
 @dataclass(frozen=True)
@@ -54,18 +59,24 @@ class ObjectTask:
     kind: str = "text"      # text | prompt | messages | record (openai-batch lines say it)
     options: Any = None     # the job's options (its task's options model)
     input: Any = None       # the manifest's input section (tasks reading whole records name their fields there)
+    may_read: Callable[[str], None] | None = None   # raises for an object a record names (image URIs) that
+                                                     # the job may not read (a confined job: outside its grants)
 
 
-def plan_object(task: ObjectTask) -> int:
+def plan_object(task: ObjectTask, keep: set[int] | None = None) -> int:
     """Read, validate and stage one object (its task tokenizes, decodes or preprocesses each
-    record); write the staged table. Returns its record count."""
+    record); write the staged table (by length, then ordinal), its sorted ids and its summary
+    (plan_summary.py; `keep`: the ordinals a retry job plans). Returns its record count."""
     failpoints.hit("plan.object")
     runtime = open_runtime(task.digest, with_model=False)
     with get_store(task.pin.uri).open_read(task.pin) as fh:
         records = read_records(fh, task.fmt, task.pin.uri, task.id_field, task.text_field,
                                kind=task.kind, task=task.task)
-        table = get_task(task.task).stage(task, runtime, records)
+        table = in_stage_order(get_task(task.task).stage(task, runtime, records))
     write_table(task.stage_uri, table)
+    ids = valid_ids(table)
+    write_table(ids_uri(task.stage_uri), ids, row_group_size=IDS_ROW_GROUP)
+    write_summary(task.stage_uri, summarize(table, keep, ids))      # last: the object is staged
     return table.num_rows
 
 
@@ -104,13 +115,6 @@ def cut(order: np.ndarray, tokens: np.ndarray, max_records: int, max_tokens: int
     return runs
 
 
-def shard_work(table: pa.Table, n_tokens: np.ndarray) -> np.ndarray:
-    """Per-record work of a staged job table (a generate record also decodes its max_tokens)."""
-    if "max_tokens" not in table.schema.names:
-        return record_work(n_tokens)
-    return record_work(n_tokens, pa.compute.fill_null(table.column("max_tokens"), 0).to_numpy())
-
-
 def pin_job(job: Job) -> None:
     """submitted -> planning: pin every input object once (a second pinner changes nothing). A
     retry job pins the very objects (same versions) of the job it retries that hold its records."""
@@ -137,8 +141,13 @@ def object_tasks(job: Job) -> list[ObjectTask]:
     options = m.options
     return [ObjectTask(o.idx, o.pin, m.input.format, m.input.id_field, field, job.bundle_digest, max_length,
                        truncate, join(job.work_uri, "plan", f"obj-{o.idx:05d}.parquet"),
-                       task=m.task, kind=kind, options=options, input=m.input)
+                       task=m.task, kind=kind, options=options, input=m.input,
+                       may_read=partial(_may_read, job.tenant) if job.confined else None)
             for o in job_repo.inputs(job.id)]
+
+
+def _may_read(tenant: str, uri: str) -> None:
+    scopes.check(tenant, uri, scopes.READ, "object")
 
 
 def plan_one_object(job_id: str, idx: int) -> int:
@@ -150,7 +159,9 @@ def plan_one_object(job_id: str, idx: int) -> int:
     if job.status != JobStatus.PLANNING or not job_repo.plan_attempt_started(job_id, idx):
         return 0
     try:
-        n = plan_object(object_tasks(job)[idx])
+        task = object_tasks(job)[idx]
+        chosen = lineage.selection(job_id)
+        n = plan_object(task, None if chosen is None else chosen.get(task.pin.uri, set()))
     except Exception as exc:
         try:
             job_repo.plan_attempt_failed(job_id, idx, f"{type(exc).__name__}: {exc}")
@@ -162,66 +173,75 @@ def plan_one_object(job_id: str, idx: int) -> int:
 
 
 def finish_plan(job: Job, workers: int | None = None) -> None:
-    """The global step once every object is staged: drop duplicate ids, choose bucket bounds from
-    the job's own length distribution, cut shards sized by work for `workers` (the manifest's
-    `shards.target_workers` wins; see `sizing`), and move the job to running."""
+    """The global step once every object is staged, over the objects' summaries only
+    (bucketing.py): drop duplicate ids, choose bucket bounds from the job's own length histogram,
+    cut shards as slices of staged objects (sized by work for `workers`, the manifest's
+    `shards.target_workers` winning; see sizing.py), write each shard's file from its slices, and move the
+    job to running (a held job: planned)."""
     m = job.manifest
     tasks = object_tasks(job)
-    pins = [t.pin for t in tasks]
-    counts = [o.records for o in job_repo.inputs(job.id)]
-
-    # Global step: all records of the job, by (object, ordinal); token ids stay in Arrow.
-    tables = [read_table(t.stage_uri) for t in tasks]
-    table = pa.concat_tables(tables) if tables else get_task(m.task).stage_schema.empty_table()
-    src = np.repeat(np.arange(len(tasks), dtype=np.int64), counts)
-    ordinal = table.column("ordinal").to_numpy()
-    n_tokens = table.column("n_tokens").to_numpy().astype(np.int64)
-    errors = table.column("error").to_pylist()
-    messages = table.column("message").to_pylist()
-    ids = table.column("record_id").to_pylist()
-    seen: dict[str, int] = {}
-    for i, rid in enumerate(ids):        # first occurrence (in pinned order) wins
-        if rid is None or errors[i] is not None:
-            continue
-        first = seen.setdefault(rid, i)
-        if first != i:
-            errors[i] = "duplicate_id"
-            messages[i] = (f"{pins[src[i]].uri} record {ordinal[i]}: id {rid!r} duplicates the record at "
-                           f"{pins[src[first]].uri} record {ordinal[first]}; ids must be unique in a job")
+    uris = [t.pin.uri for t in tasks]
+    summaries = [read_summary(t.stage_uri) for t in tasks]
     # a retry job plans only its selected records (after the duplicate check over all of them)
     chosen = lineage.selection(job.id)
-    keep = (np.ones(len(ordinal), dtype=bool) if chosen is None else
-            np.array([int(o) in chosen.get(pins[s].uri, ()) for s, o in zip(src, ordinal)], dtype=bool))
-    valid = np.array([e is None for e in errors], dtype=bool)
-    bounds = bucket_bounds(n_tokens[valid & keep], m.shards.max_records)
-    bucket = np.where(valid, np.searchsorted(np.asarray(bounds, dtype=np.int64), n_tokens), ERROR_BUCKET)
+    keeps = [None if chosen is None else chosen.get(u, set()) for u in uris]
+    with ExitStack() as stack:
+        dups = bucketing.find_duplicates(bucketing.ids_paths(stack, [t.stage_uri for t in tasks]), summaries, uris)
+    valid, invalid, by_code = bucketing.merge(summaries, keeps, dups)
+    merged: Counter[int] = Counter()
+    for h in valid:
+        merged.update(h)
+    bounds = bucketing.bounds_from_histogram(merged, m.shards.max_records)
+    extra = bucketing.extra_work(summaries, valid)
+    workers = m.shards.target_workers or workers
+    target = target_work(sum(L * c for L, c in merged.items()) + sum(sum(e.values()) for e in extra),
+                         workers, m.shards.max_tokens)
+    planned = bucketing.cut_all(bounds, valid, invalid, m.shards.max_records, m.shards.max_tokens,
+                                target if workers and workers > 1 else None, extra)
 
-    source_uris = pa.array([p.uri for p in pins], pa.string())
-    full = table.set_column(table.schema.get_field_index("error"), "error", pa.array(errors, pa.string()))
-    full = full.set_column(full.schema.get_field_index("message"), "message", pa.array(messages, pa.string()))
-    full = full.append_column("source", pa.DictionaryArray.from_arrays(pa.array(src, pa.int32()), source_uris))
-
-    shard_rows = []
-    work, workers = shard_work(table, n_tokens), m.shards.target_workers or workers
-    target = target_work(int(work[valid & keep].sum()), workers, m.shards.max_tokens)
-    for b in sorted(set(bucket[keep].tolist())):
-        members = np.flatnonzero((bucket == b) & keep)
-        # Within a bucket: by length, ties by (object, ordinal) -- deterministic.
-        members = members[np.lexsort((ordinal[members], src[members], n_tokens[members]))]
-        runs = (cut(members, n_tokens, m.shards.max_records, m.shards.max_tokens) if b == ERROR_BUCKET else
-                cut_balanced(members, work, target, m.shards.max_records, m.shards.max_tokens))
-        for k, run in enumerate(runs):
-            uri = shard_file(job.work_uri, int(b), k)
-            write_table(uri, full.take(pa.array(run)), row_group_size=STAGE_ROW_GROUP)
-            key = np.ascontiguousarray(np.stack([src[run], ordinal[run]], axis=1), dtype=np.int64).tobytes()
+    source_uris = pa.array(uris, pa.string())
+    shard_rows, padded = [], 0
+    with ExitStack() as stack:
+        paths = bucketing.local_paths(stack, [t.stage_uri for t in tasks])
+        readers = {kind: bucketing.cursors(paths, keeps, dups, invalid=kind) for kind in (True, False)}
+        for sh in planned:
+            table = bucketing.shard_table(sh, readers[sh.bucket == ERROR_BUCKET], source_uris)
+            lengths = np.repeat([L for _, L, _ in sh.slices], [k for _, _, k in sh.slices]).astype(np.int64)
+            padded += padded_tokens(lengths, getattr(m.options, "max_batch_tokens", None))
+            uri = shard_file(job.work_uri, sh.bucket, sh.ordinal)
+            write_table(uri, table, row_group_size=STAGE_ROW_GROUP)
+            src = table.column("source").combine_chunks().indices.to_numpy().astype(np.int64)
+            key = np.ascontiguousarray(np.stack([src, table.column("ordinal").to_numpy()], axis=1),
+                                       dtype=np.int64).tobytes()
             shard_rows.append({
-                "id": shard_id(f"{job.id}|{int(b)}|{k}|", key), "job_id": job.id, "bucket": int(b), "ordinal": k,
-                "status": ShardStatus.PENDING.value, "attempt": 0, "num_records": len(run),
-                "num_tokens": int(n_tokens[run].sum()), "input_uri": uri, "updated_at": now()})
+                "id": shard_id(f"{job.id}|{sh.bucket}|{sh.ordinal}|", key), "job_id": job.id, "bucket": sh.bucket,
+                "ordinal": sh.ordinal, "status": ShardStatus.PENDING.value, "attempt": 0,
+                "num_records": table.num_rows, "num_tokens": int(lengths.sum()), "input_uri": uri,
+                "updated_at": now()})
 
-    plan_info = {"bucket_bounds": bounds, "max_length": tasks[0].max_length if tasks else None, "objects": len(pins),
-                 "records": int(keep.sum()), "invalid": int((~valid & keep).sum()),
-                 "truncated": int(np.asarray(table.column("truncated").to_numpy(zero_copy_only=False))[keep].sum()),
-                 "tokens": int(n_tokens[keep].sum()), "workers": workers, "shard_work": target}
-    job_repo.start_running(job.id, shard_rows, json.dumps(plan_info), int(keep.sum()),
-                           now() - (job.started_at or now()))
+    records = sum(s["records"] for s in summaries)
+    plan_info = {"bucket_bounds": bounds, "max_length": tasks[0].max_length if tasks else None, "objects": len(uris),
+                 "records": records, "invalid": sum(by_code.values()),
+                 "truncated": sum(s["truncated"] for s in summaries),
+                 "tokens": sum(s["tokens"] for s in summaries), "padded_tokens": padded,
+                 "workers": workers, "shard_work": target,
+                 "invalid_by_code": dict(sorted(by_code.items())),
+                 "buckets": [{"bucket": b, "max_tokens": bound,
+                              "records": sum(c for L, c in merged.items() if lo <= L <= bound),
+                              "tokens": sum(L * c for L, c in merged.items() if lo <= L <= bound)}
+                             for b, (lo, bound) in enumerate(zip([0] + [x + 1 for x in bounds], bounds))]}
+    job_repo.start_running(job.id, shard_rows, json.dumps(plan_info), records,
+                           now() - (job.started_at or now()), hold=job.hold)
+
+
+def padded_tokens(lengths: np.ndarray, max_batch_tokens: int | None) -> int:
+    """The positions one shard's forward batches will compute: its records sorted by length in
+    the executor's token-budget batches (each padded to its longest), or, for a task without a
+    token budget (generate), every record padded to the shard's longest -- an upper bound."""
+    lengths = np.sort(np.asarray(lengths, dtype=np.int64))
+    if lengths.size == 0:
+        return 0
+    if not max_batch_tokens:
+        return int(lengths.size * lengths[-1])
+    as_list = lengths.tolist()
+    return sum(len(b) * as_list[b[-1]] for b in token_budget_batches(as_list, max_batch_tokens))

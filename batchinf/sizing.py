@@ -5,7 +5,9 @@ ones end close together), but no shard is cut below `min_shard_work()`, the work
 keeps a shard's fixed cost (claim, staged read, part writes, commit) under ~5%. Each bucket is
 cut into contiguous runs (in its length order) of equal work, within the manifest's
 `shards.max_records` and `shards.max_tokens`. Work is the staged `n_tokens` column: every task's
-own length measure (for generate: the prompt plus its `max_tokens`, see `record_work`).
+own length measure (for generate: the prompt plus its `max_tokens`, summed per length in the
+planning summaries, see plan_summary.py). The global planning step cuts groups of records of
+one length (`cut_groups_balanced`), a split cuts a shard's records (`cut_balanced`).
 """
 
 from __future__ import annotations
@@ -29,12 +31,6 @@ def split_chunk_work() -> int:
     """BATCHINF_SPLIT_CHUNK_TOKENS (default 8192; 0: no splitting): a streaming attempt computes
     its shard in chunks of this much work and may split at a chunk's end."""
     return settings().split_chunk_tokens
-
-
-def record_work(n_tokens: np.ndarray, max_tokens: np.ndarray | None = None) -> np.ndarray:
-    """Per-record work: the staged length measure, plus the tokens a generate record may decode."""
-    work = n_tokens.astype(np.int64)
-    return work if max_tokens is None else work + max_tokens.astype(np.int64)
 
 
 def target_work(total: int, workers: int | None, max_tokens: int, min_work: int | None = None) -> int:
@@ -78,3 +74,67 @@ def cut_balanced(order: np.ndarray, work: np.ndarray, target: int, max_records: 
             return runs
         k += max(1, k // 8)
     return [order[i:i + 1] for i in range(n)]
+
+
+Group = tuple[int, int, int]        # (object, token length, records): records of one length, in order
+
+
+def _group_cuts(cum: np.ndarray, starts: np.ndarray, counts: np.ndarray, k: int) -> np.ndarray:
+    """`_runs`'s cut positions (records before each cut) over groups whose records share one
+    work each: group g's record work is its work over its count (`cum`: the groups' prefix sums)."""
+    total = float(cum[-1])
+    goals = total * np.arange(1, k, dtype=np.float64) / k
+    g = np.minimum(np.searchsorted(cum, goals, side="left"), len(cum) - 1)   # group reaching the goal
+    before = np.where(g > 0, cum[np.maximum(g - 1, 0)], 0.0)
+    per = (cum[g] - before) / counts[g]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        j = np.where(per > 0, np.ceil((goals - before) / np.where(per > 0, per, 1)) - 1, counts[g] - 1)
+    j = np.clip(j, 0, counts[g] - 1)
+    below, at = before + j * per, before + (j + 1) * per
+    inside = np.where(goals - below < at - goals, j, j + 1)   # cut before or after it, the nearer
+    return (starts[g] + inside).astype(np.int64)
+
+
+def _slices(counts: list[int], cuts: list[int]) -> list[list[tuple[int, int]]]:
+    """(group index, records) runs of the ordered groups split at these record positions
+    (ascending, inside (0, n))."""
+    runs: list[list[tuple[int, int]]] = [[]]
+    pos, c_i = 0, 0
+    for g, c in enumerate(counts):
+        while c:
+            edge = cuts[c_i] if c_i < len(cuts) else pos + c
+            take = min(c, edge - pos)
+            runs[-1].append((g, take))
+            pos, c = pos + take, c - take
+            if c_i < len(cuts) and pos == cuts[c_i]:
+                runs.append([])
+                c_i += 1
+    return [r for r in runs if r]
+
+
+def cut_groups_balanced(groups: list[Group], work: list[int], target: int, max_records: int, max_tokens: int,
+                        min_work: int | None = None) -> list[list[Group]]:
+    """`cut_balanced` over runs of equal-length records (`work`: each group's, shared equally by
+    its records): k runs of equal work, k chosen exactly as `cut_balanced` chooses it and raised
+    while a run breaks the caps, groups split at record counts. Empty groups are dropped."""
+    groups, work = [g for g in groups if g[2] > 0], [w for g, w in zip(groups, work) if g[2] > 0]
+    counts = np.array([c for _, _, c in groups], dtype=np.int64)
+    n = int(counts.sum())
+    if n == 0:
+        return []
+    w = np.asarray(work, dtype=np.float64)
+    cum, starts = np.cumsum(w), np.concatenate([[0], np.cumsum(counts)[:-1]])
+    per = w / counts
+    total = int(sum(work))
+    min_work = min_shard_work() if min_work is None else min_work
+    k = min(-(-total // max(1, target)), max(1, total // max(1, min(min_work, target))))
+    k = max(1, k, -(-n // max_records), -(-total // max(1, max_tokens)))
+    while k < n:
+        cuts = np.unique(np.clip(_group_cuts(cum, starts, counts, k), 1, n - 1)).tolist()
+        runs = _slices(counts.tolist(), cuts)
+        sizes = [sum(c for _, c in r) for r in runs]
+        if all(m <= max_records and (m == 1 or sum(c * per[g] for g, c in r) <= max_tokens + 1e-6)
+               for m, r in zip(sizes, runs)):
+            return [[(groups[g][0], groups[g][1], c) for g, c in r] for r in runs]
+        k += max(1, k // 8)
+    return [[(o, length, 1)] for o, length, c in groups for _ in range(c)]

@@ -18,14 +18,15 @@ from batchinf.store import ObjectPin, get_store, join, normalize_uri
 
 def submit(manifest: JobManifest, *, tenant: str = "default", schedule: str | None = None,
            through_api: bool = False, retry_of: str | None = None,
-           selection: list[tuple[str, int]] | None = None) -> tuple[str, bool]:
+           selection: list[tuple[str, int]] | None = None, hold: bool = False) -> tuple[str, bool]:
     """Create the job, or return the existing one for the same idempotency key (a different
     manifest under a used key is an IdempotencyConflict naming the fields that differ).
 
     Returns (job_id, created). The bundle reference is resolved to a digest here, once: moving an
     alias later never changes what this job runs. Storage is checked here (scopes.py): the input
     and output against the tenant's grants when the job is confined (always through the API), and
-    the output prefix against every other job's. `retry_of`/`selection`: see retries.py."""
+    the output prefix against every other job's. `retry_of`/`selection`: see retries.py. `hold`:
+    a dry run's job (dryrun.py), held `planned` once its shards are cut."""
     key = manifest.idempotency_key or manifest.content_key()
     existing = job_repo.find_by_key(tenant, key)
     if existing:
@@ -57,7 +58,7 @@ def submit(manifest: JobManifest, *, tenant: str = "default", schedule: str | No
         "input_uri": input_uri, "output_uri": output_uri, "work_uri": join(output_uri, "_work", job_id) + "/",
         "priority": manifest.priority, "schedule": schedule, "created_at": t, "updated_at": t, "confined": confined,
         "deadline_at": (t + manifest.deadline_seconds) if manifest.deadline_seconds else None,
-        "retry_of": retry_of}, selection)
+        "retry_of": retry_of, "hold": hold}, selection)
 
 
 class IdempotencyConflict(LedgerError):

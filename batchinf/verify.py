@@ -19,7 +19,7 @@ from batchinf import failpoints
 from batchinf.errors import BatchinfError, VerificationError
 from batchinf.digests import sha256_file
 from batchinf.ledger import jobs as job_repo
-from batchinf.ledger import lineage
+from batchinf.ledger import lineage, registry
 from batchinf.ledger import shards as shard_repo
 from batchinf.ledger.events import now
 from batchinf.ledger.models import Job, Shard
@@ -28,6 +28,7 @@ from batchinf.openai_output import RenderContext, fingerprint, render_not_run, r
 from batchinf.parts import digest_of_uri, read_table
 from batchinf.store import get_store, join, normalize_uri
 from batchinf.tasks import get_task
+from batchinf.version import __version__
 
 MANIFEST = "_MANIFEST.json"
 SUCCESS = "_SUCCESS"
@@ -137,6 +138,13 @@ def _openai_context(job: Job) -> RenderContext | None:
                          system_fingerprint=fingerprint(job.bundle_digest))
 
 
+def _implementation(digest: str) -> dict[str, str]:
+    """What computed the job's results: batchinf's native runtime, or (a bundle imported through the
+    transformers fallback) transformers at the version its fixtures were computed and checked with."""
+    meta = registry.meta(digest)
+    return meta.get("implementation") or {"name": "batchinf", "version": __version__}
+
+
 def _not_done(rows: list[Shard]) -> list[Shard]:
     """Shards whose records have no committed row: neither done nor split into children."""
     parents = {r.parent_id for r in rows if r.parent_id}
@@ -234,8 +242,8 @@ def publish(job: Job) -> dict[str, Any]:
                       "output_rows", "error_rows", "execute_seconds")}
     manifest = {
         "job_id": job.id, "name": job.name, "task": job.task, "bundle": job.bundle_ref,
-        "bundle_digest": job.bundle_digest, "input_uri": job.input_uri, "output_uri": out,
-        "inputs": inputs, "parts": parts,
+        "bundle_digest": job.bundle_digest, "implementation": _implementation(job.bundle_digest),
+        "input_uri": job.input_uri, "output_uri": out, "inputs": inputs, "parts": parts,
         "counts": {"records_total": job.records_total, "records_succeeded": sums["output_rows"],
                    "records_failed": sums["error_rows"], "records_truncated": plan.get("truncated", 0)},
         "tokens": {"input": sums["tokens_input"], "output": sums["tokens_output"],
@@ -248,7 +256,8 @@ def publish(job: Job) -> dict[str, Any]:
         "created_at": datetime.now(timezone.utc).isoformat(),
         **_lineage(job),
     }
-    manifest["counts"].update(_summary(job, out, parts))
+    summary = _summary(job, out, parts)
+    manifest["counts"].update(summary)
     if ctx is not None:
         manifest["openai"] = ctx.to_dict()
     if manifest["counts"]["records_succeeded"] + manifest["counts"]["records_failed"] != job.records_total:
@@ -257,7 +266,7 @@ def publish(job: Job) -> dict[str, Any]:
     store.put_bytes(join(out, MANIFEST), json.dumps(manifest, indent=1).encode())
     store.put_bytes(join(out, SUCCESS), b"")
     job_repo.move(job_id, JobStatus.SUCCEEDED, detail={"parts": len(parts)}, finished_at=now(),
-                  verify_seconds=manifest["timings"]["verify"])
+                  verify_seconds=manifest["timings"]["verify"], summary=json.dumps(summary) if summary else None)
     store.delete_prefix(job.work_uri)
     if not store.list(join(out, "_work/")):
         store.delete_prefix(join(out, "_work/"))

@@ -9,7 +9,12 @@ lengths, same torch thread count, same batch size (slots) for every contender:
   (b) batchinf static: the same runtime with `static=True`: a batch is refilled only when all of its
       sequences have finished, finished rows keep being computed;
   (c) transformers static: `model.generate` over the prompts in the same order, left-padded batches
-      of the same size, each batch run for its longest request, each row cut to its own length.
+      of the same size, each batch run for its longest request, each row cut to its own length;
+  (d) batchinf structured (--only ...,structured): (a) with every request under a JSON schema
+      (response_format, llguidance token masks); the schema is an array of at least 100,000
+      integers, which no answer can complete, so every request still produces exactly its
+      max_tokens and the two runs differ only by the masks: the row is their cost, against the mean
+      of (a) and a second run of (a) right after it.
 
 Both batchinf contenders share prompt prefixes (the chat template's system prompt) between slots
 unless --no-prefix-sharing; transformers recomputes every prompt.
@@ -56,10 +61,17 @@ def workload(n: int, lo: int, hi: int, seed: int = 0) -> list[tuple[str, int]]:
     return [(f"{QUESTIONS[i % len(QUESTIONS)]} (request {i})", m) for i, m in enumerate(lengths)]
 
 
-def run_batchinf(rt, prompts: list[list[int]], lengths: list[int], slots: int, static: bool) -> dict:
+# never complete within any max_tokens: the masked run produces as many tokens as the plain one
+ENDLESS_SCHEMA = {"type": "json_schema", "json_schema": {"name": "numbers", "schema": {
+    "type": "array", "items": {"type": "integer"}, "minItems": 100000}}}
+
+
+def run_batchinf(rt, prompts: list[list[int]], lengths: list[int], slots: int, static: bool,
+                 response_format: str | None = None) -> dict:
     from batchinf.runtime.generate import GenRequest, GenStats, SamplingParams
 
-    reqs = [GenRequest(i, p, SamplingParams(max_tokens=m)) for i, (p, m) in enumerate(zip(prompts, lengths))]
+    reqs = [GenRequest(i, p, SamplingParams(max_tokens=m, response_format=response_format))
+            for i, (p, m) in enumerate(zip(prompts, lengths))]
     stats = GenStats()
     t0 = time.perf_counter()
     results = list(rt.generate(reqs, max_slots=slots, max_batch_tokens=1 << 30, stats=stats, static=static))
@@ -130,6 +142,14 @@ def main() -> int:
     run_batchinf(rt, prompts[:2], [4, 4], 2, False)       # warm-up
     only = set(args.only.split(","))
     runs = {"batchinf continuous": run_batchinf(rt, prompts, lengths, args.slots, static=False)}
+    if "structured" in only:
+        from batchinf.checks import canonical_response_format
+
+        rf = canonical_response_format(ENDLESS_SCHEMA)
+        run_batchinf(rt, prompts[:2], [4, 4], 2, False, rf)     # warm-up: llguidance's vocabulary
+        runs["batchinf structured"] = run_batchinf(rt, prompts, lengths, args.slots, False, rf)
+        # again, so the masked run sits between two plain ones: on a busy machine the load drifts
+        runs["batchinf continuous again"] = run_batchinf(rt, prompts, lengths, args.slots, static=False)
     if "static" in only:
         runs["batchinf static"] = run_batchinf(rt, prompts, lengths, args.slots, static=True)
     if "transformers" in only:
@@ -140,7 +160,8 @@ def main() -> int:
         runs["transformers static"] = run_transformers(model, prompts, lengths, args.slots, pad_id)
 
     ref = runs["batchinf continuous"]["tokens"]
-    identical = {name: sum(a == b for a, b in zip(ref, r["tokens"])) for name, r in runs.items()}
+    identical = {name: sum(a == b for a, b in zip(ref, r["tokens"])) for name, r in runs.items()
+                 if name != "batchinf structured"}     # masked: other tokens, by design
     tps = {name: r["output_tokens"] / r["seconds"] for name, r in runs.items()}
     report = {
         "model": "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised, float32)", "threads": args.threads,
@@ -154,18 +175,27 @@ def main() -> int:
                    for k, v in tps.items() if k != "batchinf continuous"},
         "identical_greedy_sequences": identical,
     }
+    if "batchinf structured" in runs:
+        plain = (tps["batchinf continuous"] + tps["batchinf continuous again"]) / 2
+        report["structured_mask_cost"] = round(1 - tps["batchinf structured"] / plain, 4)
+        if runs["batchinf structured"]["output_tokens"] != runs["batchinf continuous"]["output_tokens"]:
+            print("the structured run produced another number of tokens", file=sys.stderr)
+            return 1
     if args.json:
         print(json.dumps(report, indent=1))
     else:
         print(f"{args.prompts} prompts, output lengths {args.min_tokens}..{args.max_tokens} "
               f"({sum(lengths)} tokens), {args.slots} slots, {args.threads} torch thread(s)")
-        print(f"{'contender':<22}{'seconds':>9}{'tokens/s':>10}{'wasted slots':>14}{'prompt cached':>15}"
+        print(f"{'contender':<27}{'seconds':>9}{'tokens/s':>10}{'wasted slots':>14}{'prompt cached':>15}"
               f"{'identical':>11}")
         for k in runs:
-            print(f"{k:<22}{report['seconds'][k]:>9.1f}{tps[k]:>10.1f}{report['wasted_decode_slots'][k]:>14.1%}"
-                  f"{report['prompt_tokens_from_shared_prefixes'][k]:>15.1%}{identical[k]:>7}/{args.prompts}")
+            same = f"{identical[k]:>7}/{args.prompts}" if k in identical else f"{'-':>11}"
+            print(f"{k:<27}{report['seconds'][k]:>9.1f}{tps[k]:>10.1f}{report['wasted_decode_slots'][k]:>14.1%}"
+                  f"{report['prompt_tokens_from_shared_prefixes'][k]:>15.1%}{same}")
         for k, v in report["ratios"].items():
             print(f"{k}: {v:.2f}x")
+        if "structured_mask_cost" in report:
+            print(f"structured output (JSON schema masks) cost: {report['structured_mask_cost']:.1%} of decode tokens/s")
     if args.short and any(v != args.prompts for v in identical.values()):
         print(f"greedy tokens differ between contenders: {identical}", file=sys.stderr)
         return 1

@@ -37,7 +37,7 @@ class FileDeleted(BaseModel):
 class BatchCreate(BaseModel):
     model_config = ConfigDict(extra="ignore")
     input_file_id: str = Field(max_length=40, pattern=r"^file-[0-9a-f]+$")
-    endpoint: str = Field(max_length=64, description="/v1/chat/completions, /v1/completions or /v1/embeddings")
+    endpoint: str = Field(max_length=64, description="/v1/chat/completions, /v1/completions, /v1/embeddings or /v1/rerank")
     completion_window: str = Field("24h", max_length=16, pattern=r"^\d+(\.\d+)?[smhd]?$",
                                    description="the job's deadline; 24h as OpenAI's")
     metadata: dict[str, str] | None = None

@@ -3,6 +3,8 @@ against them. `JobStatus` mirrors `jobs.status()` field for field (a test holds 
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, Field
 
 
@@ -69,6 +71,9 @@ class JobStatus(BaseModel):
     worker_seconds: float = Field(description="sum of the durations of every attempt of every shard")
     cost: Cost | None = Field(description="present when BATCHINF_PRICE_PER_WORKER_HOUR is set")
     errors: ErrorSummary
+    summary: dict[str, Any] | None = Field(description="once published, the task's summary of its results, as in "
+                                           "_MANIFEST.json counts: `labels` (classify, classify_image: records "
+                                           "per label), `score_histogram` and `scores` (score)")
     error: str | None = Field(description="why the job failed or stopped")
     deadline_at: float | None = Field(description="UNIX seconds, like every timestamp here")
     created_at: float

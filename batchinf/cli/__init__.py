@@ -7,7 +7,7 @@ imports this one back. Library modules never import `batchinf.cli`.
 
 | module | commands |
 |---|---|
-| `jobs.py` | run, submit, status, cancel, jobs, verify |
+| `jobs.py` | run, submit, plan, start, retry, status, cancel, jobs, verify |
 | `bundles.py` | bundle import, import-gguf, list, verify, alias |
 | `db.py` | db upgrade, current, history, downgrade, check |
 | `info.py` | info (where the ledger, bundle store and caches are; versions) |

@@ -1,4 +1,5 @@
-"""Job commands: `run` (embedded mode), `submit`, `retry`, `status`, `cancel`, `jobs`, `verify`."""
+"""Job commands: `run` (embedded mode), `submit`, `plan` (a dry run) and `start`, `retry`, `status`,
+`cancel`, `jobs`, `verify`."""
 
 from __future__ import annotations
 
@@ -80,8 +81,11 @@ def submit(manifest: str, wait: bool, as_json: bool, tenant: str) -> None:
     from batchinf.manifest import load_manifest
 
     job_id, created = do_submit(load_manifest(manifest), tenant=tenant)
-    if not created:
-        finished_hint(job_id)
+    if not created and not finished_hint(job_id):
+        from batchinf.ledger.jobs import get as job_row, release
+
+        if job_row(job_id).status == JobStatus.PLANNED:
+            release(job_id)      # planned by `batchinf plan`: its shards run now
     s = status(job_id)
     from batchinf.config import settings
 
@@ -153,6 +157,71 @@ def retry(job_id: str, codes: str | None, not_done: bool, output: str | None, de
             final = drive(new_id, workers=workers or default_workers(), device=device, on_tick=ticker(bar, new_id))
     emit(job_status(new_id), as_json, print_status)
     sys.exit(0 if detach or final == JobStatus.SUCCEEDED else 1)
+
+
+@click.command("plan")
+@click.argument("manifest", type=click.Path(exists=True, dir_okay=False))
+@click.option("--tokens-per-second", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Declared input tokens per worker-second of the bundle (default: measured from its earlier jobs).")
+@click.option("--workers", default=1, show_default=True,
+              help="Workers the job's shards are sized for (see shards.target_workers) and the estimate assumes.")
+@click.option("--processes", default=1, show_default=True, help="Local processes that plan input objects.")
+@json_option
+@tenant_option
+@friendly
+def plan(manifest: str, tokens_per_second: float | None, workers: int, processes: int, as_json: bool,
+         tenant: str) -> None:
+    """Dry run: pin and plan the job without executing it, and report records, invalid records,
+    tokens per bucket, shards, padding efficiency and (with a throughput and
+    BATCHINF_PRICE_PER_WORKER_HOUR) duration and cost. The job is held `planned`: `batchinf run`
+    of the same manifest, or `batchinf start JOB`, runs its shards without planning again."""
+    from batchinf.dryrun import plan_only, report
+    from batchinf.manifest import load_manifest
+
+    job_id = plan_only(load_manifest(manifest), tenant=tenant, processes=processes, workers=workers)
+    r = report(job_id, tokens_per_second=tokens_per_second, workers=workers)
+    emit(r, as_json, print_plan)
+    sys.exit(0 if r["planned"] else 1)
+
+
+def print_plan(r: dict[str, Any]) -> None:
+    out = stdout_console()
+    out.print(f"{r['job_id']}  {r['status']}", highlight=False)
+    if not r["planned"]:
+        out.print(f"not planned{': ' + r['error'] if r['error'] else ''}", highlight=False)
+        return
+    eff = r["padding_efficiency"]
+    out.print(f"{r['records']} records in {r['objects']} objects, {r['invalid']} invalid "
+              f"{r['invalid_by_code'] or ''}; {r['tokens']['total']} tokens; {r['shards']} shards; "
+              f"padding efficiency {'–' if eff is None else f'{eff:.3f}'} (estimated)", highlight=False)
+    t = Table("bucket", "max tokens", "records", "tokens")
+    for b in r["tokens"]["per_bucket"]:
+        t.add_row(str(b["bucket"]), str(b["max_tokens"]), str(b["records"]), str(b["tokens"]))
+    out.print(t)
+    e = r["estimate"]
+    if e["worker_hours"] is None:
+        out.print("no throughput known for this bundle: pass --tokens-per-second for an estimate", highlight=False)
+    else:
+        cost = "" if e["cost"] is None else f", cost {e['cost']:.4f} at {e['price_per_worker_hour']}/worker-hour"
+        out.print(f"{e['worker_hours']:.3f} worker-hours at {e['tokens_per_second']:.0f} tokens/s "
+                  f"({e['throughput_source']}): {e['duration_seconds']:.0f} s on {e['workers']} worker(s){cost}",
+                  highlight=False)
+    if r["next"]:
+        out.print(f"run it: {r['next']}", highlight=False)
+
+
+@click.command("start")
+@click.argument("job_id")
+@json_option
+@tenant_filter
+@friendly
+def start(job_id: str, as_json: bool, tenant: str | None) -> None:
+    """Start a job planned by `batchinf plan`: a controller runs its planned shards."""
+    from batchinf.dryrun import start as do_start
+    from batchinf.ledger.status import status as job_status
+
+    do_start(job_id, tenant=tenant)
+    emit(job_status(job_id), as_json, print_status)
 
 
 @click.command("status")
@@ -237,4 +306,4 @@ def verify(job_or_uri: str, as_json: bool) -> None:
     sys.exit(0 if report["ok"] else 1)
 
 
-COMMANDS = [run, submit, retry, status, cancel, jobs, verify]
+COMMANDS = [run, submit, plan, start, retry, status, cancel, jobs, verify]

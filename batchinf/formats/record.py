@@ -27,6 +27,7 @@ class InputRecord:
     params: dict[str, Any] | None = None           # per-record overrides of the job's options
     endpoint: str | None = None                    # openai-batch: the line's url
     fields: dict[str, Any] | None = None           # kind record: the whole record, checked by its task
+    items: tuple[Any, ...] | None = None           # openai-batch embeddings: a list input (strings or token-id tuples)
 
 
 MAX_LINE_BYTES = 64 << 20   # a longer JSONL line or text value becomes an error row

@@ -22,3 +22,11 @@ def record(conn: Connection, job_id: str, kind: str, frm: str | None, to: str | 
         detail = json.dumps(detail, default=str)
     conn.execute(insert(job_events).values(job_id=job_id, shard_id=shard_id, kind=kind,
                                            from_status=frm, to_status=to, detail=detail, at=now()))
+
+
+def record_shards(conn: Connection, job_id: str, moves: list[tuple[str, str, str]]) -> None:
+    """One `shard` event per (shard_id, from, to), in one statement (a bulk transition)."""
+    if moves:
+        t = now()
+        conn.execute(insert(job_events), [{"job_id": job_id, "shard_id": sid, "kind": "shard", "from_status": frm,
+                                           "to_status": to, "detail": None, "at": t} for sid, frm, to in moves])

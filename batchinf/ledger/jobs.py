@@ -187,13 +187,21 @@ def object_planned(job_id: str, idx: int, records: int) -> None:
 
 
 def start_running(job_id: str, shard_rows: list[dict[str, Any]], plan: str, records_total: int,
-                  plan_seconds: float) -> bool:
-    """planning -> running with the planned shards, in one transaction; False when another
-    planner finished first."""
+                  plan_seconds: float, *, hold: bool = False) -> bool:
+    """planning -> running (a held job: -> planned) with the planned shards, in one transaction;
+    False when another planner finished first."""
     with tx() as conn:
         if conn.execute(select(jobs.c.status).where(jobs.c.id == job_id)).scalar() != JobStatus.PLANNING:
             return False
         if shard_rows:
             conn.execute(insert(shards), shard_rows)
-        return transition(conn, job_id, JobStatus.RUNNING, detail={"shards": len(shard_rows)}, plan=plan,
-                          records_total=records_total, plan_seconds=plan_seconds)
+        return transition(conn, job_id, JobStatus.PLANNED if hold else JobStatus.RUNNING,
+                          detail={"shards": len(shard_rows)}, plan=plan, records_total=records_total,
+                          plan_seconds=plan_seconds,
+                          error_records=sum(r["num_records"] for r in shard_rows if r["bucket"] < 0))
+
+
+def release(job_id: str) -> bool:
+    """planned -> running: a dry run's job runs its planned shards, without planning again."""
+    with tx() as conn:
+        return transition(conn, job_id, JobStatus.RUNNING, detail="started after a dry run", hold=False)

@@ -23,7 +23,7 @@ from batchinf.ledger.attempts import end_attempt
 from batchinf.ledger.db import tx
 from batchinf.ledger.events import now
 from batchinf.ledger.models import Lease, ShardResult, bounded_error
-from batchinf.ledger.shards import transition as transition_shard
+from batchinf.ledger.shards import count_failed, transition as transition_shard
 from batchinf.ledger.states import AttemptStatus, JobStatus, ShardStatus, values
 from batchinf.ledger.tables import attempts, jobs, record_errors, shards
 from batchinf.retry import compute_backoff
@@ -163,6 +163,7 @@ def commit_in(conn: Connection, lease: Lease, result: ShardResult, **fields: Any
     if not ok:
         raise StaleAttemptError(f"attempt {lease.attempt} of shard {lease.shard_id} lost its lease; "
                                 "another attempt owns the shard")
+    count_failed(conn, lease.shard_id, lease.job_id, result.error_rows)
     end_attempt(conn, lease.shard_id, lease.attempt, AttemptStatus.COMMITTED)
     end_attempt(conn, lease.shard_id, None, AttemptStatus.SUPERSEDED,   # a twin lost the race
                 error=f"attempt {lease.attempt} committed first")

@@ -46,6 +46,7 @@ class Job:
     step_failures: int
     confined: bool                    # its storage is checked against the tenant's grants
     retry_of: str | None              # the job this one retries (`batchinf retry`)
+    hold: bool = False                # a dry run's job: planning ends `planned`, not `running`
 
     @classmethod
     def from_row(cls, row: Any) -> Job:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, and_, case, func, insert, select, update
+from sqlalchemy import Connection, and_, func, insert, select, update
 
 from batchinf.errors import LedgerError
 from batchinf.ledger import events
@@ -58,39 +58,57 @@ def counts(conn: Connection, job_id: str) -> dict[str, int]:
     return {status: n for status, n in rows}
 
 
-def _ready(t: float) -> Any:
-    return ((shards.c.status == ShardStatus.PENDING.value)
-            | and_(shards.c.status == ShardStatus.RETRYING.value, func.coalesce(shards.c.not_before, 0) <= t))
-
-
 def dispatch_ready(job_id: str, limit: int | None = None) -> list[str]:
-    """pending and retrying-past-backoff shards become queued; returns their ids (bounded by limit)."""
+    """pending and retrying-past-backoff shards become queued; returns their ids (bounded by limit).
+    Two index range scans (pending shards in dispatch order, retrying ones), never a sort of
+    every pending shard of the job."""
+    order = (shards.c.bucket.desc(), shards.c.ordinal)
     with tx() as conn:
-        q = (select(shards.c.id).where(shards.c.job_id == job_id, _ready(now()))
-             .order_by(shards.c.bucket.desc(), shards.c.ordinal))
+        pending = select(shards.c.id, shards.c.bucket, shards.c.ordinal, shards.c.status).where(
+            shards.c.job_id == job_id, shards.c.status == ShardStatus.PENDING.value).order_by(*order)
+        retrying = select(shards.c.id, shards.c.bucket, shards.c.ordinal, shards.c.status).where(
+            shards.c.job_id == job_id, shards.c.status == ShardStatus.RETRYING.value,
+            func.coalesce(shards.c.not_before, 0) <= now()).order_by(*order)
         if limit is not None:
-            q = q.limit(limit)
-        return [sid for sid in conn.execute(q).scalars().all() if transition(conn, sid, ShardStatus.QUEUED)]
+            pending, retrying = pending.limit(limit), retrying.limit(limit)
+        rows = sorted([*conn.execute(pending).all(), *conn.execute(retrying).all()], key=lambda r: (-r.bucket, r.ordinal))
+        chosen = rows if limit is None else rows[:limit]
+        if not chosen:
+            return []
+        # one bulk transition (the state table's edges, as `transition` checks them one by one)
+        moved = set(conn.execute(update(shards).where(
+            shards.c.id.in_([r.id for r in chosen]), shards.c.status.in_(shard_sources(ShardStatus.QUEUED)))
+            .values(status=ShardStatus.QUEUED.value, updated_at=now()).returning(shards.c.id)).scalars())
+        events.record_shards(conn, job_id, [(r.id, r.status, ShardStatus.QUEUED.value) for r in chosen if r.id in moved])
+        return [r.id for r in chosen if r.id in moved]
 
 
 UNPLANNED_DEMAND = 1 << 30   # a job still planning claims every slot it outranks: kept free for it
 
 
-def dispatch_demand() -> list[Demand]:
-    """Each active job's slots in use and shards ready to dispatch. A job still being planned
-    counts as wanting every slot, so lower-priority jobs do not fill the fleet meanwhile."""
-    flying = shards.c.status.in_(values(SHARD_IN_FLIGHT))
+def dispatch_demand(cap: int = 1 << 16) -> list[Demand]:
+    """Each active job's slots in use and shards ready to dispatch (counted up to `cap`: a share
+    never exceeds the fleet's slots). A job still being planned counts as wanting every slot, so
+    lower-priority jobs do not fill the fleet meanwhile. Per job: index range counts, not a scan
+    of its shards."""
     planning = values(JOB_PLANNING)
+    t = now()
     with tx() as conn:
         rows = conn.execute(
-            select(jobs.c.id, jobs.c.status, jobs.c.priority, jobs.c.deadline_at, jobs.c.created_at,
-                   func.count(shards.c.id).filter(flying).label("in_flight"),
-                   func.count(shards.c.id).filter(_ready(now())).label("ready"))
-            .outerjoin(shards, shards.c.job_id == jobs.c.id)
-            .where(jobs.c.status.in_([JobStatus.RUNNING.value, *planning]))
-            .group_by(jobs.c.id, jobs.c.status, jobs.c.priority, jobs.c.deadline_at, jobs.c.created_at)).all()
-    return [Demand(r.id, r.priority, r.deadline_at, r.created_at, r.in_flight,
-                   UNPLANNED_DEMAND if r.status in planning else r.ready) for r in rows]
+            select(jobs.c.id, jobs.c.status, jobs.c.priority, jobs.c.deadline_at, jobs.c.created_at, jobs.c.hold)
+            .where(jobs.c.status.in_([JobStatus.RUNNING.value, *planning]))).all()
+        out = []
+        for r in rows:
+            def upto(*cond: Any, job_id: str = r.id) -> int:
+                sub = select(shards.c.id).where(shards.c.job_id == job_id, *cond).limit(cap).subquery()
+                return int(conn.execute(select(func.count()).select_from(sub)).scalar() or 0)
+            in_flight = upto(shards.c.status.in_(values(SHARD_IN_FLIGHT)))
+            ready = upto(shards.c.status == ShardStatus.PENDING.value) + upto(
+                shards.c.status == ShardStatus.RETRYING.value, func.coalesce(shards.c.not_before, 0) <= t)
+            planned_later = r.status in planning and not r.hold          # a dry run will not dispatch
+            out.append(Demand(r.id, r.priority, r.deadline_at, r.created_at, in_flight,
+                              UNPLANNED_DEMAND if planned_later else min(ready, cap)))
+    return out
 
 
 def mark_dispatched(shard_ids: list[str]) -> None:
@@ -108,10 +126,18 @@ def stale_queued(job_id: str, older_than: float) -> list[str]:
             func.coalesce(shards.c.dispatched_at, 0) < now() - older_than)).scalars().all()
 
 
-def open_count(job_id: str) -> int:
-    """Shards of the job that are not done."""
+def _any_open(conn: Connection, job_id: str) -> bool:
+    """Whether a shard of the job is not done: one index probe per open state."""
+    return any(conn.execute(select(shards.c.id).where(shards.c.job_id == job_id, shards.c.status == st.value)
+                            .limit(1)).first() is not None for st in ShardStatus if st not in SHARD_DONE)
+
+
+def open_count(job_id: str, at_most: int = 1024) -> int:
+    """Shards of the job that are not done, counted up to `at_most` (what keeping workers busy needs)."""
     with tx() as conn:
-        return sum(n for st, n in counts(conn, job_id).items() if st not in SHARD_DONE)
+        sub = select(shards.c.id).where(shards.c.job_id == job_id,
+                                        shards.c.status.not_in(values(SHARD_DONE))).limit(at_most).subquery()
+        return int(conn.execute(select(func.count()).select_from(sub)).scalar() or 0)
 
 
 def stragglers(job_id: str, factor: float, min_seconds: float) -> list[str]:
@@ -123,7 +149,8 @@ def stragglers(job_id: str, factor: float, min_seconds: float) -> list[str]:
         return []
     t = now()
     with tx() as conn:
-        if any(counts(conn, job_id).get(s, 0) for s in SHARD_WAITING):
+        if any(conn.execute(select(shards.c.id).where(shards.c.job_id == job_id, shards.c.status == st.value)
+                            .limit(1)).first() is not None for st in SHARD_WAITING):
             return []
         done = conn.execute(select(shards.c.bucket, shards.c.execute_seconds).where(
             shards.c.job_id == job_id, shards.c.status == ShardStatus.COMMITTED.value,
@@ -191,6 +218,7 @@ def record_poison(shard: Shard, row: dict[str, Any], errors_uri: str, errors_sha
                             .values(errors_uri=errors_uri, errors_sha256=errors_sha256, error_rows=1,
                                     output_rows=0, updated_at=now())).rowcount
         if done:
+            count_failed(conn, shard.id, shard.job_id, 1)
             conn.execute(insert(record_errors).values(**bounded_error(dict(row, job_id=shard.job_id, shard_id=shard.id))))
             events.record(conn, shard.job_id, "shard", shard.status, shard.status, shard_id=shard.id,
                           detail={"poison": row["record_id"]})
@@ -200,7 +228,7 @@ def record_poison(shard: Shard, row: dict[str, Any], errors_uri: str, errors_sha
 def verify_when_done(job_id: str) -> bool:
     """running -> verifying once no shard is left open; True when the job moved."""
     with tx() as conn:
-        if any(n for st, n in counts(conn, job_id).items() if st not in SHARD_DONE):
+        if _any_open(conn, job_id):
             return False
         if conn.execute(_unresolved_quarantined(job_id)).first() is not None:
             return False
@@ -215,11 +243,17 @@ def lease_owners(job_id: str) -> list[str]:
 
 
 def failed_records(job_id: str) -> int:
-    """Records of the job known to have failed, in one aggregate over its shards: every record of
-    its validation-error shards (bucket < 0, plan.ERROR_BUCKET: known at planning, before they
-    commit) plus the error rows of the others as they commit (or become poison rows)."""
-    s = shards.c
+    """Records of the job known to have failed: every record of its validation-error shards
+    (bucket < 0, plan.ERROR_BUCKET: counted at planning) plus the error rows of the others as
+    they commit or become poison rows -- a counter kept by those writes (`count_failed`), so the
+    running tick reads one row, not every shard."""
     with tx() as conn:
-        return int(conn.execute(select(func.coalesce(func.sum(
-            case((s.bucket < 0, s.num_records), else_=func.coalesce(s.error_rows, 0))), 0))
-            .where(s.job_id == job_id, s.parent_id.is_(None) | (s.bucket >= 0))).scalar())
+        return int(conn.execute(select(jobs.c.error_records).where(jobs.c.id == job_id)).scalar() or 0)
+
+
+def count_failed(conn: Connection, shard_id: str, job_id: str, n: int) -> None:
+    """Add a computed shard's new error rows to its job's failed records (an error-bucket
+    shard's records were counted at planning)."""
+    if n:
+        computed = select(shards.c.id).where(shards.c.id == shard_id, shards.c.bucket >= 0).exists()
+        conn.execute(update(jobs).where(jobs.c.id == job_id, computed).values(error_records=jobs.c.error_records + n))

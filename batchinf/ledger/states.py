@@ -13,6 +13,7 @@ from typing import Iterable
 class JobStatus(StrEnum):
     SUBMITTED = "submitted"    # manifest accepted, bundle digest resolved, inputs not yet pinned
     PLANNING = "planning"      # inputs pinned; records being read, tokenized and sharded
+    PLANNED = "planned"        # shards cut by a dry run (`batchinf plan`); held until started
     RUNNING = "running"        # shards exist; workers are executing them
     VERIFYING = "verifying"    # every shard committed; coverage and digests being checked
     SUCCEEDED = "succeeded"    # _MANIFEST.json and _SUCCESS written
@@ -58,7 +59,8 @@ ATTEMPT_LOSERS = frozenset({AttemptStatus.FAILED, AttemptStatus.LOST, AttemptSta
 _STOPS = {JobStatus.FAILED, JobStatus.EXPIRED}
 JOB_TRANSITIONS: dict[JobStatus, set[JobStatus]] = {
     JobStatus.SUBMITTED: {JobStatus.PLANNING, JobStatus.CANCELLING, *_STOPS},
-    JobStatus.PLANNING: {JobStatus.RUNNING, JobStatus.CANCELLING, *_STOPS},
+    JobStatus.PLANNING: {JobStatus.RUNNING, JobStatus.PLANNED, JobStatus.CANCELLING, *_STOPS},
+    JobStatus.PLANNED: {JobStatus.RUNNING, JobStatus.CANCELLING, *_STOPS},
     JobStatus.RUNNING: {JobStatus.VERIFYING, JobStatus.CANCELLING, *_STOPS},
     JobStatus.VERIFYING: {JobStatus.SUCCEEDED, JobStatus.CANCELLING, *_STOPS},
     JobStatus.CANCELLING: {JobStatus.CANCELLED, *_STOPS},

@@ -114,6 +114,7 @@ def _status(row: Any, counts: dict[str, int], agg: tuple[Any, ...], worker_secon
             "price_per_worker_hour": price, "total": cost,
             "per_1000_records": cost / done * 1000 if done else None},
         "errors": {"records": sum(by_code.values()), "by_code": by_code},
+        "summary": json.loads(row.summary) if row.summary else None,
         "error": row.error, "deadline_at": row.deadline_at, "created_at": row.created_at,
         "updated_at": row.updated_at, "started_at": row.started_at, "finished_at": row.finished_at,
     }
@@ -285,3 +286,15 @@ def metrics_snapshot(window_seconds: float) -> dict[str, Any]:
             "schedule_runs": conn.execute(select(schedule_runs.c.schedule, func.count())
                                           .group_by(schedule_runs.c.schedule)).all(),
         }
+
+
+def bundle_throughput(digest: str) -> tuple[float, int] | None:
+    """Input tokens per worker-second that committed attempts of this bundle's jobs achieved
+    (their tokens over their durations), and how many attempts that is; None before any ran."""
+    done = attempts.c.status == AttemptStatus.COMMITTED.value
+    with tx() as conn:
+        tokens, seconds, n = conn.execute(
+            select(func.sum(shards.c.tokens_input), func.sum(attempts.c.finished_at - attempts.c.started_at),
+                   func.count()).select_from(attempts).join(shards, shards.c.id == attempts.c.shard_id)
+            .join(jobs, jobs.c.id == shards.c.job_id).where(jobs.c.bundle_digest == digest, done)).one()
+    return (float(tokens) / float(seconds), int(n)) if tokens and seconds else None

@@ -61,6 +61,10 @@ jobs = Table(
     Column("step_failures", Integer, nullable=False, default=0),     # consecutive failed lifecycle steps
     Column("confined", Boolean, nullable=False, default=False),      # storage checked against the tenant's grants
     Column("retry_of", String(40), nullable=True, index=True),       # the job this one retries (batchinf retry)
+    Column("summary", Text, nullable=True),    # the task's summary of its published results (JSON)
+    Column("hold", Boolean, nullable=False, default=False),          # a dry run: planned, then held (`batchinf plan`)
+    Column("error_records", BigInteger, nullable=False, default=0),  # failed records so far: validation errors
+                                                                     # at planning, then error rows as shards commit
     UniqueConstraint("tenant", "idempotency_key", name="uq_jobs_tenant_idempotency"),
     Index("ix_jobs_status", "status"),
     Index("ix_jobs_tenant_created", "tenant", "created_at"),
@@ -116,6 +120,9 @@ shards = Table(
     UniqueConstraint("job_id", "bucket", "ordinal", name="uq_shards_job_bucket_ordinal"),
     Index("ix_shards_job_status", "job_id", "status"),
 )
+
+# dispatch order within a job's pending (or retrying) shards: a ranged index scan, no sort
+Index("ix_shards_dispatch_order", shards.c.job_id, shards.c.status, shards.c.bucket.desc(), shards.c.ordinal)
 
 attempts = Table(
     "attempts", metadata,

@@ -20,6 +20,7 @@ import numpy as np
 
 from batchinf.digests import sha256_file, sha256_file_cached
 from batchinf.errors import BundleError
+from batchinf.runtime.families import DECODER_ARCHITECTURES, DECODER_TYPES, ENCODER_TYPES
 
 BUNDLE_FORMAT = 1
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
@@ -88,20 +89,18 @@ def _bundle_files(src: Path) -> list[str]:
     return files
 
 
-DECODER_TYPES = ("llama", "mistral", "qwen2")
-DECODER_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 GREEDY_FIXTURES = 2         # fixtures that also pin a greedy continuation
 GREEDY_FIXTURE_TOKENS = 8
 
 
 def _family(config: dict[str, Any]) -> tuple[str, str]:
     model_type = config.get("model_type", "")
-    if model_type == "bert":
-        return "bert", "embed"
+    if model_type in ENCODER_TYPES:
+        return model_type, "embed"
     if model_type in DECODER_TYPES or any(a in DECODER_ARCHITECTURES for a in config.get("architectures") or ()):
         return "llama", "generate"
-    raise BundleError(f"model_type {model_type!r} is not supported yet; supported families: bert (embed), "
-                      f"llama ({', '.join(DECODER_TYPES)}: generate)")
+    raise BundleError(f"model_type {model_type!r} is not supported yet; supported families: "
+                      f"{', '.join(ENCODER_TYPES)} (embed), llama ({', '.join(DECODER_TYPES)}: generate)")
 
 
 def bundle_files(src: Path) -> list[str]:
@@ -123,35 +122,50 @@ def build_meta(src: Path, *, max_length: int | None = None, dtype: str = "float3
 
 def build_embed_meta(src: Path, files: list[str], *, max_length: int | None = None,
                      dtype: str = "float32") -> dict[str, Any]:
-    """bundle.json for a BERT encoder: file digests, max length, pooling, and fixtures computed
-    with our own runtime on CPU in float32."""
-    from batchinf.runtime.encoder import (
-        read_pooling_config,
-        sentence_transformers_max_length,
-    )
+    """bundle.json for an embedding model (an encoder, or a native decoder shipped as a
+    sentence-transformers model): file digests, max length, the sentence-transformers pipeline
+    (pooling, Dense, Normalize, prompts), and fixtures (one more per prompt, the prompt prepended)
+    computed with our own runtime on CPU in float32."""
+    from batchinf.runtime.encoder import sentence_transformers_max_length
+    from batchinf.runtime.st_modules import read_pipeline
     from batchinf.runtime.tokenizer import TextTokenizer
 
     config = json.loads((src / "config.json").read_text())
-    family, task = _family(config)
-    limit = int(config.get("max_position_embeddings", 512))
+    model_type = str(config.get("model_type", ""))
+    decoder = model_type in DECODER_TYPES
+    fallback = model_type not in ENCODER_TYPES and not decoder
+    if fallback:
+        from batchinf.runtime.hf_fallback import fallback_architecture
+
+        if fallback_architecture(config, src) is None:
+            _family(config)     # raises, naming what is supported
+    offset = int(config.get("pad_token_id", 1) or 0) + 1 if model_type in ("xlm-roberta", "roberta") else 0
+    limit = int(config.get("max_position_embeddings", 512)) - offset
     max_length = max_length or sentence_transformers_max_length(src) or limit
     if max_length > limit:
         raise BundleError(f"max length {max_length} exceeds the model's {limit} positions")
-    pooling, normalize = read_pooling_config(src)
     tok = TextTokenizer.from_file(src / "tokenizer.json", max_length)
     specials = {name: tok.token_id(tok_str) for name, tok_str in
-                (("pad", "[PAD]"), ("cls", "[CLS]"), ("sep", "[SEP]"), ("unk", "[UNK]"), ("mask", "[MASK]"))}
+                (("pad", "[PAD]"), ("cls", "[CLS]"), ("sep", "[SEP]"), ("unk", "[UNK]"), ("mask", "[MASK]"),
+                 ("pad", "<pad>"), ("bos", "<s>"), ("eos", "</s>"), ("unk", "<unk>")) if tok.token_id(tok_str) is not None}
     meta: dict[str, Any] = {
-        "format": BUNDLE_FORMAT, "task": task, "family": family, "dtype": dtype,
-        "max_length": max_length, "pooling": pooling, "normalize": normalize,
-        "special_tokens": {k: v for k, v in specials.items() if v is not None},
-        "files": {f: sha256_file(src / f) for f in files},
+        "format": BUNDLE_FORMAT, "task": "embed", "family": model_type, "dtype": dtype, "max_length": max_length,
+        **read_pipeline(src), "special_tokens": specials, "files": {f: sha256_file(src / f) for f in files},
     }
+    if decoder:
+        meta["encoder"] = "decoder"
+    if fallback:
+        from batchinf.runtime.hf_fallback import IMPLEMENTATION, implementation
+
+        meta["encoder"], meta["implementation"] = IMPLEMENTATION, implementation()
+    if not meta["dense"]:
+        del meta["dense"]   # bundle.json of a plain encoder stays as it was (same digest)
     runtime = EmbedRuntime(src, meta, device="cpu", dtype_override="float32")
-    encoded = [e.ids for e in runtime.tokenizer.encode_batch(FIXTURE_TEXTS)]
+    texts = [(t, None) for t in FIXTURE_TEXTS] + [(p + FIXTURE_TEXTS[0], n) for n, p in meta.get("prompts", {}).items()]
+    encoded = [e.ids for e in runtime.tokenizer.encode_batch([t for t, _ in texts])]
     vectors, _ = runtime.embed(encoded)
-    meta["fixtures"] = [{"text": t, "token_ids": ids, "embedding": [round(float(x), 7) for x in v]}
-                        for t, ids, v in zip(FIXTURE_TEXTS, encoded, vectors)]
+    meta["fixtures"] = [{"text": t, "token_ids": ids, "embedding": [round(float(x), 7) for x in v],
+                         **({"prompt_name": n} if n else {})} for (t, n), ids, v in zip(texts, encoded, vectors)]
     return meta
 
 
@@ -164,6 +178,7 @@ class EmbedRuntime:
     dtype_override: str | None = None
     tokenizer: Any = field(init=False)
     model: Any = field(init=False, default=None)
+    dense: list[Any] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
         from batchinf.runtime.tokenizer import TextTokenizer
@@ -174,11 +189,26 @@ class EmbedRuntime:
         import torch
 
         from batchinf.runtime.encoder import load_encoder
+        from batchinf.runtime.st_modules import load_dense
 
         dtype = self.dtype_override or self.meta.get("dtype", "float32")
         if self.device == "cpu":
             dtype = "float32"   # CPUs here lack fast bf16/fp16 kernels
-        self.model = load_encoder(self.root, device=self.device, dtype=getattr(torch, dtype))
+        if self.meta.get("encoder") == "decoder":
+            from batchinf.runtime.decoder_embed import load_decoder_encoder
+
+            self.model = load_decoder_encoder(self.root, device=self.device, dtype=getattr(torch, dtype))
+        elif self.meta.get("family") == "modernbert":
+            from batchinf.runtime.modernbert import load_modernbert
+
+            self.model = load_modernbert(self.root, device=self.device, dtype=getattr(torch, dtype))
+        elif self.meta.get("encoder") == "transformers":
+            from batchinf.runtime.hf_fallback import load_transformers_encoder
+
+            self.model = load_transformers_encoder(self.root, device=self.device, dtype=getattr(torch, dtype))
+        else:
+            self.model = load_encoder(self.root, device=self.device, dtype=getattr(torch, dtype))
+        self.dense = load_dense(self.root, self.meta, self.device, getattr(torch, dtype))
 
     def encode_fixture(self, text: str) -> list[int]:
         return self.tokenizer.encode(text).ids
@@ -190,7 +220,7 @@ class EmbedRuntime:
         if self.model is None:
             self.load_model()
         return embed_batch(self.model, batch, self.tokenizer.pad_id, self.meta["pooling"],
-                           self.meta["normalize"])
+                           self.meta["normalize"], self.dense)
 
 
 def _json_or_empty(path: Path) -> dict[str, Any]:
@@ -202,11 +232,11 @@ def _build_generate_meta(src: Path, files: list[str], *, max_length: int | None,
     and fixtures (token ids of fixed texts; greedy continuations of the first few) computed with
     our own runtime on CPU in float32."""
     from batchinf.runtime.generate import GenerateRuntime, GenRequest, SamplingParams
-    from batchinf.runtime.llama import LlamaConfig
+    from batchinf.runtime.llama import config_of
 
     if dtype not in ("float32", "bfloat16", "float16"):
         raise BundleError(f"dtype {dtype!r} is not supported; use float32 or bfloat16")
-    cfg = LlamaConfig.from_hf(json.loads((src / "config.json").read_text()))
+    cfg = config_of(json.loads((src / "config.json").read_text()))
     context = max_length or cfg.context_length
     if context > cfg.context_length:
         raise BundleError(f"max length {context} exceeds the model's {cfg.context_length} positions")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 import torch
@@ -21,6 +21,7 @@ from batchinf.errors import BatchinfError, BundleError
 from batchinf.runtime.encoder import _TANH_GELUS, BertLayer, EncoderConfig
 
 FAMILIES = {"bert": "bert", "xlm-roberta": "roberta", "roberta": "roberta"}   # model_type -> weight prefix
+M = TypeVar("M", bound=nn.Module)
 ARCHITECTURES = ("BertForSequenceClassification", "XLMRobertaForSequenceClassification",
                  "RobertaForSequenceClassification")
 
@@ -131,8 +132,15 @@ def load_classifier(model_dir: Path, device: str = "cpu", dtype: torch.dtype = t
             key = key.removeprefix(prefix)
             if not key.endswith("position_ids") and not key.startswith("lm_head."):
                 state[key] = tensor
+    return assign_weights(model_dir, lambda: SequenceClassifier(cfg), state, device, dtype)
+
+
+def assign_weights(model_dir: Path, build: Callable[[], M], state: dict[str, Tensor], device: str,
+                   dtype: torch.dtype) -> M:
+    """The module `build` makes on the meta device, given `state` as its weights (every key it
+    has must be there), on `device` in `dtype`, in eval mode."""
     with torch.device("meta"):
-        model = SequenceClassifier(cfg)
+        model = build()
     missing = sorted(set(model.state_dict()) - set(state))
     if missing:
         raise BundleError(f"weights in {model_dir} lack {len(missing)} key(s): {', '.join(missing[:8])}")
@@ -229,12 +237,17 @@ def verify_logit_fixtures(runtime: ClassifierRuntime) -> None:
     """Each fixture's recorded logits must come back within 1e-4 in float32 (1e-2 otherwise)."""
     fx = runtime.meta["fixtures"]
     got, _ = runtime.logits([f["input_ids"] for f in fx], [f["type_ids"] for f in fx])
-    want = np.asarray([f["logits"] for f in fx], dtype=np.float32)
     assert runtime.model is not None
-    tol = 1e-4 if next(runtime.model.parameters()).dtype == torch.float32 else 1e-2
+    compare_logits(got, fx, next(runtime.model.parameters()).dtype, runtime.root)
+
+
+def compare_logits(got: np.ndarray, fixtures: list[dict[str, Any]], dtype: torch.dtype, root: Path) -> None:
+    """BundleError unless `got` is within 1e-4 of the fixtures' recorded logits (1e-2 below float32)."""
+    want = np.asarray([f["logits"] for f in fixtures], dtype=np.float32)
+    tol = 1e-4 if dtype == torch.float32 else 1e-2
     err = np.abs(got - want).max(axis=1) / np.maximum(1.0, np.abs(want).max(axis=1))
     bad = np.flatnonzero(err > tol)
     if bad.size:
         i = int(bad[0])
-        raise BundleError(f"model fixture {i} of bundle {runtime.root} gives logits {err[i]:.2e} away from its "
+        raise BundleError(f"model fixture {i} of bundle {root} gives logits {err[i]:.2e} away from its "
                           "recorded ones: weights or runtime changed; restore the bundle or re-import it")

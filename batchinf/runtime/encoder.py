@@ -1,4 +1,5 @@
-"""A BERT-family text encoder, its safetensors loader, and sentence-transformers pooling."""
+"""A BERT-family text encoder (BERT, RoBERTa, XLM-RoBERTa), its safetensors loader, and batched
+embedding through the sentence-transformers pipeline of runtime/st_modules.py."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from batchinf.errors import BatchinfError, BundleError
 
 _TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh")
 # Checkpoint keys the encoder has no use for.
-_IGNORED_PREFIXES = ("pooler.", "cls.", "embeddings.position_ids", "embeddings.token_type_ids")
+_IGNORED_PREFIXES = ("pooler.", "cls.", "lm_head.", "embeddings.position_ids", "embeddings.token_type_ids")
+ENCODER_TYPES = ("bert", "xlm-roberta", "roberta")
 
 
 @dataclass
@@ -31,19 +33,24 @@ class EncoderConfig:
     type_vocab_size: int = 2
     layer_norm_eps: float = 1e-12
     hidden_act: str = "gelu"
+    position_offset: int = 0    # (XLM-)RoBERTa: positions start at padding_idx + 1
 
     @classmethod
     def from_hf(cls, config: dict[str, Any]) -> "EncoderConfig":
-        if config.get("model_type", "bert") != "bert":
-            raise BundleError(f"model_type {config.get('model_type')!r} is not supported; only 'bert'")
+        model_type = config.get("model_type", "bert")
+        if model_type not in ENCODER_TYPES:
+            raise BundleError(f"model_type {model_type!r} is not supported; use one of {', '.join(ENCODER_TYPES)}")
         if config.get("position_embedding_type", "absolute") != "absolute":
             raise BundleError("only absolute position embeddings are supported")
         act = config.get("hidden_act", "gelu")
         if act != "gelu" and act not in _TANH_GELUS:
             raise BundleError(f"hidden_act {act!r} is not supported; use gelu or {'/'.join(_TANH_GELUS)}")
         try:
-            return cls(**{f.name: config[f.name] for f in fields(cls) if f.name in config})
-        except TypeError as e:
+            cfg = cls(**{f.name: config[f.name] for f in fields(cls) if f.name in config})
+            if model_type != "bert":
+                cfg.position_offset = int(config.get("pad_token_id", 1) or 0) + 1
+            return cfg
+        except (TypeError, ValueError) as e:
             raise BundleError(f"config.json lacks a required field: {e}") from e
 
 
@@ -115,6 +122,7 @@ class BertLayer(nn.Module):
 class Embeddings(nn.Module):
     def __init__(self, cfg: EncoderConfig) -> None:
         super().__init__()
+        self.config = cfg
         self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
         self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
@@ -122,7 +130,8 @@ class Embeddings(nn.Module):
 
     def forward(self, input_ids: Tensor) -> Tensor:
         S = input_ids.shape[1]
-        pos = torch.arange(S, device=input_ids.device)
+        # right padding: real tokens sit at 0..len-1 (padding's positions are never attended to)
+        pos = torch.arange(S, device=input_ids.device) + self.config.position_offset
         # Single-segment input: token type is always 0.
         x = self.word_embeddings(input_ids) + self.position_embeddings(pos) + self.token_type_embeddings.weight[0]
         return self.LayerNorm(x)  # [B, S, D]
@@ -145,10 +154,10 @@ class BertEncoder(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         S = input_ids.shape[1]
-        if S > self.config.max_position_embeddings:
+        if S + self.config.position_offset > self.config.max_position_embeddings:
             raise BatchinfError(
-                f"sequence length {S} exceeds max_position_embeddings "
-                f"{self.config.max_position_embeddings}; lower the tokenizer max_length"
+                f"sequence length {S} exceeds the {self.config.max_position_embeddings} position embeddings "
+                f"(less an offset of {self.config.position_offset}); lower the tokenizer max_length"
             )
         mask = attention_mask.bool()[:, None, None, :]  # [B, 1, 1, S], True = attend
         x = self.embeddings(input_ids)
@@ -174,7 +183,7 @@ def load_encoder(
     state: dict[str, Tensor] = {}
     for f in files:
         for key, tensor in load_file(f, device=str(torch.device(device))).items():
-            key = key.removeprefix("bert.")
+            key = key.removeprefix("bert.").removeprefix("roberta.")
             if not key.startswith(_IGNORED_PREFIXES):
                 state[key] = tensor
 
@@ -190,21 +199,14 @@ def load_encoder(
     return model.to(device=device, dtype=dtype).eval()
 
 
-def pool(hidden: Tensor, attention_mask: Tensor, mode: str, normalize: bool) -> Tensor:
-    hidden = hidden.float()
-    if mode == "mean":
-        m = attention_mask.to(hidden.dtype).unsqueeze(-1)  # [B, S, 1]
-        out = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)  # [B, D]
-    elif mode == "cls":
-        out = hidden[:, 0]  # [B, D]
-    else:
-        raise BatchinfError(f"unknown pooling mode {mode!r}; use 'mean' or 'cls'")
-    return F.normalize(out, p=2, dim=1) if normalize else out
-
-
 def embed_batch(
-    model: BertEncoder, batch: list[list[int]], pad_id: int, pooling: str, normalize: bool
+    model: nn.Module, batch: list[list[int]], pad_id: int, pooling: str | list[str], normalize: bool,
+    dense: list[Any] = (),  # type: ignore[assignment]
 ) -> tuple[np.ndarray, int]:
+    """Token-id lists -> (float32 [B, D'], padded positions computed) through `model` (any module
+    mapping input_ids and attention_mask to hidden states [B, S, D]) and the pooling head."""
+    from batchinf.runtime.st_modules import head, pool
+
     device = next(model.parameters()).device
     if not batch or min(map(len, batch)) == 0:
         # An all-padding row has no key to attend to and would pool to NaN.
@@ -214,44 +216,16 @@ def embed_batch(
     attention_mask = torch.tensor([[1] * len(ids) + [0] * (S - len(ids)) for ids in batch], device=device)
     with torch.inference_mode():
         hidden = model(input_ids, attention_mask)  # [B, S, D]
-        out = pool(hidden, attention_mask, pooling, normalize)  # [B, D]
+        out = head(pool(hidden, attention_mask, pooling), list(dense), normalize)  # [B, D']
     return out.cpu().numpy().astype(np.float32, copy=False), B * S
 
 
-_LEGACY_POOLING_KEYS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}
+def read_pooling_config(model_dir: Path) -> tuple[str | list[str], bool]:
+    """(pooling, normalize) of a sentence-transformers directory (see st_modules.read_pipeline)."""
+    from batchinf.runtime.st_modules import read_pipeline
 
-
-def _module_kind(type_ref: str) -> str:
-    # v2-v5 write "sentence_transformers.models.Pooling", v6 writes
-    # "sentence_transformers.sentence_transformer.modules.pooling.Pooling"; compare class names.
-    return type_ref.rsplit(".", 1)[-1] if type_ref.startswith("sentence_transformers.") else type_ref
-
-
-def read_pooling_config(model_dir: Path) -> tuple[str, bool]:
-    modules_path = Path(model_dir) / "modules.json"
-    if not modules_path.is_file():
-        return "mean", False
-    modules = json.loads(modules_path.read_text())
-    kinds = [_module_kind(str(m.get("type"))) for m in modules]
-    unknown = [m["type"] for m, k in zip(modules, kinds) if k not in ("Transformer", "Pooling", "Normalize")]
-    if unknown:
-        # A Dense or other module would change the embedding; refuse rather than diverge.
-        raise BundleError(f"{modules_path} has unsupported module(s): {', '.join(map(str, unknown))}")
-    if "Pooling" not in kinds:
-        raise BundleError(f"{modules_path} has no sentence_transformers Pooling module")
-    pool_path = Path(model_dir) / modules[kinds.index("Pooling")].get("path", "") / "config.json"
-    if not pool_path.is_file():
-        raise BundleError(f"pooling config {pool_path} not found")
-    pool_cfg = json.loads(pool_path.read_text())
-    if "pooling_mode" in pool_cfg:  # sentence-transformers >= 6
-        mode = pool_cfg["pooling_mode"]
-        modes = [mode] if isinstance(mode, str) else list(mode)
-    else:
-        modes = [k for k, v in pool_cfg.items() if k.startswith("pooling_mode_") and v is True]
-        modes = [_LEGACY_POOLING_KEYS.get(k, k) for k in modes] or ["mean"]
-    if len(modes) != 1 or modes[0] not in ("mean", "cls"):
-        raise BundleError(f"{pool_path}: pooling {modes} is not supported; use exactly one of mean, cls")
-    return modes[0], "Normalize" in kinds
+    pipeline = read_pipeline(model_dir)
+    return pipeline["pooling"], pipeline["normalize"]
 
 
 def sentence_transformers_max_length(model_dir: Path) -> int | None:

@@ -37,6 +37,7 @@ from batchinf.config import settings
 from batchinf.errors import BundleError
 from batchinf.runtime.chat_template import TemplateLimitError, compile_template, render, token_text
 from batchinf.runtime.sampling import SamplingParams, sample
+from batchinf.runtime.structured import vocab_of
 
 PREFILL_CHUNK_TOKENS = 4096     # padded positions per prefill forward pass
 PREFILL_PAD_SLACK = 1.25        # a prefill group's padded positions stay within this × its real tokens
@@ -58,6 +59,7 @@ class GenResult:
     finish_reason: str              # "stop" | "length"
     input_tokens: int
     output_tokens: int              # tokens generated, the stop token included
+    logprobs: list[dict] | None = None  # OpenAI's logprobs.content entries, when asked for
 
 
 @dataclass
@@ -92,6 +94,8 @@ class _Seq:
     done: bool = False
     finish: str = "length"
     text: str | None = None     # set when a stop string cut it
+    guide: Any = None           # structured.Guide of a response_format
+    logprobs: list[dict] = field(default_factory=list)
 
     @property
     def pos(self) -> int:       # cache position of the last token fed (prompt + generated so far)
@@ -275,7 +279,8 @@ class GenerateRuntime:
         if p.temperature > 0:
             gen = torch.Generator(device=self.model.device)
             gen.manual_seed(p.seed)
-        return _Seq(req, slot, frozenset(self.eos_ids) | frozenset(p.stop_token_ids), gen)
+        guide = vocab_of(self).guide(p.response_format, req.key) if p.response_format is not None else None
+        return _Seq(req, slot, frozenset(self.eos_ids) | frozenset(p.stop_token_ids), gen, guide=guide)
 
     def _prefill(self, new: list[_Seq], slots: list[_Seq | None], cache: Any, stats: GenStats) -> None:
         """Start newly admitted sequences: a sequence sharing a prefix with an occupied slot copies
@@ -340,10 +345,19 @@ class GenerateRuntime:
         """Pick each sequence's next token from its logits row [len(seqs), V] and check stops."""
         picked = logits.argmax(-1).tolist()
         for i, s in enumerate(seqs):
+            row = s.guide.masked(logits[i]) if s.guide is not None else logits[i]
             if s.gen is not None:
-                picked[i] = sample(logits[i], s.req.params, s.gen)
+                picked[i] = sample(row, s.req.params, s.gen)
+            elif s.guide is not None:
+                picked[i] = int(row.argmax())
+            if s.req.params.logprobs is not None:
+                s.logprobs.append(vocab_of(self).logprobs(logits[i], picked[i], s.req.params.logprobs))
         for s, t in zip(seqs, picked):
             p = s.req.params
+            if s.guide is not None and s.guide.consume(t) and t not in s.stops:
+                s.done, s.finish = True, "stop"     # the grammar is complete: nothing may follow
+                s.out.append(t)
+                continue
             if t in s.stops:
                 s.done, s.finish = True, "stop"
                 s.out.append(t)
@@ -364,7 +378,8 @@ class GenerateRuntime:
         ids = s.out[:-1] if s.out and s.out[-1] in s.stops and s.finish == "stop" and s.text is None else s.out
         text = s.text if s.text is not None else self.decode(ids)
         return GenResult(key=s.req.key, token_ids=list(ids), text=text, finish_reason=s.finish,
-                         input_tokens=len(s.req.prompt_ids), output_tokens=len(s.out))
+                         input_tokens=len(s.req.prompt_ids), output_tokens=len(s.out),
+                         logprobs=s.logprobs[:len(ids)] if s.req.params.logprobs is not None else None)
 
 
 def _compact(slots: list[_Seq | None], cache: Any) -> None:

@@ -1,8 +1,9 @@
 """Read a GGUF file (llama.cpp's format) and convert a Llama-family model into an HF-format directory
 (config.json, model.safetensors, tokenizer.json, tokenizer_config.json, generation_config.json).
 
-Our own reader: header, metadata, tensor infos, and dequantisation of F32, F16, BF16, Q8_0, Q4_0
-and Q4_1 blocks. llama.cpp's converter permutes the rows of Q and K of `llama` models for its
+Our own reader: header, metadata, tensor infos; blocks are dequantised by
+batchinf.runtime.gguf_quants (SUPPORTED_GGUF_TYPES: the float types, Q4_0 to Q8_0, the K-quants
+Q2_K to Q6_K, IQ4_NL and IQ4_XS). llama.cpp's converter permutes the rows of Q and K of `llama` models for its
 interleaved rotary; `unpermute` undoes that so the weights fit HF's rotate-half rotary again.
 """
 
@@ -21,6 +22,8 @@ import torch
 from safetensors.torch import save_file
 
 from batchinf.errors import BundleError
+from batchinf.runtime.gguf_vocab import build_tokenizer
+from batchinf.runtime.gguf_quants import GGML_TYPES, SUPPORTED_GGUF_TYPES, dequantize
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -31,37 +34,6 @@ MAX_ARRAY_DEPTH = 4         # metadata arrays of arrays
 _SCALARS = {0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4),
             6: ("<f", 4), 7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8)}
 _STRING, _ARRAY = 8, 9
-
-
-def _f16(raw: np.ndarray) -> np.ndarray:
-    return raw.view(np.float16).astype(np.float32)
-
-
-def _q8_0(b: np.ndarray) -> np.ndarray:     # block: f16 scale d, 32 × int8 q; x = d * q
-    return _f16(b[:, :2]) * b[:, 2:].view(np.int8).astype(np.float32)
-
-
-def _nibbles(qs: np.ndarray) -> np.ndarray:  # [n, 16] bytes -> [n, 32]: low nibbles first, then high
-    return np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.float32)
-
-
-def _q4_0(b: np.ndarray) -> np.ndarray:     # block: f16 d, 16 bytes of nibbles; x = d * (q - 8)
-    return _f16(b[:, :2]) * (_nibbles(b[:, 2:]) - 8.0)
-
-
-def _q4_1(b: np.ndarray) -> np.ndarray:     # block: f16 d, f16 m, 16 bytes of nibbles; x = d * q + m
-    return _f16(b[:, :2]) * _nibbles(b[:, 4:]) + _f16(b[:, 2:4])
-
-
-# ggml type id -> (name, elements per block, bytes per block, dequantiser of [n_blocks, bytes] uint8)
-GGML_TYPES: dict[int, tuple[str, int, int, Any]] = {
-    0: ("F32", 1, 4, lambda b: b.view(np.float32).reshape(-1).copy()),  # copy: no view into the mmap
-    1: ("F16", 1, 2, lambda b: b.view(np.float16).astype(np.float32).reshape(-1)),
-    2: ("Q4_0", 32, 18, _q4_0),
-    3: ("Q4_1", 32, 20, _q4_1),
-    8: ("Q8_0", 32, 34, _q8_0),
-    30: ("BF16", 1, 2, lambda b: (b.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(-1)),
-}
 
 
 @dataclass(frozen=True)
@@ -184,8 +156,9 @@ class GGUFFile:
             return self.data_start + info.offset, 0     # refused with its name when it is read
         _, block, nbytes, _ = GGML_TYPES[info.ggml_type]
         count = math.prod(info.shape)
-        if count % block:
-            raise BundleError(f"{self.path}: tensor {info.name} has {count} elements, not a multiple of {block}")
+        if info.shape[-1] % block:      # ggml quantises row by row: blocks never straddle rows
+            raise BundleError(f"{self.path}: tensor {info.name} has rows of {info.shape[-1]} elements, not a "
+                              f"multiple of its type's block of {block}")
         n_blocks = count // block
         start = self.data_start + info.offset
         if start + n_blocks * nbytes > len(self._mm):
@@ -201,18 +174,80 @@ class GGUFFile:
         info = self.tensors[name]
         if info.ggml_type not in GGML_TYPES:
             raise BundleError(f"{self.path}: tensor {name} has ggml type {info.ggml_type}, which batchinf "
-                              f"cannot dequantise (supported: {', '.join(t[0] for t in GGML_TYPES.values())}); "
+                              f"cannot dequantise (supported: {', '.join(SUPPORTED_GGUF_TYPES)}); "
                               "convert the file with llama.cpp to one of those")
-        _, block, nbytes, dequant = GGML_TYPES[info.ggml_type]
+        nbytes = GGML_TYPES[info.ggml_type][2]
         start, n_blocks = self._extent(info)
         raw = np.frombuffer(self._mm, dtype=np.uint8, count=n_blocks * nbytes, offset=start)
-        return dequant(raw.reshape(n_blocks, nbytes)).reshape(info.shape)
+        return dequantize(raw, info.ggml_type, math.prod(info.shape)).reshape(info.shape)
 
 
 def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     """Undo llama.cpp's Q/K row permutation (interleaved rotary -> HF rotate-half)."""
     rows = w.shape[0]
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+# --- rope scaling ---------------------------------------------------------------------------------
+
+def rope_scaling(meta: dict[str, Any], arch: str, freqs: np.ndarray | None, head_dim: int,
+                 theta: float) -> dict[str, Any] | None:
+    """HF's rope_scaling for a file's `{arch}.rope.scaling.*` metadata, or for its `rope_freqs` tensor
+    (llama.cpp's converter writes Llama 3.x's scaling as per-frequency divisors, see `_llama3_from_freqs`)."""
+    kind = meta.get(f"{arch}.rope.scaling.type", "none")
+    factor = meta.get(f"{arch}.rope.scaling.factor")
+    orig = meta.get(f"{arch}.rope.scaling.original_context_length")
+    if freqs is not None:
+        if kind not in ("none", "linear") or (kind == "linear" and factor not in (None, 1.0)):
+            raise BundleError(f"this file has both rope_freqs and rope scaling {kind!r}; batchinf cannot combine them")
+        return _llama3_from_freqs(np.asarray(freqs, dtype=np.float64).reshape(-1), head_dim, theta, orig)
+    if kind == "none" or (kind == "linear" and factor in (None, 1.0)):
+        return None
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": float(factor)}
+    if kind == "yarn":
+        out = {"rope_type": "yarn", "factor": float(factor), "original_max_position_embeddings": int(orig)}
+        for ours, theirs in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
+            if f"{arch}.rope.scaling.{ours}" in meta:
+                out[theirs] = float(meta[f"{arch}.rope.scaling.{ours}"])
+        return out
+    raise BundleError(f"rope scaling type {kind!r} is not supported (supported: none, linear, yarn, and Llama 3's "
+                      "rope_freqs)")
+
+
+def _llama3_from_freqs(r: np.ndarray, head_dim: int, theta: float, orig: int | None) -> dict[str, Any] | None:
+    """Llama 3's rope parameters from llama.cpp's rope_freqs: per frequency, 1 for short wavelengths,
+    `factor` for long ones and 1 / ((1 - s) / factor + s) between, s linear in 1 / wavelength. The
+    divisors depend on the original context and the low/high frequency factors only through the two
+    boundary wavelengths, so any split of those reproduces them; the result is checked against `r`."""
+    if r.shape != (head_dim // 2,) or not np.isfinite(r).all() or (r < 1 - 1e-6).any():
+        raise BundleError(f"rope_freqs must be {head_dim // 2} finite divisors >= 1, got shape {r.shape}; "
+                          "this file's rope scaling is not Llama 3's")
+    factor = float(r.max())
+    if factor <= 1 + 1e-4:
+        return None
+    inv_wavelen = (1.0 / theta ** (np.arange(0, head_dim, 2) / head_dim)) / (2 * math.pi)
+    ones, full = r <= 1 + 1e-4, r >= factor * (1 - 1e-4)    # float32 divisors: not exactly 1 and factor
+    mid = ~ones & ~full
+    if mid.sum() >= 2:          # s = (1/wavelen - 1/L) / (1/H - 1/L) at every middle frequency
+        s = (1 / r[mid] - 1 / factor) / (1 - 1 / factor)
+        a, b = np.polyfit(inv_wavelen[mid], s, 1)
+        inv_low, inv_high = -b / a, (1 - b) / a
+    elif mid.sum() == 0:        # no middle: the boundaries lie between the last 1 and the first `factor`
+        if not ones.any() or not full.any():
+            return {"rope_type": "linear", "factor": factor}
+        inv_high, inv_low = inv_wavelen[ones].min() * 0.999, inv_wavelen[full].max() * 1.001
+    else:
+        raise BundleError("rope_freqs has a single frequency between the unscaled and fully scaled ones; batchinf "
+                          "cannot recover Llama 3's rope parameters from it")
+    old = int(orig) if orig else 8192
+    out = {"rope_type": "llama3", "factor": factor, "original_max_position_embeddings": old,
+           "low_freq_factor": float(old * inv_low), "high_freq_factor": float(old * inv_high)}
+    smooth = np.clip((inv_wavelen - inv_low) / (inv_high - inv_low), 0, 1)
+    if not np.allclose(1 / ((1 - smooth) / factor + smooth), r, rtol=1e-5, atol=0):
+        raise BundleError("rope_freqs does not follow Llama 3's rope scaling; batchinf cannot import this file's "
+                          "rope (import the HF checkpoint instead)")
+    return out
 
 
 # --- conversion ----------------------------------------------------------------------------------
@@ -226,61 +261,6 @@ _LAYER_NAMES = {"attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight":
                 "ffn_up.weight": "mlp.up_proj.weight", "ffn_down.weight": "mlp.down_proj.weight"}
 _TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
               "output.weight": "lm_head.weight"}
-
-_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-
-
-def _pre_tokenizer(pre: str) -> Any:
-    """The pre-tokenizer that `tokenizer.ggml.pre` names (as llama.cpp's llama-vocab.cpp splits)."""
-    from tokenizers import Regex, pre_tokenizers
-
-    def split(regex: str) -> Any:
-        return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(regex), behavior="isolated"),
-                                        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-
-    if pre in ("gpt-2", "gpt2", "default"):
-        return pre_tokenizers.ByteLevel(add_prefix_space=False)
-    if pre in ("smollm", "starcoder", "refact", "codeshell"):    # each digit alone, then GPT-2's regex
-        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
-                                        pre_tokenizers.ByteLevel(add_prefix_space=False)])
-    if pre in ("llama3", "llama-v3", "llama-bpe", "smaug-bpe", "dbrx"):
-        return split(_LLAMA3_SPLIT)
-    if pre in ("qwen2", "deepseek-r1-qwen"):
-        return split(_QWEN2_SPLIT)
-    raise BundleError(f"tokenizer.ggml.pre {pre!r} is not supported yet (supported: gpt2, smollm, starcoder, "
-                      "llama-bpe/llama3, qwen2)")
-
-
-def build_tokenizer(meta: dict[str, Any]) -> Any:
-    """tokenizer.json from the GGUF vocabulary and merges (byte-level BPE, `tokenizer.ggml.model` gpt2)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, processors
-
-    kind = meta.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise BundleError(f"tokenizer.ggml.model {kind!r} is not supported yet; batchinf builds byte-level BPE "
-                          "(gpt2) tokenizers from GGUF files")
-    tokens: list[str] = meta["tokenizer.ggml.tokens"]
-    types: list[int] = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
-    vocab = {t: i for i, t in enumerate(tokens)}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, ignore_merges=False))
-    tok.pre_tokenizer = _pre_tokenizer(str(meta.get("tokenizer.ggml.pre", "default")))
-    tok.decoder = decoders.ByteLevel()
-    # 3 = control (<|im_start|>), 4 = user-defined: both match whole in text, as in llama.cpp.
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                            for t, ty in zip(tokens, types) if ty == 3])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types) if ty == 4])
-    bos = meta.get("tokenizer.ggml.bos_token_id")
-    if meta.get("tokenizer.ggml.add_bos_token", False) and bos is not None:
-        tok.post_processor = processors.TemplateProcessing(single=f"{tokens[bos]} $A", pair=f"{tokens[bos]} $A $B",
-                                                           special_tokens=[(tokens[bos], bos)])
-    else:
-        tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    return tok
-
 
 def convert_gguf(path: Path | str, out: Path, *, dtype: str = "float32") -> Path:
     """Write an HF-format Llama-family model directory for a GGUF file into `out`. A file whose
@@ -312,9 +292,6 @@ def _convert_gguf(path: Path | str, out: Path, *, dtype: str = "float32") -> Pat
                 raise BundleError(f"{path}: metadata {arch}.{name} is missing")
             return value
 
-        if "rope_freqs.weight" in g.tensors or key("rope.scaling.type", "none") not in ("none", "linear"):
-            raise BundleError(f"{path}: this file's rope scaling (rope_freqs / {key('rope.scaling.type', '')}) "
-                              "is not supported by the GGUF importer; import the HF checkpoint instead")
         heads, layers = int(key("attention.head_count")), int(key("block_count"))
         kv_heads = int(key("attention.head_count_kv", heads))
         tokens = m["tokenizer.ggml.tokens"]
@@ -329,10 +306,14 @@ def _convert_gguf(path: Path | str, out: Path, *, dtype: str = "float32") -> Pat
             "tie_word_embeddings": "output.weight" not in g.tensors, "torch_dtype": dtype,
             "bos_token_id": m.get("tokenizer.ggml.bos_token_id"), "eos_token_id": m.get("tokenizer.ggml.eos_token_id"),
         }
-        if key("rope.scaling.type", "none") == "linear":
-            config["rope_scaling"] = {"rope_type": "linear", "factor": float(key("rope.scaling.factor"))}
+        scaling = rope_scaling(m, arch, g.tensor("rope_freqs.weight") if "rope_freqs.weight" in g.tensors else None,
+                               config["head_dim"], config["rope_theta"])
+        if scaling:
+            config["rope_scaling"] = scaling
         state: dict[str, torch.Tensor] = {}
         for name in g.tensors:
+            if name == "rope_freqs.weight":
+                continue                    # became config.rope_scaling
             if name in _TOP_NAMES:
                 hf = _TOP_NAMES[name]
             elif name.startswith("blk.") and name.split(".", 2)[2] in _LAYER_NAMES:

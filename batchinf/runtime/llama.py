@@ -16,8 +16,7 @@ more than the multiplication (SmolLM2-135M, 1 thread: a decode step at 8 rows 20
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,88 +27,12 @@ from torch import Tensor, nn
 
 from batchinf.config import settings
 from batchinf.errors import BundleError
+from batchinf.runtime.decoder_config import LLAMA_TYPES, LlamaConfig, rope_inv_freq
+from batchinf.runtime.gemma import GEMMA_TYPES, gemma_config
 
-MODEL_TYPES = ("llama", "mistral", "qwen2")
+__all__ = ["LlamaConfig", "rope_inv_freq", "MODEL_TYPES", "load_llama", "config_of"]
+MODEL_TYPES = LLAMA_TYPES + GEMMA_TYPES
 PACKED_MAX_ROWS = 128   # above this many rows MKL's own packing is amortised and plain sgemm is as fast
-
-
-@dataclass
-class LlamaConfig:
-    model_type: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    max_position_embeddings: int
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    rope_scaling: dict[str, Any] | None = None
-    tie_word_embeddings: bool = False
-    qkv_bias: bool = False
-    o_bias: bool = False
-    mlp_bias: bool = False
-    sliding_window: int | None = None
-
-    @classmethod
-    def from_hf(cls, c: dict[str, Any]) -> LlamaConfig:
-        mt = c.get("model_type")
-        if mt not in MODEL_TYPES:
-            raise BundleError(f"model_type {mt!r} is not a Llama-family decoder; supported: {', '.join(MODEL_TYPES)}")
-        if c.get("hidden_act", "silu") != "silu":
-            raise BundleError(f"hidden_act {c['hidden_act']!r} is not supported; Llama-family models use silu")
-        try:
-            heads = int(c["num_attention_heads"])
-            rope = c.get("rope_parameters") or {}  # transformers >= 5 folds theta+scaling into this
-            scaling = c.get("rope_scaling") or ({**rope} if rope.get("rope_type", "default") != "default" else None)
-            window = c.get("sliding_window") if (mt == "mistral" or c.get("use_sliding_window")) else None
-            return cls(
-                model_type=mt, vocab_size=int(c["vocab_size"]), hidden_size=int(c["hidden_size"]),
-                intermediate_size=int(c["intermediate_size"]), num_hidden_layers=int(c["num_hidden_layers"]),
-                num_attention_heads=heads, num_key_value_heads=int(c.get("num_key_value_heads") or heads),
-                head_dim=int(c.get("head_dim") or c["hidden_size"] // heads),
-                max_position_embeddings=int(c.get("max_position_embeddings", 2048)),
-                rms_norm_eps=float(c.get("rms_norm_eps", 1e-6)),
-                rope_theta=float(c.get("rope_theta", rope.get("rope_theta", 10000.0))),
-                rope_scaling=scaling, tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
-                qkv_bias=mt == "qwen2" or bool(c.get("attention_bias", False)),
-                o_bias=mt != "qwen2" and bool(c.get("attention_bias", False)),
-                mlp_bias=bool(c.get("mlp_bias", False)), sliding_window=int(window) if window else None,
-            )
-        except KeyError as e:
-            raise BundleError(f"config.json lacks a required field: {e}") from e
-
-    @property
-    def context_length(self) -> int:
-        # Sliding-window attention equals full attention while sequences fit in the window.
-        return min(self.max_position_embeddings, self.sliding_window or self.max_position_embeddings)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-def rope_inv_freq(cfg: LlamaConfig) -> Tensor:
-    """[Dh/2] inverse frequencies, with HF's "linear" and "llama3" scalings."""
-    d = cfg.head_dim
-    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
-    sc = cfg.rope_scaling or {}
-    kind = sc.get("rope_type", sc.get("type", "default"))
-    if kind == "default":
-        return inv
-    if kind == "linear":
-        return inv / float(sc["factor"])
-    if kind == "llama3":
-        factor, lo, hi = float(sc["factor"]), float(sc["low_freq_factor"]), float(sc["high_freq_factor"])
-        old = float(sc["original_max_position_embeddings"])
-        wavelen = 2 * math.pi / inv
-        scaled = torch.where(wavelen > old / lo, inv / factor, inv)
-        smooth = (old / wavelen - lo) / (hi - lo)
-        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-        medium = ~(wavelen < old / hi) & ~(wavelen > old / lo)
-        return torch.where(medium, smoothed, scaled)
-    raise BundleError(f"rope scaling type {kind!r} is not supported; supported: default, linear, llama3")
 
 
 class Linear(nn.Linear):
@@ -154,14 +77,16 @@ def pack_weights(model: nn.Module) -> bool:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
+    def __init__(self, dim: int, eps: float, offset: bool = False) -> None:
         super().__init__()
-        self.eps = eps
+        self.eps, self.offset = eps, offset
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.offset:     # Gemma: (x * (1 + w)) in float32, then cast
+            return (h * (1.0 + self.weight.float())).to(x.dtype)
         return self.weight * h.to(x.dtype)
 
 
@@ -172,7 +97,7 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: LlamaConfig) -> None:
+    def __init__(self, cfg: LlamaConfig, layer: int = 0) -> None:
         super().__init__()
         H, KV, Dh, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
         if H % KV:
@@ -182,6 +107,11 @@ class Attention(nn.Module):
         self.k_proj = Linear(D, KV * Dh, bias=cfg.qkv_bias)
         self.v_proj = Linear(D, KV * Dh, bias=cfg.qkv_bias)
         self.o_proj = Linear(H * Dh, D, bias=cfg.o_bias)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(Dh, cfg.rms_norm_eps, cfg.norm_offset)
+            self.k_norm = RMSNorm(Dh, cfg.rms_norm_eps, cfg.norm_offset)
+        self.qk_norm, self.scale, self.softcap = cfg.qk_norm, cfg.attn_scale, cfg.attn_softcap
+        self.sliding = cfg.is_sliding(layer)
 
     def forward(self, x: Tensor, parts: list[Part], kv: LayerCache) -> Tensor:
         """x [N, D]: the tokens of every part, flattened in order -> [N, D]."""
@@ -191,17 +121,30 @@ class Attention(nn.Module):
             B, S = p.tokens.shape
             rows = slice(at, at + B * S)
             at += B * S
-            qi = q[rows].view(B, S, self.H, self.Dh).transpose(1, 2)       # [B, H, S, Dh]
-            ki = k[rows].view(B, S, self.KV, self.Dh).transpose(1, 2)      # [B, KV, S, Dh]
+            qi = q[rows].view(B, S, self.H, self.Dh)
+            ki = k[rows].view(B, S, self.KV, self.Dh)
+            if self.qk_norm:
+                qi, ki = self.q_norm(qi), self.k_norm(ki)
+            qi, ki = qi.transpose(1, 2), ki.transpose(1, 2)                # [B, H, S, Dh], [B, KV, S, Dh]
             vi = v[rows].view(B, S, self.KV, self.Dh).transpose(1, 2)
-            qi, ki = rotate(qi, p.cos, p.sin), rotate(ki, p.cos, p.sin)
+            cos, sin = (p.local_rope or (p.cos, p.sin)) if self.sliding else (p.cos, p.sin)
+            qi, ki = rotate(qi, cos, sin), rotate(ki, cos, sin)
             keys, values = kv.update(ki, vi, p.where)                       # [B, KV, T, Dh]
             # Grouped-query attention without copying K/V: the H/KV query heads that share a KV head
             # become extra query rows of that head: [B, H, S, Dh] -> [B, KV, (H/KV)*S, Dh].
             qi = qi.reshape(B, self.KV, self.H // self.KV * S, self.Dh)
-            y = F.scaled_dot_product_attention(qi, keys, values, attn_mask=p.where.mask)
+            mask = p.where.local if self.sliding and p.where.local is not None else p.where.mask
+            y = self._attend(qi, keys, values, mask)
             ys.append(y.view(B, self.H, S, self.Dh).transpose(1, 2).reshape(B * S, self.H * self.Dh))
         return self.o_proj(ys[0] if len(ys) == 1 else torch.cat(ys))
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+        if self.softcap is None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
+        # SDPA has no soft-capping: scores by hand, capped before the mask, softmax in float32 like HF
+        scores = q @ k.transpose(-1, -2) * (self.scale or self.Dh ** -0.5)
+        scores = (torch.tanh(scores / self.softcap) * self.softcap).masked_fill(~mask, float("-inf"))
+        return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v
 
 
 class MLP(nn.Module):
@@ -209,20 +152,31 @@ class MLP(nn.Module):
         super().__init__()
         D, I, b = cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias
         self.gate_proj, self.up_proj, self.down_proj = Linear(D, I, bias=b), Linear(D, I, bias=b), Linear(I, D, bias=b)
+        self.tanh_gelu = cfg.hidden_act == "gelu_tanh"
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        g = self.gate_proj(x)
+        g = F.gelu(g, approximate="tanh") if self.tanh_gelu else F.silu(g)
+        return self.down_proj(g * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: LlamaConfig) -> None:
+    def __init__(self, cfg: LlamaConfig, layer: int = 0) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(cfg, layer)
         self.mlp = MLP(cfg)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        norm = [cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset]
+        self.input_layernorm = RMSNorm(*norm)
+        self.post_attention_layernorm = RMSNorm(*norm)
+        self.sandwich = cfg.sandwich_norms
+        if self.sandwich:   # Gemma: post_attention_layernorm normalises the attention output instead
+            self.pre_feedforward_layernorm = RMSNorm(*norm)
+            self.post_feedforward_layernorm = RMSNorm(*norm)
 
     def forward(self, x: Tensor, parts: list[Part], kv: LayerCache) -> Tensor:
+        if self.sandwich:
+            x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), parts, kv))
+            return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
         x = x + self.self_attn(self.input_layernorm(x), parts, kv)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -231,8 +185,8 @@ class Backbone(nn.Module):
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset)
 
 
 @dataclass
@@ -243,6 +197,7 @@ class Where:
     mask: Tensor             # bool, True = attend: [B or 1, 1, rep*S, keys]
     span: int                # keys are cache positions [0, span)
     fresh: bool = False      # prefill from position 0: the keys are this pass's own K/V, no cache read
+    local: Tensor | None = None  # the mask of sliding-window layers, when the model has them
 
 
 @dataclass
@@ -252,6 +207,7 @@ class Part:
     where: Where
     cos: Tensor              # rotary tables, broadcastable to [B, H, S, Dh]
     sin: Tensor
+    local_rope: tuple[Tensor, Tensor] | None = None  # sliding layers' (cos, sin) when their base differs
 
 
 @dataclass
@@ -310,20 +266,50 @@ class LlamaForCausalLM(nn.Module):
         self.model = Backbone(cfg)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.inv_freq = rope_inv_freq(cfg)  # [Dh/2] fp32, a plain attribute so .to(dtype) keeps it fp32
+        self.local_inv_freq = rope_inv_freq(cfg, cfg.local_rope_theta, scaled=False) \
+            if cfg.local_rope_theta else None
+        self.windowed = any(cfg.is_sliding(i) for i in range(cfg.num_hidden_layers))
 
     @property
     def device(self) -> torch.device:
         return self.lm_head.weight.device
 
-    def _rope(self, pos: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        freqs = pos.float()[..., None] * self.inv_freq             # [..., Dh/2], fp32 like HF
+    def _rope(self, pos: Tensor, dtype: torch.dtype, inv_freq: Tensor) -> tuple[Tensor, Tensor]:
+        freqs = pos.float()[..., None] * inv_freq                  # [..., Dh/2], fp32 like HF
         emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
+
+    def _part(self, tokens: Tensor, qpos: Tensor, where_pos: Tensor, slots: Tensor | None, span: int,
+              fresh: bool = False) -> Part:
+        """Rows whose queries sit at positions qpos [B or 1, S] and attend causally to cache
+        positions [0, span) (and, in sliding layers, to the last `local_window` of them)."""
+        S = qpos.shape[1]
+        rep = self.config.num_attention_heads // self.config.num_key_value_heads
+        keys = torch.arange(span, device=tokens.device)
+        causal = keys[None, None, :] <= qpos[:, :, None]                             # [B, S, span]
+
+        def heads(m: Tensor) -> Tensor:     # the H/KV query heads of a KV head are extra query rows
+            return m[:, None] if S == 1 else m.repeat(1, rep, 1)[:, None]              # [B, 1, rep*S, span]
+
+        local = None
+        if self.windowed:
+            local = heads(causal & (keys[None, None, :] > qpos[:, :, None] - self.config.local_window))
+        dtype = self.lm_head.weight.dtype
+        cos, sin = self._rope(qpos, dtype, self.inv_freq)                           # [B, 1, S, Dh]
+        local_rope = self._rope(qpos, dtype, self.local_inv_freq) if self.local_inv_freq is not None else None
+        return Part(tokens, Where(slots, where_pos, heads(causal), span, fresh, local), cos, sin, local_rope)
+
+    def _logits(self, h: Tensor) -> Tensor:
+        logits = self.lm_head(h).float()
+        cap = self.config.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def _run(self, parts: list[Part], cache: KVCache) -> Tensor:
         """Every part's tokens through the decoder -> final hidden states [N, D], parts in order."""
         tokens = parts[0].tokens.reshape(-1) if len(parts) == 1 else torch.cat([p.tokens.reshape(-1) for p in parts])
         x = self.model.embed_tokens(tokens)                        # [N, D]
+        if self.config.embed_scale is not None:
+            x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype)
         for layer, kv in zip(self.model.layers, cache.layers):
             x = layer(x, parts, kv)
         return self.model.norm(x)
@@ -334,53 +320,46 @@ class LlamaForCausalLM(nn.Module):
         [B, V] (or at every position [B, S, V]). Causal attention alone keeps padding invisible to
         real tokens, because padding only follows them."""
         B, S = tokens.shape
-        rep = self.config.num_attention_heads // self.config.num_key_value_heads
         pos = torch.arange(S, device=tokens.device)
-        causal = torch.ones(S, S, dtype=torch.bool, device=tokens.device).tril()
-        mask = causal.repeat(rep, 1)[None, None]                   # [1, 1, rep*S, S]
-        cos, sin = self._rope(pos, self.lm_head.weight.dtype)      # [S, Dh]
-        part = Part(tokens, Where(slots, pos.expand(B, S), mask, S, fresh=True), cos[None, None], sin[None, None])
+        part = self._part(tokens, pos[None], pos.expand(B, S), slots, S, fresh=True)
         h = self._run([part], cache).view(B, S, -1)
         if all_logits:
-            return self.lm_head(h).float()
-        return self.lm_head(h[torch.arange(B, device=h.device), lengths - 1]).float()
+            return self._logits(h)
+        return self._logits(h[torch.arange(B, device=h.device), lengths - 1])
 
     def decode_step(self, tokens: Tensor, pos: Tensor, cache: KVCache, fill: Fill | None = None) -> Tensor:
         """tokens [B], pos [B] for cache slots 0..B-1 -> next-token logits [B, V]. `fill` is written
         first in every layer, so decode rows of the filled slots see it."""
         parts = [self._fill_part(fill)] if fill is not None else []
-        span = int(pos.max()) + 1
-        keys = torch.arange(span, device=tokens.device)
-        mask = (keys[None, :] <= pos[:, None])[:, None, None, :]   # [B, 1, 1, span]
-        cos, sin = self._rope(pos[:, None], self.lm_head.weight.dtype)  # [B, 1, Dh]
-        parts.append(Part(tokens[:, None], Where(None, pos[:, None], mask, span), cos[:, None], sin[:, None]))
+        parts.append(self._part(tokens[:, None], pos[:, None], pos[:, None], None, int(pos.max()) + 1))
         h = self._run(parts, cache)
-        return self.lm_head(h[-len(tokens):]).float()
+        return self._logits(h[-len(tokens):])
 
     def fill(self, fill: Fill, cache: KVCache) -> None:
         """A Fill on its own (when it is too large to ride along a decode step)."""
         self._run([self._fill_part(fill)], cache)
 
     def _fill_part(self, f: Fill) -> Part:
-        B, S = f.tokens.shape
-        rep = self.config.num_attention_heads // self.config.num_key_value_heads
-        pos = f.start[:, None] + torch.arange(S, device=f.tokens.device)               # [B, S]
-        span = int((f.start + f.lengths).max())
-        keys = torch.arange(span, device=f.tokens.device)
-        mask = (keys[None, None, :] <= pos[:, :, None]).repeat(1, rep, 1)[:, None]  # [B, 1, rep*S, span]
-        cos, sin = self._rope(pos, self.lm_head.weight.dtype)                      # [B, S, Dh]
-        return Part(f.tokens, Where(f.slots, pos, mask, span), cos[:, None], sin[:, None])
+        pos = f.start[:, None] + torch.arange(f.tokens.shape[1], device=f.tokens.device)  # [B, S]
+        return self._part(f.tokens, pos, pos, f.slots, int((f.start + f.lengths).max()))
+
+
+def config_of(c: dict[str, Any]) -> LlamaConfig:
+    """The decoder configuration of an HF config.json, by its family."""
+    return gemma_config(c) if c.get("model_type") in GEMMA_TYPES else LlamaConfig.from_hf(c)
 
 
 def read_config(model_dir: Path) -> LlamaConfig:
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise BundleError(f"{path} not found; a model directory needs an HF config.json")
-    return LlamaConfig.from_hf(json.loads(path.read_text()))
+    return config_of(json.loads(path.read_text()))
 
 
-def load_llama(model_dir: Path, device: str | torch.device = "cpu",
-               dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
+def load_llama(model_dir: Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+               backbone_only: bool = False) -> LlamaForCausalLM:
+    """The decoder of a model directory. backbone_only: for its hidden states (an embedding model):
+    checkpoints of the bare model (keys without `model.`) load, and any lm_head is ignored."""
     model_dir = Path(model_dir)
     cfg = read_config(model_dir)
     files = sorted(model_dir.glob("*.safetensors"))
@@ -389,6 +368,9 @@ def load_llama(model_dir: Path, device: str | torch.device = "cpu",
     state: dict[str, Tensor] = {}
     for f in files:
         state.update(load_file(f, device=str(torch.device(device))))
+    if backbone_only:
+        state = {k if k.startswith("model.") else "model." + k: v for k, v in state.items() if k != "lm_head.weight"}
+        state["lm_head.weight"] = state.get("model.embed_tokens.weight")  # unused; shares the tensor
     if cfg.tie_word_embeddings or "lm_head.weight" not in state:
         if not cfg.tie_word_embeddings:
             raise BundleError(f"weights in {model_dir} lack lm_head.weight and config.json does not tie embeddings")
@@ -406,5 +388,7 @@ def load_llama(model_dir: Path, device: str | torch.device = "cpu",
         raise BundleError(f"weights in {model_dir} do not match config.json: {e}") from e
     model = model.to(device=device, dtype=dtype).eval()
     model.inv_freq = rope_inv_freq(cfg).to(device)  # stays fp32, like HF's rotary embedding
+    if cfg.local_rope_theta:
+        model.local_inv_freq = rope_inv_freq(cfg, cfg.local_rope_theta, scaled=False).to(device)
     pack_weights(model)
     return model

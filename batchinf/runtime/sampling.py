@@ -17,6 +17,8 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()   # in addition to the bundle's eos ids
     stop: tuple[str, ...] = ()             # stop strings: text is cut before the first match
     seed: int = 0                          # per record: derive_seed(job_seed, record_id)
+    response_format: str | None = None     # canonical_response_format JSON; None: text
+    logprobs: int | None = None            # None: off; n: each token's logprob and the n most likely
 
 
 def derive_seed(job_seed: int, record_id: str) -> int:

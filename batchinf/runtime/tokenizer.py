@@ -45,6 +45,10 @@ class TextTokenizer:
         encodings = self._tok.encode_batch(texts)  # parallel in Rust
         return [Encoded(ids=e.ids, truncated=len(e.overflowing) > 0) for e in encodings]
 
+    def vocab_size(self) -> int:
+        """Ids this tokenizer knows (added tokens included): a token array must stay below it."""
+        return int(self._tok.get_vocab_size(with_added_tokens=True))
+
     def token_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 

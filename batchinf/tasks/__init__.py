@@ -10,20 +10,24 @@ from pathlib import Path
 from typing import Any
 
 from batchinf.errors import BundleError, ManifestError
+from batchinf.runtime.families import FAMILIES
 from batchinf.tasks.base import RunOutput, Task
 from batchinf.tasks.classify import Classify, ClassifyOptions
+from batchinf.tasks.classify_image import ClassifyImage, ClassifyImageOptions
 from batchinf.tasks.embed import Embed, EmbedOptions
 from batchinf.tasks.generate import Generate, GenerateOptions
 from batchinf.tasks.score import Score, ScoreOptions
 
-__all__ = ["TASKS", "ClassifyOptions", "EmbedOptions", "GenerateOptions", "RunOutput", "ScoreOptions", "Task",
+__all__ = ["TASKS", "ClassifyImageOptions", "ClassifyOptions", "EmbedOptions",
+           "GenerateOptions", "RunOutput", "ScoreOptions", "Task",
            "build_meta", "get_task"]
 
-TASKS: dict[str, Task] = {t.name: t for t in (Embed(), Generate(), Score(), Classify())}
+TASKS: dict[str, Task] = {t.name: t for t in (Embed(), Generate(), Score(), Classify(), ClassifyImage())}
 # bundle import asks the tasks in this order (more specific model heads first)
-DETECTION_ORDER = ("generate", "score", "classify", "embed")
-SUPPORTED = ("bert (embed), llama, mistral, qwen2 (generate), Bert/XLMRobertaForSequenceClassification "
-             "(score: cross-encoders; classify)")
+DETECTION_ORDER = ("generate", "classify_image", "score", "classify", "embed")
+SUPPORTED = ("; ".join(f"{', '.join(f.model_types)} ({', '.join(f.tasks)})" for f in FAMILIES)
+             + "; Bert/XLMRobertaForSequenceClassification (score: cross-encoders; classify)"
+             + "; ViTForImageClassification (classify_image)")
 
 
 def get_task(name: str) -> Task:
@@ -38,6 +42,10 @@ def detect(config: dict[str, Any], src: Path) -> Task:
     for name in DETECTION_ORDER:
         if TASKS[name].detects(config, src):
             return TASKS[name]
+    from batchinf.runtime.hf_fallback import fallback_architecture
+
+    if config.get("model_type") and fallback_architecture(config, src) is not None:
+        return TASKS["embed"]     # no native family: transformers' own model class computes it
     raise BundleError(f"{src}: model_type {config.get('model_type')!r} is not supported yet (architectures "
                       f"{config.get('architectures')}); supported: {SUPPORTED}")
 
@@ -49,7 +57,8 @@ def build_meta(src: Path, *, max_length: int | None = None, dtype: str = "float3
 
     files = bundle_files(src)
     if "config.json" not in files:
-        raise BundleError(f"{src}: a bundle needs config.json and {TASKS['embed'].needs[-1]}")
+        raise BundleError(f"{src}: a bundle needs config.json (and tokenizer.json, or preprocessor_config.json "
+                          "for an image model)")
     config = json.loads((src / "config.json").read_text())
     task = detect(config, src)
     missing = [f for f in task.needs if f not in files]

@@ -84,7 +84,7 @@ class Task:
         raise NotImplementedError
 
     # --- execute ----------------------------------------------------------------------------
-    def result_schema(self, meta: dict[str, Any]) -> pa.Schema:
+    def result_schema(self, meta: dict[str, Any], options: Any = None) -> pa.Schema:
         raise NotImplementedError
 
     def run(self, c: dict[str, list[Any]], runtime: Any, options: Any, check: Callable[[], None]) -> RunOutput:
@@ -108,6 +108,12 @@ class Task:
     def open_runtime(self, root: Path, meta: dict[str, Any], device: str) -> Any:
         raise NotImplementedError
 
+    def verify_inputs(self, runtime: Any) -> None:
+        """Check the bundle's input fixtures (tokenizer or preprocessor drift); BundleError if any drifts."""
+        from batchinf.runtime.bundle import verify_tokenizer_fixtures
+
+        verify_tokenizer_fixtures(runtime)
+
     def verify_model(self, runtime: Any) -> None:
         """Run the bundle's fixtures through the loaded model; BundleError when they drift."""
         raise NotImplementedError
@@ -127,3 +133,13 @@ def staged_row(r: Any) -> dict[str, Any]:
     """The common staged columns of an input record (its error, if it has one)."""
     return {"ordinal": r.ordinal, "record_id": r.record_id, "error": r.error, "message": r.message,
             "n_tokens": 0, "truncated": False}
+
+
+def usable_records(obj: Any, records: Iterator[Any], rows: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], Any, str]]:
+    """Append every record's staged row to `rows`; yield (row, record, where) for each record
+    without an error, `where` naming it in messages."""
+    for r in records:
+        row = staged_row(r)
+        rows.append(row)
+        if r.error is None:
+            yield row, r, f"{obj.pin.uri} record {r.record_id!r}"

@@ -71,7 +71,7 @@ class Classify(Task):
     def stage(self, obj: Any, runtime: Any, records: Iterator[Any]) -> pa.Table:
         return stage_texts(obj, _Tok(runtime, obj.max_length), records)
 
-    def result_schema(self, meta: dict[str, Any]) -> pa.Schema:
+    def result_schema(self, meta: dict[str, Any], options: Any = None) -> pa.Schema:
         return CLASSIFY_SCHEMA
 
     def run(self, c: dict[str, list[Any]], runtime: Any, options: Any, check: Callable[[], None]) -> RunOutput:

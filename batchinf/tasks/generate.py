@@ -4,14 +4,16 @@ one continuous batch over the whole shard."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Any, Callable, Iterator
 
 import pyarrow as pa
 from pydantic import Field
 
-from batchinf.manifest_rules import POSITIVE, STOP, TOKEN_IDS, Part, choice, integer, number
-from batchinf.tasks.base import RECORD_FIELDS, STAGE_SCHEMA, RunOutput, Task, ok_rows, record_columns, staged_row
+from batchinf.checks import MAX_TOP_LOGPROBS, canonical_response_format, integer_problem, response_format_problem
+from batchinf.manifest_rules import BOOLEAN, POSITIVE, STOP, TOKEN_IDS, Part, Rule, choice, integer, nullable, number
+from batchinf.tasks.base import RECORD_FIELDS, STAGE_SCHEMA, RunOutput, Task, ok_rows, record_columns, usable_records
 from batchinf.tasks.batching import GenOutcome, generate_isolating
 from batchinf.tasks.embed import DEVICES
 
@@ -22,6 +24,8 @@ GENERATE_STAGE_SCHEMA = pa.schema(list(STAGE_SCHEMA) + [
     ("max_tokens", pa.int32()), ("temperature", pa.float64()), ("top_k", pa.int32()),
     ("top_p", pa.float64()), ("seed", pa.int64()), ("stop", pa.list_(pa.string())),
     ("stop_token_ids", pa.list_(pa.int32())),
+    ("response_format", pa.string()),           # canonical_response_format JSON; null: plain text
+    ("logprobs", pa.int32()),                   # null: off; n: logprobs with the n most likely tokens
 ])
 
 # one row per record that got an answer. kind: chat | completion; seed: the seed it sampled
@@ -30,7 +34,20 @@ GENERATION_SCHEMA = pa.schema(RECORD_FIELDS + [
     ("kind", pa.string()), ("text", pa.string()), ("finish_reason", pa.string()),
     ("input_tokens", pa.int32()), ("output_tokens", pa.int32()),
     ("seed", pa.int64()), ("output_ids", pa.list_(pa.int32())),
+    ("logprobs", pa.string()),                  # JSON of OpenAI's logprobs.content list, when asked for
 ])
+
+RESPONSE_FORMAT = nullable(Rule(response_format_problem, {
+    "type": "object", "required": ["type"], "additionalProperties": False,
+    "properties": {"type": {"enum": ["text", "json_object", "json_schema"]},
+                   "json_schema": {"type": "object", "required": ["name", "schema"], "additionalProperties": False,
+                                   "properties": {"name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+                                                  "schema": {"type": "object"}, "description": {"type": "string"},
+                                                  "strict": {"type": ["boolean", "null"]}}}},
+    "if": {"properties": {"type": {"const": "json_schema"}}}, "then": {"required": ["json_schema"]},
+    "else": {"not": {"required": ["json_schema"]}}}))
+TOP_LOGPROBS = Rule(lambda v, w: integer_problem(v, w, 0, MAX_TOP_LOGPROBS),
+                    {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS})
 
 
 class GenerateOptions(Part):
@@ -45,6 +62,12 @@ class GenerateOptions(Part):
         (), description="stop strings: a record's text ends before the first match")
     stop_token_ids: Annotated[tuple[int, ...], TOKEN_IDS] = Field(
         (), description="token ids that end a record, in addition to the bundle's end-of-sequence ids")
+    response_format: Annotated[dict[str, Any] | None, RESPONSE_FORMAT] = Field(
+        None, description='structured output, as OpenAI: {"type": "json_object"} or {"type": "json_schema", '
+                          '"json_schema": {"name", "schema", "strict"}}')
+    logprobs: Annotated[bool, BOOLEAN] = Field(False, description="each output token's log-probability")
+    top_logprobs: Annotated[int, TOP_LOGPROBS] = Field(
+        0, description=f"with logprobs: the most likely tokens at each position (0-{MAX_TOP_LOGPROBS})")
     max_batch_tokens: Annotated[int, POSITIVE] = Field(
         16384, description="KV-cache budget: the sum over decoding slots of prompt + max_tokens")
     max_slots: Annotated[int, POSITIVE] = Field(64, description="sequences decoded together")
@@ -62,7 +85,10 @@ def record_params(opts: GenerateOptions, record_id: str, over: dict[str, Any] | 
             "temperature": over.get("temperature", opts.temperature),
             "top_k": over.get("top_k", opts.top_k), "top_p": over.get("top_p", opts.top_p),
             "seed": over["seed"] if "seed" in over else derive_seed(opts.seed, record_id),
-            "stop": list(over.get("stop", opts.stop)), "stop_token_ids": list(opts.stop_token_ids)}
+            "stop": list(over.get("stop", opts.stop)), "stop_token_ids": list(opts.stop_token_ids),
+            "response_format": canonical_response_format(over.get("response_format", opts.response_format)),
+            "logprobs": (over.get("top_logprobs", opts.top_logprobs)
+                         if over.get("logprobs", opts.logprobs) else None)}
 
 
 class Generate(Task):
@@ -94,12 +120,8 @@ class Generate(Task):
         record's sampling params; a prompt that cannot fit becomes a `prompt_too_long` error row."""
         opts = obj.options or GenerateOptions()
         rows: list[dict[str, Any]] = []
-        for r in records:
-            row = staged_row(r)
-            rows.append(row)
-            if r.error is not None:
-                continue
-            where = f"{obj.pin.uri} record {r.record_id!r}"
+        schema_problems: dict[str, str | None] = {}     # each distinct schema compiled once
+        for row, r, where in usable_records(obj, records, rows):
             try:
                 ids = runtime.encode_chat(r.messages) if r.messages is not None else runtime.encode_prompt(r.text)
             except Exception as exc:  # noqa: BLE001 -- a template that rejects a record fails that record
@@ -122,13 +144,20 @@ class Generate(Task):
                         f"{where}: prompt of {len(ids)} tokens + max_tokens {params['max_tokens']} = {need} "
                         f"exceeds {what} {limit}; {fix}"))
                     break
+            if row["error"] is None and params["response_format"] is not None:
+                if params["response_format"] not in schema_problems:
+                    from batchinf.runtime.structured import grammar_problem
+
+                    schema_problems[params["response_format"]] = grammar_problem(params["response_format"])
+                if (bad := schema_problems[params["response_format"]]):
+                    row.update(error="invalid_response_format", message=f"{where}: response_format: {bad}")
             if row["error"] is not None:
                 continue
             kind = "chat" if r.messages is not None else "completion"
             row.update(n_tokens=len(ids), input_ids=ids, kind=kind, **params)
         return pa.Table.from_pylist(rows, schema=GENERATE_STAGE_SCHEMA)
 
-    def result_schema(self, meta: dict[str, Any]) -> pa.Schema:
+    def result_schema(self, meta: dict[str, Any], options: Any = None) -> pa.Schema:
         return GENERATION_SCHEMA
 
     def run(self, c: dict[str, list[Any]], runtime: Any, options: Any, check: Callable[[], None]) -> RunOutput:
@@ -142,7 +171,8 @@ class Generate(Task):
         requests = [GenRequest(i, c["input_ids"][i], SamplingParams(
             max_tokens=c["max_tokens"][i], temperature=c["temperature"][i], top_k=c["top_k"][i],
             top_p=c["top_p"][i], seed=c["seed"][i], stop=tuple(c["stop"][i] or ()),
-            stop_token_ids=tuple(c["stop_token_ids"][i] or ()))) for i in valid]
+            stop_token_ids=tuple(c["stop_token_ids"][i] or ()), response_format=c["response_format"][i],
+            logprobs=c["logprobs"][i])) for i in valid]
         stats, out = GenStats(), GenOutcome()
 
         def generate(reqs: list[Any]) -> Any:
@@ -158,6 +188,7 @@ class Generate(Task):
             "text": [r.text for r in res], "finish_reason": [r.finish_reason for r in res],
             "input_tokens": [r.input_tokens for r in res], "output_tokens": [r.output_tokens for r in res],
             "seed": [c["seed"][i] for i in ok], "output_ids": [r.token_ids for r in res],
+            "logprobs": [None if r.logprobs is None else json.dumps(r.logprobs, separators=(",", ":")) for r in res],
         }, schema=GENERATION_SCHEMA)
         tokens = {"input": sum(r.input_tokens for r in res), "output": sum(r.output_tokens for r in res),
                   "real": stats.real_positions, "padded": stats.computed_positions}
@@ -172,10 +203,9 @@ class Generate(Task):
         return {"finish_reasons": dict(sorted(counts.items()))}
 
     def detects(self, config: dict[str, Any], src: Path) -> bool:
-        from batchinf.runtime.bundle import DECODER_ARCHITECTURES, DECODER_TYPES
+        from batchinf.runtime.families import is_decoder, is_decoder_embedding
 
-        return (config.get("model_type", "") in DECODER_TYPES
-                or any(a in DECODER_ARCHITECTURES for a in config.get("architectures") or ()))
+        return is_decoder(config) and not is_decoder_embedding(config, src)
 
     def build_meta(self, src: Path, files: list[str], *, max_length: int | None, dtype: str) -> dict[str, Any]:
         from batchinf.runtime import bundle as rb

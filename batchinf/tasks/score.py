@@ -13,14 +13,16 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field
 
+from batchinf.formats.openai_batch import RERANK
 from batchinf.manifest_rules import BOOLEAN, POSITIVE, Part, choice, nullable
-from batchinf.tasks.base import RECORD_FIELDS, STAGE_FIELDS, RunOutput, Task, ok_rows, record_columns, staged_row
+from batchinf.tasks.base import RECORD_FIELDS, STAGE_FIELDS, RunOutput, Task, ok_rows, record_columns, usable_records
 from batchinf.tasks.batching import run_units
 from batchinf.tasks.embed import DEVICES
 
 SCORE_STAGE_SCHEMA = pa.schema(STAGE_FIELDS + [
     ("form", pa.string()),                                   # pair | list
     ("pair_ids", pa.list_(pa.list_(pa.int32()))), ("pair_types", pa.list_(pa.list_(pa.int8()))),
+    ("top_n", pa.int32()),                                   # a /v1/rerank line's own top_n
 ])
 SCORE_SCHEMA = pa.schema(RECORD_FIELDS + [
     ("score", pa.float32()),                                 # pair form
@@ -89,25 +91,21 @@ class Score(Task):
         qf, df, lf = inp.query_field or "query", inp.document_field or "document", inp.documents_field
         rows: list[dict[str, Any]] = []
         pairs: list[tuple[int, list[tuple[str, str]]]] = []
-        for r in records:
-            row = staged_row(r)
-            rows.append(row)
-            if r.error is not None:
-                continue
-            where = f"{obj.pin.uri} record {r.record_id!r}"
+        for row, r, where in usable_records(obj, records, rows):
             fields = r.fields or {}
+            listed = "documents" if r.endpoint == RERANK else lf     # a rerank line: one query, its documents
             query, (code, msg) = _text(fields, qf, "query", where, "query_field")
             docs: list[str] | None = None
             if query is not None:
-                if lf:
-                    docs, (code, msg) = _documents(fields, lf, where)
+                if listed:
+                    docs, (code, msg) = _documents(fields, listed, where)
                 else:
                     doc, (code, msg) = _text(fields, df, "document", where, "document_field")
                     docs = None if doc is None else [doc]
             if docs is None:
                 row.update(error=code, message=msg)
                 continue
-            row["form"] = "list" if lf else "pair"
+            row.update(form="list" if listed else "pair", top_n=(r.params or {}).get("top_n"))
             pairs.append((len(rows) - 1, [(query, d) for d in docs]))
         flat = [p for _, ps in pairs for p in ps]
         encoded = iter(runtime.encode(flat, obj.max_length)) if flat else iter(())
@@ -124,7 +122,7 @@ class Score(Task):
                        pair_ids=[e[0] for e in enc], pair_types=[e[1] for e in enc])
         return pa.Table.from_pylist(rows, schema=SCORE_STAGE_SCHEMA)
 
-    def result_schema(self, meta: dict[str, Any]) -> pa.Schema:
+    def result_schema(self, meta: dict[str, Any], options: Any = None) -> pa.Schema:
         return SCORE_SCHEMA
 
     def run(self, c: dict[str, list[Any]], runtime: Any, options: Any, check: Callable[[], None]) -> RunOutput:
@@ -214,5 +212,6 @@ def _score_columns(c: dict[str, list[Any]], ok: list[int], per_row: dict[int, li
         cols["score"].append(None)
         cols["scores"].append(s)
         cols["ranks"].append(ranks)
-        cols["top"].append(order[:top_n] if top_n else None)
+        n = c["top_n"][i] or top_n
+        cols["top"].append(order[:n] if n else None)
     return cols

@@ -99,3 +99,17 @@ def start_service(root: Path) -> Iterator[Service]:
             t.join(timeout=30)
         mp.undo()
         reset_process_state()
+
+
+def rest_status(job_id: str, tenant: str = "default") -> dict:
+    """GET /v1/jobs/{id} in process (the app over this process's ledger), as `tenant`."""
+    from fastapi.testclient import TestClient
+
+    from batchinf.api.app import create_app
+    from batchinf.tenants import create_token
+
+    token = create_token(tenant)["token"]
+    with TestClient(create_app()) as c:
+        r = c.get(f"/v1/jobs/{job_id}", headers={"Authorization": f"Bearer {token}"})
+    assert r.status_code == 200, r.text
+    return r.json()

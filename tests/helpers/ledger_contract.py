@@ -256,6 +256,32 @@ def test_dispatch_demand_counts_ready_and_in_flight(ledger: str) -> None:
     assert (d.job_id, d.in_flight, d.ready, d.priority) == (job_id, 2, 3, 0)
 
 
+def test_dispatch_is_in_bucket_order_and_failed_records_are_counted_as_shards_commit(ledger: str) -> None:
+    """dispatch_ready's bulk transition keeps the dispatch order (highest bucket first, then
+    ordinal) and writes one event per shard; the job's failed-records counter (what the error
+    budget reads each tick) equals the aggregate over its shards."""
+    from dataclasses import replace
+
+    job_id = _job(n_shards=4)
+    with tx() as conn:
+        conn.execute(update(shards).where(shards.c.id == f"{job_id}-s3").values(bucket=-1, num_records=7))
+        conn.execute(update(jobs).where(jobs.c.id == job_id).values(error_records=7))   # as planning counts
+    assert shard_repo.dispatch_ready(job_id, limit=3) == [f"{job_id}-s0", f"{job_id}-s1", f"{job_id}-s2"]
+    with tx() as conn:
+        assert conn.execute(select(func.count()).select_from(job_events).where(
+            job_events.c.job_id == job_id, job_events.c.to_status == "queued")).scalar() == 3
+    lease = lease_repo.claim_next([job_id], "w:1", 30)
+    lease_repo.commit_attempt(lease, replace(_result(), error_rows=2))
+    assert shard_repo.failed_records(job_id) == 7 + 2
+    assert shard_repo.dispatch_ready(job_id) == [f"{job_id}-s3"]
+    lease = lease_repo.claim_next([job_id], "w:1", 30)
+    while lease.shard_id != f"{job_id}-s3":
+        lease_repo.commit_attempt(lease, _result())
+        lease = lease_repo.claim_next([job_id], "w:1", 30)
+    lease_repo.commit_attempt(lease, replace(_result(), error_rows=7))    # counted at planning already
+    assert shard_repo.failed_records(job_id) == 9
+
+
 # --- migration 0004 (API tokens, schedule runs) and hashed tokens ----------------------------------
 
 

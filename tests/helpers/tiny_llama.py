@@ -85,13 +85,14 @@ def _write_json(path: Path, obj: object) -> None:
 
 def make_tiny_llama(dir: Path, *, family: str = "llama", hidden: int = 64, layers: int = 2, heads: int = 4,
                     kv_heads: int = 2, intermediate: int = 128, max_position: int = 256, seed: int = 0,
-                    rope_theta: float = 10000.0) -> Path:
-    """Write a loadable (transformers and batchinf) tiny decoder of `family` into `dir`."""
+                    rope_theta: float = 10000.0, tokenizer: Tokenizer | None = None) -> Path:
+    """Write a loadable (transformers and batchinf) tiny decoder of `family` into `dir`; `tokenizer`
+    (default: the tiny trained one) needs the ChatML special tokens."""
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {sorted(FAMILIES)}, got {family!r}")
     dir = Path(dir)
     dir.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer()
+    tok = tokenizer or build_tokenizer()
     eos_id, bos_id = tok.token_to_id("<|im_end|>"), tok.token_to_id("<|im_start|>")
     cfg = {
         **FAMILIES[family],
@@ -111,6 +112,13 @@ def make_tiny_llama(dir: Path, *, family: str = "llama", hidden: int = 64, layer
     }
     _write_json(dir / "config.json", cfg)
     save_file(_random_weights(cfg, seed), str(dir / "model.safetensors"), metadata={"format": "pt"})
+    write_tokenizer_files(dir, tok, max_position)
+    return dir
+
+
+def write_tokenizer_files(dir: Path, tok: Tokenizer, max_position: int) -> None:
+    """tokenizer.json, tokenizer_config.json (ChatML template) and generation_config.json."""
+    eos_id, bos_id = tok.token_to_id("<|im_end|>"), tok.token_to_id("<|im_start|>")
     tok.save(str(dir / "tokenizer.json"))
     _write_json(dir / "tokenizer_config.json", {
         "tokenizer_class": "GPT2Tokenizer",
@@ -124,7 +132,6 @@ def make_tiny_llama(dir: Path, *, family: str = "llama", hidden: int = 64, layer
     })
     _write_json(dir / "generation_config.json", {"bos_token_id": bos_id, "eos_token_id": [eos_id],
                                                  "do_sample": False})
-    return dir
 
 
 def make_family_dirs(root: Path) -> dict[str, Path]:

@@ -4,6 +4,7 @@ and a retried shard that reproduces byte-identical outputs with sampling on."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 from pathlib import Path
@@ -296,7 +297,10 @@ def test_openai_batch_embeddings_round_trip(tmp_path: Path, tiny_bundle: str) ->
                          "body": {"input": q, "model": "text-embedding-3-small"}} for i, q in enumerate(qs)]
     lines += [{"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions",
                "body": {"messages": [{"role": "user", "content": "hi"}]}},
-              {"custom_id": "two", "method": "POST", "url": "/v1/embeddings", "body": {"input": ["a", "b"]}},
+              {"custom_id": "two", "method": "POST", "url": "/v1/embeddings",
+               "body": {"input": [qs[1], qs[0]], "encoding_format": "base64"}},
+              {"custom_id": "ids", "method": "POST", "url": "/v1/embeddings", "body": {"input": [[2, 5], [10 ** 6]]}},
+              {"custom_id": "dims", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x", "dimensions": 8}},
               {"custom_id": "e1", "method": "POST", "url": "/v1/embeddings", "body": {"input": "dup"}},
               b"\xff\xfe not utf-8"]
     write_lines(tmp_path / "emb.jsonl", lines)
@@ -307,14 +311,20 @@ def test_openai_batch_embeddings_round_trip(tmp_path: Path, tiny_bundle: str) ->
     got = parse_openai(out, m)
     assert len(got) == len(lines)
     assert sorted(g["custom_id"] or "" for g in got) == sorted([f"e{i}" for i in range(12)] +
-                                                               ["chat", "two", "e1", ""])
-    assert {g["error"]["code"] for g in got if g["error"]} == {"endpoint_mismatch", "unsupported_input",
-                                                               "duplicate_id", "invalid_utf8"}
+                                                               ["chat", "two", "ids", "dims", "e1", ""])
+    assert {g["error"]["code"] for g in got if g["error"]} == {"endpoint_mismatch", "invalid_input",
+                                                               "unsupported_dimensions", "duplicate_id", "invalid_utf8"}
     rows = {r["record_id"]: r for r in results}
     runtime = open_runtime(tiny_bundle)
     want, _ = runtime.embed([e.ids for e in runtime.tokenizer.encode_batch(qs)])
+    (two,) = [g for g in got if g["custom_id"] == "two"]     # a list input: one line, its inputs' order
+    vecs = [np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in two["response"]["body"]["data"]]
+    assert [d["index"] for d in two["response"]["body"]["data"]] == [0, 1]
+    assert np.allclose(vecs, [want[1], want[0]], atol=1e-5)
+    assert rows["two"]["embedding"] is None and two["response"]["body"]["usage"]["prompt_tokens"] == (
+        rows["e0"]["input_tokens"] + rows["e1"]["input_tokens"])
     for g in got:
-        if g["error"] is None:
+        if g["error"] is None and g["custom_id"] != "two":
             (d,) = g["response"]["body"]["data"]
             vec = np.asarray(d["embedding"], dtype=np.float32)
             assert np.array_equal(vec, np.asarray(rows[g["custom_id"]]["embedding"], dtype=np.float32))

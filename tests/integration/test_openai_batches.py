@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,11 @@ import httpx
 import pytest
 
 from tests.helpers.env import reset_process_state as _reset_process_state
-from tests.helpers.services import free_port as _free_port
+from tests.helpers.openai_server import Server, import_tiny_bundles, serving, start
+from tests.helpers.openai_server import file_lines as _lines
+from tests.helpers.openai_server import set_env as _env
+from tests.helpers.openai_server import upload as _upload
+from tests.helpers.openai_server import wait_for as _wait
 from tests.helpers.services import stop_process
 from tests.helpers.services import unavailable as _unavailable
 from tests.helpers.corpus import texts
@@ -27,83 +31,11 @@ pytestmark = pytest.mark.integration
 openai = pytest.importorskip("openai")
 
 
-@dataclass
-class Server:
-    url: str
-    tokens: dict[str, str]
-    log: Path
-    env: dict[str, str]
-
-    def client(self, tenant: str = "acme") -> Any:
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=self.tokens[tenant], max_retries=0, timeout=60)
-
-    def cli(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "batchinf.cli", *args], env=self.env, capture_output=True,
-                              text=True, timeout=timeout, check=False)
-
-
-def _cli(*args: str) -> str:
-    r = subprocess.run([sys.executable, "-m", "batchinf.cli", *args], env=dict(os.environ), capture_output=True,
-                       text=True, timeout=120, check=False)
-    assert r.returncode == 0, r.stderr
-    return r.stdout
-
-
-def _start(root: Path, serve_args: list[str], procs: list[subprocess.Popen]) -> Server:
-    from batchinf.bundles import import_bundle
-    from tests.helpers.tiny_llama import make_tiny_llama
-    from tests.helpers.tiny_models import make_tiny_bert
-
-    import_bundle(make_tiny_bert(root / "tiny-bert"), "tiny", alias="prod")
-    import_bundle(make_tiny_llama(root / "tiny-llama"), "tinyllama", alias="prod")
-    tokens = {t: json.loads(_cli("token", "create", "--tenant", t, "--json"))["token"] for t in ("acme", "globex")}
-    _reset_process_state()
-    port = _free_port()
-    log = root / "serve.log"
-    with open(log, "wb") as out:
-        procs.append(subprocess.Popen([sys.executable, "-m", "batchinf.cli", "serve", "--port", str(port),
-                                       "--log-level", "warning", *serve_args], env=dict(os.environ),
-                                      stdout=out, stderr=subprocess.STDOUT))
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if procs[-1].poll() is not None or time.monotonic() > deadline:
-            _unavailable(f"batchinf serve did not start: {log.read_text()[-3000:]}")
-        time.sleep(0.2)
-    return Server(url, tokens, log, dict(os.environ))
-
-
-def _env(mp: pytest.MonkeyPatch, root: Path, **extra: str) -> None:
-    mp.setenv("BATCHINF_HOME", str(root / "home"))
-    for k in ("BATCHINF_DATABASE_URL", "BATCHINF_BUNDLE_STORE", "BATCHINF_FILES_URI", "BATCHINF_TENANT"):
-        mp.delenv(k, raising=False)
-    mp.setenv("BATCHINF_HEARTBEAT_SECONDS", "0.5")
-    mp.setenv("BATCHINF_LEASE_SECONDS", "5")
-    mp.setenv("BATCHINF_OPENAI_SHARD_RECORDS", "8")
-    mp.setenv("BATCHINF_OPENAI_MODELS", "gpt-4o-mini=tinyllama@prod")
-    for k, v in extra.items():
-        mp.setenv(k, v)
-    _reset_process_state()
-
-
 @pytest.fixture(scope="module")
 def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    root = tmp_path_factory.mktemp("oai-embedded")
-    mp = pytest.MonkeyPatch()
-    _env(mp, root)
-    procs: list[subprocess.Popen] = []
-    try:
-        yield _start(root, ["--workers", "2", "--device", "cpu", "--threads", "1"], procs)
-    finally:
-        for p in procs:
-            stop_process(p, timeout=20)
-        mp.undo()
-        _reset_process_state()
+    with serving(tmp_path_factory.mktemp("oai-embedded"), ["--workers", "2", "--device", "cpu", "--threads", "1"],
+                 import_tiny_bundles) as srv:
+        yield srv
 
 
 def chat_lines(n: int, model: str = "tinyllama@prod", **body: Any) -> list[dict[str, Any]]:
@@ -117,29 +49,6 @@ def chat_lines(n: int, model: str = "tinyllama@prod", **body: Any) -> list[dict[
 def embed_lines(n: int, model: str = "tiny@prod") -> list[dict[str, Any]]:
     return [{"custom_id": f"emb-{i}", "method": "POST", "url": "/v1/embeddings",
              "body": {"model": model, "input": t, "encoding_format": "float"}} for i, t in enumerate(texts(n, seed=5))]
-
-
-def _upload(client: Any, lines: list[dict[str, Any]], tmp: Path, name: str) -> Any:
-    path = tmp / f"{name}.jsonl"
-    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    with open(path, "rb") as fh:
-        return client.files.create(file=fh, purpose="batch")
-
-
-def _wait(client: Any, batch_id: str, until: set[str], timeout: float = 240, log: Path | None = None) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        b = client.batches.retrieve(batch_id)
-        if b.status in until:
-            return b
-        time.sleep(0.3)
-    raise AssertionError(f"batch {batch_id} is {b.status}\n{log.read_text()[-3000:] if log else ''}")
-
-
-def _lines(client: Any, file_id: str | None) -> list[dict[str, Any]]:
-    if file_id is None:
-        return []
-    return [json.loads(x) for x in client.files.content(file_id).text.splitlines() if x.strip()]
 
 
 def _run_batch(srv: Server, lines: list[dict[str, Any]], endpoint: str, tmp: Path, name: str) -> tuple[Any, list, list]:
@@ -196,6 +105,22 @@ def test_chat_and_embeddings_batches_with_the_openai_client(embedded: Server, tm
 def test_an_operator_mapped_model_name(embedded: Server, tmp_path: Path) -> None:
     b, out, _ = _run_batch(embedded, chat_lines(3, model="gpt-4o-mini"), "/v1/chat/completions", tmp_path, "mapped")
     assert b.model == "tinyllama@prod" and len(out) == 3
+
+
+def test_the_readme_script_runs_as_written(embedded: Server, tmp_path: Path) -> None:
+    """README's ten-line `openai` script, extracted verbatim, against this serve (its model names are
+    mapped to the tiny bundles here, as README maps them to SmolLM2 and MiniLM)."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    script = readme.split("<!-- readme-openai-script -->\n```python\n", 1)[1].split("```", 1)[0]
+    assert len(script.splitlines()) <= 10 and script.startswith("import json, time, openai\n")
+    (tmp_path / "readme_script.py").write_text(script)
+    env = {**embedded.env, "OPENAI_BASE_URL": embedded.url + "/v1", "OPENAI_API_KEY": embedded.tokens["acme"]}
+    r = subprocess.run([sys.executable, str(tmp_path / "readme_script.py")], env=env, capture_output=True, text=True,
+                       timeout=300, check=False)
+    assert r.returncode == 0, r.stderr
+    chat, emb = r.stdout.splitlines()
+    assert chat.startswith("completed q1 [{") and "'role': 'assistant'" in chat
+    assert re.fullmatch(r"completed q1 \[(\d+), \1\]", emb), emb
 
 
 def test_validation_failure_gives_a_failed_batch_with_errors(embedded: Server, tmp_path: Path) -> None:
@@ -338,7 +263,8 @@ def test_distributed_serve_with_controller_and_celery_worker(tmp_path: Path, s3_
     procs: list[subprocess.Popen] = []
     try:
         upgrade(url)
-        srv = _start(tmp_path, [], procs)
+        import_tiny_bundles(tmp_path)
+        srv = start(tmp_path, [], procs)
         logs = tmp_path / "logs"
         logs.mkdir()
         for name, args in (("controller", ["controller", "--tick", "0.2", "--max-in-flight", "4"]),

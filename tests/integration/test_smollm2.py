@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from batchinf.runtime.generate import GenerateRuntime, GenRequest, SamplingParams
+from batchinf.runtime.generate import GenerateRuntime
 from batchinf.runtime.gguf import GGUFFile
+from tests.helpers.gguf_greedy import assert_greedy_matches
 
 pytestmark = pytest.mark.integration
 
@@ -76,19 +77,7 @@ def test_tokenizer_matches_transformers_gguf(converted: GenerateRuntime, referen
 @pytest.mark.slow
 def test_greedy_matches_transformers_gguf(converted: GenerateRuntime, reference) -> None:
     model, tok = reference
-    prompts = [converted.encode_chat([{"role": "user", "content": q}]) for q in QUESTIONS]
-    for p, q in zip(prompts, QUESTIONS):
-        want = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                       tokenize=True, return_dict=False)
-        assert p == list(want)
-    ours = {r.key: r for r in converted.generate(GenRequest(i, p, SamplingParams(max_tokens=TOKENS))
-                                                 for i, p in enumerate(prompts))}
-    for i, p in enumerate(prompts):
-        with torch.inference_mode():
-            out = model.generate(torch.tensor([p]), max_new_tokens=TOKENS, do_sample=False, eos_token_id=2,
-                                 pad_token_id=2)[0, len(p):].tolist()
-        got = ours[i].token_ids + ([2] if ours[i].finish_reason == "stop" else [])
-        assert got == out, (QUESTIONS[i], ours[i].text)
+    ours = assert_greedy_matches(converted, model, tok, QUESTIONS, TOKENS)
     assert "Paris" in ours[0].text
 
 

@@ -19,6 +19,7 @@ from batchinf.manifest import parse_manifest
 from batchinf.runtime.classifier import activate
 from batchinf.submit import submit
 from batchinf.verify import MANIFEST, verify_output
+from tests.helpers.api_service import rest_status
 from tests.helpers.tiny_classifiers import make_tiny_classifier
 
 pytestmark = pytest.mark.integration
@@ -76,6 +77,9 @@ def test_score_job_pairs_and_lists(tmp_path: Path, bi_home: Path) -> None:
     assert verify_output(str(out))["ok"]
     st = status(job_id)
     assert st["task"] == "score" and st["counts"]["records_failed"] == 2
+    want = {k: man["counts"][k] for k in ("score_histogram", "scores")}
+    assert st["summary"] == want == rest_status(job_id)["summary"] and want["scores"] == 90
+    assert len(want["score_histogram"]["edges"]) == len(want["score_histogram"]["counts"]) + 1
 
     # a rerun of the same input gives byte-identical parts
     out2, _ = _run(tmp_path, "pairs-again", "score", {"query_field": "q", "document_field": "d"})
@@ -117,4 +121,36 @@ def test_classify_job_labels(tmp_path: Path, bi_home: Path) -> None:
     assert all(len(r["top"]) == 2 and r["top"][0]["label"] == r["label"] for r in res)
     man = json.loads((out / MANIFEST).read_text())
     assert sum(man["counts"]["labels"].values()) == 80
-    assert status(job_id)["task"] == "classify"
+    st = status(job_id)
+    assert st["task"] == "classify" and st["summary"] == {"labels": man["counts"]["labels"]}
+    assert rest_status(job_id)["summary"] == st["summary"]
+
+
+def test_rerank_batch_lines(tmp_path: Path, bi_home: Path) -> None:
+    """OpenAI-style /v1/rerank lines on a score job: response lines with results best first (the
+    line's top_n), scores equal to the runtime's, bad lines as 400 error lines."""
+    src = make_tiny_classifier(tmp_path / "ce", num_labels=1, cross_encoder=True, seed=1)
+    digest = import_bundle(src, "score", alias="prod").digest
+    rng = np.random.default_rng(3)
+    bodies = [{"model": "score@prod", "query": _text(rng), "documents": [_text(rng, heavy=True) for _ in range(1 + i % 4)],
+               **({"top_n": 2} if i % 2 else {})} for i in range(12)]
+    lines = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/rerank", "body": b} for i, b in enumerate(bodies)]
+    lines.append({"custom_id": "bad", "method": "POST", "url": "/v1/rerank", "body": {"query": "q", "documents": []}})
+    _write(tmp_path / "in" / "rerank" / "batch.jsonl", lines)
+    out = tmp_path / "rerank-out"
+    m = {"name": "rerank", "task": "score", "bundle": "score@prod", "output": {"uri": str(out)},
+         "input": {"uri": str(tmp_path / "in" / "rerank") + "/", "format": "openai-batch"}}
+    job_id, _ = submit(parse_manifest(m))
+    assert drive(job_id, workers=1, threads=1) == JobStatus.SUCCEEDED
+    assert verify_output(str(out))["ok"]            # re-renders the response lines byte for byte
+    got = {r["custom_id"]: r for f in sorted((out / "openai").glob("*.jsonl")) for r in map(json.loads, f.open())}
+    assert len(got) == 13 and got["bad"]["response"]["status_code"] == 400
+    assert got["bad"]["error"]["code"] == "invalid_documents"
+    rt = open_runtime(digest)
+    for i, b in enumerate(bodies):
+        enc = rt.encode([(b["query"], d) for d in b["documents"]])
+        want = activate(rt.logits([e[0] for e in enc], [e[1] for e in enc])[0], "sigmoid")[:, 0]
+        order = [int(k) for k in np.argsort(-want, kind="stable")][:b.get("top_n")]
+        res = got[f"r{i}"]["response"]["body"]["results"]
+        assert [r["index"] for r in res] == order
+        np.testing.assert_allclose([r["relevance_score"] for r in res], want[order], atol=1e-5)

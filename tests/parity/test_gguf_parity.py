@@ -3,6 +3,7 @@ and every tensor type we dequantise."""
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 from types import ModuleType
 
@@ -10,11 +11,15 @@ import numpy as np
 import pytest
 
 from batchinf.errors import BundleError
-from batchinf.runtime.gguf import GGML_TYPES, GGUFFile
+from batchinf.runtime import gguf_quants
+from batchinf.runtime.gguf import GGML_TYPES, SUPPORTED_GGUF_TYPES, GGUFFile
 
 pytestmark = pytest.mark.parity
 
-TYPE_NAMES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"]
+TYPE_NAMES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]   # gguf can quantise these
+# The K-quants and IQ4s have no quantiser in gguf: their blocks are random bytes, every bit pattern
+# of scales and quants (NaN and infinite scales included) dequantised by both.
+RAW_NAMES = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"]
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +58,17 @@ def _write(gguf: ModuleType, path: Path, tensors: dict[str, tuple[np.ndarray, ob
     return want
 
 
+def _write_raw(gguf: ModuleType, path: Path, tensors: dict[str, tuple[np.ndarray, object]]) -> None:
+    """A GGUF file of raw blocks (uint8 [rows, bytes]) of the given ggml types."""
+    w = gguf.GGUFWriter(str(path), "llama")
+    for name, (raw, qtype) in tensors.items():
+        w.add_tensor(name, raw, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def test_reader_matches_gguf_package(gguf: ModuleType, tmp_path: Path) -> None:
     Q = gguf.GGMLQuantizationType
     TYPES = [Q[name] for name in TYPE_NAMES]
@@ -75,11 +91,39 @@ def test_reader_matches_gguf_package(gguf: ModuleType, tmp_path: Path) -> None:
     assert {t.value for t in TYPES} <= set(GGML_TYPES)
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")     # NaN and infinite scales, on purpose
+def test_every_block_layout_matches_gguf_bit_for_bit(gguf: ModuleType, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gguf_quants, "CHUNK_ELEMENTS", 1000)    # several chunks and a partial last one
+    Q = gguf.GGMLQuantizationType
+    rng = np.random.default_rng(1)
+    path = tmp_path / "raw.gguf"
+    blocks = {f"t.{name}": (rng.integers(0, 256, size=(5, 6 * gguf.GGML_QUANT_SIZES[Q[name]][1]), dtype=np.uint8),
+                            Q[name]) for name in RAW_NAMES + TYPE_NAMES[3:]}     # 5 rows of 6 blocks
+    _write_raw(gguf, path, blocks)
+    want = {n: gguf.quants.dequantize(raw, qt).astype(np.float32) for n, (raw, qt) in blocks.items()}
+    with GGUFFile(path) as g:
+        for name, ref in want.items():
+            got = g.tensor(name)
+            assert got.shape == ref.shape and got.dtype == np.float32
+            np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32), err_msg=name)
+    assert set(RAW_NAMES + TYPE_NAMES) == set(SUPPORTED_GGUF_TYPES)
+
+
 def test_unsupported_type_and_bad_files_are_clear_errors(gguf: ModuleType, tmp_path: Path) -> None:
-    path = tmp_path / "q5.gguf"
-    _write(gguf, path, {"blk.0.attn_q.weight": (np.ones((2, 32), np.float32), gguf.GGMLQuantizationType.Q5_0)})
-    with GGUFFile(path) as g, pytest.raises(BundleError, match=r"blk\.0\.attn_q\.weight has ggml type 6"):
+    path = tmp_path / "iq2.gguf"
+    _write_raw(gguf, path, {"blk.0.attn_q.weight": (np.zeros((2, 66), np.uint8), gguf.GGMLQuantizationType.IQ2_XXS)})
+    with GGUFFile(path) as g, pytest.raises(BundleError, match=r"blk\.0\.attn_q\.weight has ggml type 16.*Q6_K"):
         g.tensor("blk.0.attn_q.weight")
+    # a K-quant tensor whose rows (128) are shorter than its block (256), the element count unchanged
+    kq = tmp_path / "rows.gguf"
+    _write_raw(gguf, kq, {"t": (np.zeros((2, 144), np.uint8), gguf.GGMLQuantizationType.Q4_K)})
+    raw = kq.read_bytes()
+    dims = struct.pack("<IQQ", 2, 256, 2)
+    assert raw.count(dims) == 1
+    kq.write_bytes(raw.replace(dims, struct.pack("<IQQ", 2, 128, 4)))
+    with pytest.raises(BundleError, match="rows of 128 elements, not a multiple of its type's block of 256"):
+        GGUFFile(kq)
     (tmp_path / "short.gguf").write_bytes(path.read_bytes()[:40])
     with pytest.raises(BundleError, match="truncated or corrupt"):
         GGUFFile(tmp_path / "short.gguf")

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from batchinf.runtime import bundle as rb
-from batchinf.runtime.generate import GenerateRuntime, GenRequest, SamplingParams
+from batchinf.runtime.generate import GenerateRuntime
 from batchinf.runtime.llama import KVCache, load_llama
+from tests.helpers.decoder_parity import assert_greedy_matches, hf_causal_lm
 from tests.helpers.tiny_llama import FAMILIES, make_family_dirs
 
 pytestmark = pytest.mark.parity
@@ -33,16 +34,10 @@ def runtime(tiny_dirs: dict[str, Path]) -> GenerateRuntime:
     return rt
 
 
-def _hf(d: Path):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
-
-
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_logits_match_transformers(tiny_dirs: dict[str, Path], family: str) -> None:
     d = tiny_dirs[family]
-    ours, ref = load_llama(d), _hf(d)
+    ours, ref = load_llama(d), hf_causal_lm(d)
     rt = GenerateRuntime(d, {"context_length": 256})
     seqs = [rt.encode_prompt(t) for t in TEXTS]
     S = max(map(len, seqs))
@@ -61,18 +56,7 @@ def test_logits_match_transformers(tiny_dirs: dict[str, Path], family: str) -> N
 @pytest.mark.slow
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_greedy_matches_transformers(tiny_dirs: dict[str, Path], family: str) -> None:
-    d = tiny_dirs[family]
-    rt = GenerateRuntime(d, {"context_length": 256, "special_tokens": {"eos_ids": []}})
-    ref = _hf(d)
-    prompts = [rt.encode_prompt(t) for t in TEXTS]
-    results = {r.key: r for r in rt.generate(GenRequest(i, p, SamplingParams(max_tokens=20))
-                                             for i, p in enumerate(prompts))}
-    for i, p in enumerate(prompts):
-        with torch.inference_mode():
-            out = ref.generate(torch.tensor([p]), max_new_tokens=20, min_new_tokens=20, do_sample=False,
-                               eos_token_id=None, pad_token_id=0)
-        assert results[i].token_ids == out[0, len(p):].tolist(), (family, i)
-        assert results[i].finish_reason == "length" and results[i].output_tokens == 20
+    assert_greedy_matches(tiny_dirs[family], TEXTS, 20, family)
 
 
 def test_chat_template_matches_transformers(runtime: GenerateRuntime) -> None:

@@ -29,10 +29,11 @@ LAYERS: list[tuple[str, ...]] = [
     ("batchinf.ledger",),
     ("batchinf.bundles", "batchinf.tenants", "batchinf.scopes", "batchinf.limits", "batchinf.submit",
      "batchinf.metrics", "batchinf.openai_batches", "batchinf.retries"),
-    ("batchinf.plan", "batchinf.sizing", "batchinf.execute", "batchinf.verify", "batchinf.schedules"),
+    ("batchinf.plan_summary", "batchinf.bucketing", "batchinf.sizing"),
+    ("batchinf.plan", "batchinf.execute", "batchinf.verify", "batchinf.schedules"),
     ("batchinf.quarantine", "batchinf.dispatch"),
     ("batchinf.lifecycle",),
-    ("batchinf.controller",),
+    ("batchinf.controller", "batchinf.dryrun"),
     ("batchinf.api",),
     ("batchinf.cli", "batchinf.__main__", "batchinf.workers"),
 ]

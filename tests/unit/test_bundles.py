@@ -95,8 +95,10 @@ def test_import_refuses_non_directory_and_non_bert(bi_home: Path, tiny_model_dir
     with pytest.raises(BundleError, match="not a directory"):
         import_bundle(tiny_model_dir / "config.json", "x")
     cfg = json.loads((tiny_model_dir / "config.json").read_text())
-    cfg["model_type"] = "gpt2"
+    # a generation model without a native family (the transformers fallback serves embedding models only)
+    cfg["model_type"], cfg["architectures"] = "gpt2", ["GPT2LMHeadModel"]
     (tiny_model_dir / "config.json").write_text(json.dumps(cfg))
+    (tiny_model_dir / "modules.json").unlink()
     with pytest.raises(BundleError, match="'gpt2' is not supported"):
         import_bundle(tiny_model_dir, "x")
     assert list_bundles() == []

@@ -16,10 +16,10 @@ from batchinf.runtime.encoder import (
     EncoderConfig,
     embed_batch,
     load_encoder,
-    pool,
     read_pooling_config,
     sentence_transformers_max_length,
 )
+from batchinf.runtime.st_modules import head, pool
 from batchinf.runtime.tokenizer import TextTokenizer
 from tests.helpers.tiny_models import ENCODER_TEXTS as TEXTS
 from tests.helpers.tiny_models import make_tiny_bert, with_fixed_padding
@@ -35,10 +35,10 @@ def test_pool_matches_manual_reference() -> None:
     hidden = torch.randn(3, 5, 8, generator=g)
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0]])
     means = torch.stack([hidden[i, : int(mask[i].sum())].mean(0) for i in range(3)])
-    torch.testing.assert_close(pool(hidden, mask, "mean", normalize=False), means)
-    torch.testing.assert_close(pool(hidden, mask, "mean", normalize=True), means / means.norm(dim=1, keepdim=True))
-    torch.testing.assert_close(pool(hidden, mask, "cls", normalize=False), hidden[:, 0])
-    cls = pool(hidden, mask, "cls", normalize=True)
+    torch.testing.assert_close(pool(hidden, mask, "mean"), means)
+    torch.testing.assert_close(head(pool(hidden, mask, "mean"), [], normalize=True), means / means.norm(dim=1, keepdim=True))
+    torch.testing.assert_close(pool(hidden, mask, "cls"), hidden[:, 0])
+    cls = head(pool(hidden, mask, "cls"), [], normalize=True)
     torch.testing.assert_close(cls, F.normalize(hidden[:, 0], dim=1))
     torch.testing.assert_close(cls.norm(dim=1), torch.ones(3))
 
@@ -74,8 +74,10 @@ def test_read_pooling_config_variants(tmp_path: Path) -> None:
     ]))
     (d / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode": "mean"}))
     assert read_pooling_config(d) == ("mean", False)
-    (d / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode": "max"}))
-    with pytest.raises(BundleError, match="max"):
+    (d / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode": ["max", "cls"]}))
+    assert read_pooling_config(d) == (["max", "cls"], False)
+    (d / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode": "median"}))
+    with pytest.raises(BundleError, match="median"):
         read_pooling_config(d)
 
 

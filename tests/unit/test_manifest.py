@@ -249,6 +249,11 @@ def test_generate_options_parse_and_round_trip() -> None:
     assert parse_manifest(gen(stop="###")).options.stop == ("###",)
     assert parse_manifest(gen(temperature=1)).options.temperature == 1.0
     assert parse_manifest(gen(seed=7)).content_key() != parse_manifest(gen(seed=8)).content_key()
+    rf = {"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "object"}, "strict": True}}
+    m = parse_manifest(gen(response_format=rf, logprobs=True, top_logprobs=5))
+    assert (m.options.response_format, m.options.logprobs, m.options.top_logprobs) == (rf, True, 5)
+    assert manifest_from_dict(json.loads(json.dumps(m.to_dict()))) == m
+    assert m.content_key() != parse_manifest(gen(response_format={"type": "json_object"})).content_key()
 
 
 @pytest.mark.parametrize("options, match", [
@@ -269,6 +274,11 @@ def test_generate_options_parse_and_round_trip() -> None:
     ({"max_length": 64}, "unknown key options.max_length"),       # an embed option
     ({"truncate": False}, "unknown key options.truncate"),
     ({"device": "tpu"}, "options.device"),
+    ({"response_format": {"type": "xml"}}, "options.response_format must be an object with type one of"),
+    ({"response_format": {"type": "json_schema"}}, "options.response_format.json_schema must be an object"),
+    ({"response_format": {"type": "json_object", "x": 1}}, "options.response_format has unexpected keys"),
+    ({"top_logprobs": 21}, r"options.top_logprobs must be an integer in \[0, 20\]"),
+    ({"logprobs": "yes"}, "options.logprobs must be true or false"),
 ])
 def test_generate_option_rejections(options: dict[str, Any], match: str) -> None:
     with pytest.raises(ManifestError, match=match):

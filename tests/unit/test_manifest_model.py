@@ -93,6 +93,12 @@ def test_content_keys_do_not_drift(raw: dict[str, Any], key: str) -> None:
     assert parse_manifest(raw).content_key() == key
 
 
+def test_a_later_option_changes_the_key_only_when_set() -> None:
+    raw, key = PINNED[0]
+    assert parse_manifest({**raw, "options": {"dimensions": None}}).content_key() == key
+    assert parse_manifest({**raw, "options": {"dimensions": 128}}).content_key() != key
+
+
 def test_built_in_python() -> None:
     m = JobManifest(name="n", bundle="b", input=InputSpec(uri="s3://x/"), output_uri="s3://y/", task="generate")
     assert isinstance(m.options, GenerateOptions) and m.output_uri == "s3://y/"

@@ -3,11 +3,13 @@ response lines have OpenAI's shape and deterministic bytes."""
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -41,13 +43,31 @@ def test_supported_lines_become_records_with_their_overrides() -> None:
     a, b, c = recs
     assert (a.record_id, a.error, a.endpoint, a.text) == ("a", None, CHAT, None)
     assert a.messages == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Why?"}]
-    assert a.params == {"max_tokens": 40, "temperature": 0.7, "top_p": 0.9, "seed": 11, "stop": ["\n\n"]}
+    assert a.params == {"max_tokens": 40, "temperature": 0.7, "top_p": 0.9, "seed": 11, "stop": ["\n\n"],
+                        "logprobs": False}
     assert (b.record_id, b.text, b.endpoint, b.messages) == ("b", "Once upon", COMPLETIONS, None)
     assert b.params == {"max_tokens": 5, "top_k": 3, "stop": ["END", "."]}
     assert (c.record_id, c.params, c.error) == ("7", {}, None)
     assert [r.ordinal for r in recs] == [0, 1, 2]
+    rf = {"type": "json_schema", "json_schema": {"name": "person", "strict": True,
+                                                 "schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}}
+    (d,) = read(line(CHAT, {"messages": [{"role": "user", "content": "x"}], "response_format": rf, "logprobs": True,
+                            "top_logprobs": 3}, "d"))
+    assert (d.error, d.params) == (None, {"response_format": rf, "logprobs": True, "top_logprobs": 3})
     (e,) = read(line(EMBEDDINGS, {"input": "vector please", "model": "x", "encoding_format": "float"}), task="embed")
     assert (e.text, e.endpoint, e.error, e.params) == ("vector please", EMBEDDINGS, None, {})
+
+
+def test_embeddings_take_lists_of_strings_and_token_arrays_with_dimensions_and_base64() -> None:
+    a, b, c = read(line(EMBEDDINGS, {"input": ["one", "two"], "dimensions": 64, "encoding_format": "base64",
+                                     "user": "u", "prompt_cache_key": "k", "safety_identifier": "s",
+                                     "metadata": {"a": "b"}, "service_tier": "auto"}, "a"),
+                   line(EMBEDDINGS, {"input": [101, 7, 102]}, "b"),
+                   line(EMBEDDINGS, {"input": [[101, 102], [101, 5, 102]]}, "c"), task="embed")
+    assert (a.error, a.text, a.items, a.params) == (None, None, ("one", "two"),
+                                                    {"dimensions": 64, "encoding_format": "base64"})
+    assert (b.error, b.items) == (None, ((101, 7, 102),))           # one token array
+    assert (c.error, c.items) == (None, ((101, 102), (101, 5, 102)))
 
 
 BAD = [
@@ -69,10 +89,24 @@ BAD = [
      "unsupported_stream", "stream is not available in a batch"),
     (line(CHAT, {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}), "generate",
      "unsupported_tools", "function calling"),
-    (line(CHAT, {"messages": [{"role": "user", "content": "x"}], "logprobs": True}), "generate",
-     "unsupported_logprobs", "logprobs are not returned"),
-    (line(CHAT, {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}),
-     "generate", "unsupported_response_format", "JSON mode"),
+    (line(COMPLETIONS, {"prompt": "x", "logprobs": 2}), "generate",
+     "unsupported_logprobs", "chat/completions lines only"),
+    (line(COMPLETIONS, {"prompt": "x", "response_format": {"type": "json_object"}}),
+     "generate", "unsupported_response_format", "chat/completions lines only"),
+    (line(CHAT, {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}),
+     "generate", "invalid_parameter", "body.response_format must be an object with type one of"),
+    (line(CHAT, {"messages": [{"role": "user", "content": "x"}], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "a b", "schema": {}}}}),
+     "generate", "invalid_parameter", "json_schema.name must be"),
+    (line(CHAT, {"messages": [{"role": "user", "content": "x"}], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "a", "schema": "{}"}}}),
+     "generate", "invalid_parameter", "json_schema.schema must be a JSON Schema object"),
+    (line(CHAT, {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}), "generate",
+     "invalid_parameter", "needs body.logprobs: true"),
+    (line(CHAT, {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21}),
+     "generate", "invalid_parameter", "body.top_logprobs must be an integer in [0, 20]"),
+    (line(CHAT, {"messages": [{"role": "user", "content": "x"}], "logprobs": "yes"}), "generate",
+     "invalid_parameter", "body.logprobs must be true or false"),
     (line(CHAT, {"messages": [{"role": "user", "content": "x"}], "frequency_penalty": 0.5}), "generate",
      "unsupported_frequency_penalty", "remove it or set 0"),
     (line(CHAT, {"messages": [{"role": "user", "content": "x"}], "wibble": 1}), "generate",
@@ -95,10 +129,18 @@ BAD = [
     (line(COMPLETIONS, {"prompt": 5}), "generate", "invalid_prompt", "body.prompt is of type int"),
     (line(COMPLETIONS, {}), "generate", "invalid_prompt", "body.prompt is missing"),
     (line(COMPLETIONS, {"prompt": "x", "echo": True}), "generate", "unsupported_echo", "echo is not supported"),
-    (line(EMBEDDINGS, {"input": ["a", "b"]}), "embed", "unsupported_input", "one string per line"),
-    (line(EMBEDDINGS, {"input": "x", "dimensions": 64}), "embed", "unsupported_dimensions", "fixed"),
-    (line(EMBEDDINGS, {"input": "x", "encoding_format": "base64"}), "embed", "unsupported_encoding_format",
-     "float"),
+    (line(EMBEDDINGS, {"input": []}), "embed", "invalid_input", "empty list"),
+    (line(EMBEDDINGS, {"input": ["a", ""]}), "embed", "invalid_input", "[1] is an empty string"),
+    (line(EMBEDDINGS, {"input": ["a", [1, 2]]}), "embed", "invalid_input", "not a mix"),
+    (line(EMBEDDINGS, {"input": [[1, 2], []]}), "embed", "invalid_input", "[1] is an empty list"),
+    (line(EMBEDDINGS, {"input": [[1, -2]]}), "embed", "invalid_input", "holds -2, not a token id"),
+    (line(EMBEDDINGS, {"input": [1, True]}), "embed", "invalid_input", "[0] is of type int"),
+    (line(EMBEDDINGS, {"input": ["a"] * 2049}), "embed", "invalid_input", "at most 2048 per request"),
+    (line(EMBEDDINGS, {"input": "x", "dimensions": 0}), "embed", "invalid_parameter", "body.dimensions must be"),
+    (line(EMBEDDINGS, {"input": "x", "encoding_format": "int8"}), "embed", "invalid_parameter",
+     "body.encoding_format must be"),
+    (line(CHAT, {"messages": [{"role": "user", "content": "x"}], "dimensions": 8}), "generate",
+     "unsupported_parameter", "body.dimensions is not supported for /v1/chat/completions"),
     (line(EMBEDDINGS, {"input": "x", "max_tokens": 3}), "embed", "unsupported_parameter", "body.max_tokens"),
 ]
 
@@ -144,6 +186,14 @@ def test_chat_and_completion_result_lines() -> None:
     assert comp["choices"][0]["finish_reason"] == "length"
 
 
+def test_chat_logprobs_in_openai_shape() -> None:
+    content = [{"token": "Paris", "logprob": -0.25, "bytes": list(b"Paris"),
+                "top_logprobs": [{"token": "Paris", "logprob": -0.25, "bytes": list(b"Paris")}]}]
+    body = result_line(gen_row("q1", logprobs=json.dumps(content)), CTX)["response"]["body"]
+    assert body["choices"][0]["logprobs"] == {"content": content, "refusal": None}
+    assert result_line(gen_row("q1", logprobs=None), CTX)["response"]["body"]["choices"][0]["logprobs"] is None
+
+
 def test_embedding_result_line() -> None:
     ctx = RenderContext(job_id="job-1", created=1, model="tiny@prod", task="embed")
     row = {"record_id": "e1", "source": URI, "ordinal": 0, "embedding": [0.25, -0.5], "input_tokens": 4,
@@ -152,6 +202,40 @@ def test_embedding_result_line() -> None:
     assert body["object"] == "list" and body["data"] == [{"object": "embedding", "index": 0,
                                                           "embedding": [0.25, -0.5]}]
     assert body["usage"] == {"prompt_tokens": 4, "total_tokens": 4}
+    several = {**row, "embedding": None, "embeddings": [[1.0, 0.0], [0.5, -2.0]], "encoding_format": "base64"}
+    data = result_line(several, ctx)["response"]["body"]["data"]
+    assert [d["index"] for d in data] == [0, 1]
+    # base64 of little-endian float32, as OpenAI sends it
+    assert [np.frombuffer(base64.b64decode(d["embedding"]), "<f4").tolist() for d in data] == [[1.0, 0.0], [0.5, -2.0]]
+    assert data[0]["embedding"] == "AACAPwAAAAA="
+
+
+def test_dimensions_need_a_bundle_declaring_matryoshka_sizes() -> None:
+    from batchinf.errors import BundleError
+    from batchinf.tasks.embed_request import check_matryoshka_dims, dimensions_problem, shorten
+
+    meta = {"task": "embed", "fixtures": [{"embedding": [0.0] * 8}]}
+    assert dimensions_problem(8, meta, "b") is None                   # its own size is always fine
+    assert "does not declare Matryoshka support" in dimensions_problem(4, meta, "b")
+    assert "--matryoshka-dims" in dimensions_problem(4, meta, "b")
+    meta["matryoshka_dims"] = check_matryoshka_dims([2, 4, 8], meta)
+    assert meta["matryoshka_dims"] == [4, 2] and dimensions_problem(4, meta, "b") is None
+    assert "use 8 or one of 4, 2" in dimensions_problem(3, meta, "b")
+    for bad, task in (([9], "embed"), ([0], "embed"), ([4], "generate")):
+        with pytest.raises(BundleError):
+            check_matryoshka_dims(bad, {**meta, "task": task})
+    from types import SimpleNamespace
+
+    from batchinf.errors import ManifestError
+    from batchinf.tasks.embed import Embed, EmbedOptions
+
+    meta["max_length"] = 16
+    assert Embed().limits(SimpleNamespace(meta=meta), EmbedOptions(dimensions=4)) == (16, True)
+    with pytest.raises(ManifestError, match="options.dimensions 3 is not a size"):   # the job fails at planning
+        Embed().limits(SimpleNamespace(meta=meta), EmbedOptions(dimensions=3))
+    assert Embed().result_schema(meta, EmbedOptions(dimensions=4)).field("embedding").type.list_size == 4
+    v = np.array([[3.0, 4.0, 12.0], [0.0, 0.0, 1.0]], np.float32)
+    assert np.allclose(shorten(v, 2), [[0.6, 0.8], [0.0, 0.0]])      # cut, then unit length (zero stays zero)
 
 
 @pytest.mark.parametrize("code, status", [("unsupported_n", 400), ("prompt_too_long", 400),
@@ -196,3 +280,61 @@ def test_render_part_writes_one_parsable_line_per_row(tmp_path: Path) -> None:
     pq.write_table(pa.Table.from_pylist(errs, schema=ERROR_SCHEMA), tmp_path / "errors.parquet")
     _, n = render_part("file://" + str(tmp_path / "errors.parquet"), "errors", CTX, dest + ".e")
     assert n == 1
+
+
+RERANK = "/v1/rerank"
+
+
+def test_rerank_lines_become_score_records() -> None:
+    ok = {"model": "ce@prod", "query": "which fox", "documents": ["a fox", {"text": "a dog"}], "top_n": 1}
+    recs = read(line(RERANK, ok, "r1"), line(RERANK, {"query": "q", "documents": ["d"]}, "r2"),
+                line(RERANK, {"query": "q", "documents": []}, "r3"), line(RERANK, {"documents": ["d"]}, "r4"),
+                line(RERANK, {"query": "q", "documents": ["d"], "top_n": 0}, "r5"),
+                line(RERANK, {"query": "q", "documents": ["d"], "return_documents": True}, "r6"),
+                line(RERANK, {"query": "q", "documents": ["d"], "rank_fields": ["x"]}, "r7"), task="score")
+    a, b, *bad = recs
+    assert (a.error, a.endpoint, a.fields, a.params) == (None, RERANK, {"query": "which fox",
+                                                                        "documents": ["a fox", "a dog"]}, {"top_n": 1})
+    assert (b.error, b.params) == (None, {})
+    assert [r.error for r in bad] == ["invalid_documents", "invalid_query", "invalid_parameter",
+                                      "unsupported_return_documents", "unsupported_parameter"]
+    (m,) = read(line(RERANK, ok), task="embed")
+    assert m.error == "endpoint_mismatch" and "task: score" in m.message
+
+
+def test_rerank_result_line_is_sorted_by_relevance() -> None:
+    ctx = RenderContext(job_id="job-1", created=1, model="ce@prod", task="score")
+    row = {"record_id": "r", "source": URI, "ordinal": 0, "score": None, "scores": [0.2, 0.9, 0.5],
+           "ranks": [3, 1, 2], "top": None, "input_tokens": 30, "truncated": False}
+    body = result_line(row, ctx)["response"]["body"]
+    assert body["results"] == [{"index": 1, "relevance_score": 0.9}, {"index": 2, "relevance_score": 0.5},
+                               {"index": 0, "relevance_score": 0.2}]
+    assert body["model"] == "ce@prod" and body["usage"] == {"total_tokens": 30} and body["id"].startswith("rerank-")
+    top = result_line({**row, "top": [1, 2]}, ctx)["response"]["body"]["results"]
+    assert [r["index"] for r in top] == [1, 2]
+
+
+def test_a_list_line_whose_input_fails_while_running_fails_whole() -> None:
+    """Every input is its own sequence; one failing (isolated down to itself) fails its line
+    alone, the other lines keep their vectors in input order, shortened where asked."""
+    from types import SimpleNamespace
+
+    from batchinf.tasks.embed import Embed, EmbedOptions
+
+    def embed(batch: list[list[int]]) -> tuple[np.ndarray, int]:
+        if any(13 in s for s in batch):
+            raise RuntimeError("boom")
+        return np.asarray([[float(s[0]), 1.0, 0.0, 0.0] for s in batch], np.float32), sum(map(len, batch))
+
+    runtime = SimpleNamespace(meta={"fixtures": [{"embedding": [0.0] * 4}]}, embed=embed)
+    c = {"record_id": ["one", "list", "bad", "short"], "source": [URI] * 4, "ordinal": [0, 1, 2, 3],
+         "error": [None] * 4, "message": [None] * 4, "n_tokens": [1, 2, 2, 1], "truncated": [False] * 4,
+         "input_ids": [[5], None, None, [3]], "items": [None, [[7], [2]], [[4], [13]], None],
+         "dimensions": [None, None, None, 2], "encoding_format": [None, "base64", None, None]}
+    out = Embed().run(c, runtime, EmbedOptions(), lambda: None)
+    assert set(out.failures) == {2} and "boom" in out.failures[2]
+    rows = {r["record_id"]: r for r in out.table.to_pylist()}
+    assert rows["one"]["embedding"] == [5.0, 1.0, 0.0, 0.0] and rows["one"]["embeddings"] is None
+    assert rows["list"]["embedding"] is None and [v[0] for v in rows["list"]["embeddings"]] == [7.0, 2.0]
+    assert rows["list"]["encoding_format"] == "base64" and rows["list"]["input_tokens"] == 2
+    assert np.allclose(rows["short"]["embeddings"], [[3 / 10 ** 0.5, 1 / 10 ** 0.5]])    # cut to 2, unit length

@@ -1,14 +1,14 @@
 """dynamic splitting: when the lifecycle asked a running shard's attempt to split
 
-Revision ID: 0011_split
-Revises: 0010
+Revision ID: 0013
+Revises: 0012
 Create Date: 2026-12-01
 """
 from alembic import op
 import sqlalchemy as sa
 
-revision = '0011_split'
-down_revision = '0010'
+revision = '0013'
+down_revision = '0012'
 branch_labels = None
 depends_on = None
 

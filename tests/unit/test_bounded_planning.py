@@ -1,0 +1,150 @@
+"""The global planning step works from the planning tasks' summaries (bucketing.py): its shard
+files are byte for byte those of the whole-job reference step (tests/helpers/reference_plan.py),
+duplicate ids are found across objects and id ranges without one dict, and its peak memory does
+not grow with the job."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import tracemalloc
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pytest
+
+from batchinf import bucketing
+from batchinf.ledger import jobs, lineage, shards
+from batchinf.manifest import parse_manifest
+from batchinf.parts import STAGE_ROW_GROUP, read_table, write_table
+from batchinf.plan import bucket_bounds, cut, finish_plan, object_tasks
+from batchinf.submit import submit
+from tests.helpers.corpus import manifest, write_jsonl
+from tests.helpers.reference_plan import reference_shards
+from tests.helpers.stages import plan_job
+
+
+def test_histogram_bounds_and_group_cuts_equal_the_record_level_ones() -> None:
+    rng = np.random.default_rng(7)
+    for n in (1, 2, 5, 37, 400, 2500):
+        lengths = rng.integers(0, 60, size=n) * rng.integers(1, 3, size=n)
+        hist = dict(zip(*np.unique(lengths, return_counts=True)))
+        for max_records in (1, 7, 100, 5000):
+            assert bucketing.bounds_from_histogram({int(k): int(v) for k, v in hist.items()}, max_records) \
+                == bucket_bounds(lengths, max_records)
+        objs = rng.integers(0, 3, size=n)
+        order = np.lexsort((objs, lengths))
+        groups, i = [], 0
+        while i < n:        # runs of equal (length, object) in (length, object) order
+            j = i
+            while j < n and lengths[order[j]] == lengths[order[i]] and objs[order[j]] == objs[order[i]]:
+                j += 1
+            groups.append((int(objs[order[i]]), int(lengths[order[i]]), j - i))
+            i = j
+        for max_records, max_tokens in ((5, 40), (100, 10**9), (3, 1), (1000, 75)):
+            want = [len(r) for r in cut(order, lengths, max_records, max_tokens)]
+            got = [sum(k for _, _, k in s) for s in bucketing.cut_groups(groups, max_records, max_tokens)]
+            assert got == want
+
+
+def _corpus(root: Path, n: int = 150) -> None:
+    write_jsonl(root / "a.jsonl", n, seed=1)                             # bad lines: r0 duplicated in a
+    write_jsonl(root / "b.jsonl", n, seed=2, bad=False, prefix="b")
+    write_jsonl(root / "c.jsonl", n // 2, seed=3, bad=False, prefix="r")  # r0..: duplicates of a's ids
+    with open(root / "d.jsonl", "a") as f:                               # the last record of the last object
+        f.write(json.dumps({"id": "b0", "text": "one more"}) + "\n" + json.dumps({"id": "b7", "text": "x y"}) + "\n")
+
+
+def _sha(uri_or_path: str) -> str:
+    return hashlib.sha256(Path(uri_or_path.removeprefix("file://")).read_bytes()).hexdigest()
+
+
+def _assert_same_as_reference(tmp_path: Path, job_id: str) -> list[dict]:
+    job = jobs.get(job_id)
+    tasks = object_tasks(job)
+    uris = [t.pin.uri for t in tasks]
+    want, plan = reference_shards(job_id, uris, [read_table(t.stage_uri) for t in tasks], job.manifest.shards.max_records,
+                                  job.manifest.shards.max_tokens, lineage.selection(job_id))
+    got = sorted(shards.of_job(job_id), key=lambda s: (s.bucket, s.ordinal))
+    assert [(s.bucket, s.ordinal, s.id, s.num_records, s.num_tokens) for s in got] == \
+        [(w["bucket"], w["ordinal"], w["id"], w["num_records"], w["num_tokens"]) for w in want]
+    for s, w in zip(got, want):
+        ref = str(tmp_path / "ref.parquet")
+        write_table(ref, w["table"], row_group_size=STAGE_ROW_GROUP)
+        assert _sha(s.input_uri) == _sha(ref), f"shard {s.bucket}/{s.ordinal} differs from the reference"
+    assert {k: job.plan[k] for k in plan} == plan
+    return want
+
+
+def test_shard_files_are_byte_identical_to_the_whole_job_step(tmp_path: Path, tiny_bundle: str,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bucketing, "DEDUP_RANGE_RECORDS", 40)    # several id ranges
+    _corpus(tmp_path / "in")
+    job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "in") + "/", str(tmp_path / "out"),
+                                               shards={"max_records": 40, "max_tokens": 900})))
+    plan_job(job_id)
+    assert len(bucketing.id_splits([json.loads((Path(t.stage_uri.removeprefix("file://").removesuffix(".parquet")
+                                                     + ".summary.json")).read_text())
+                                    for t in object_tasks(jobs.get(job_id))], 40)) >= 3
+    want = _assert_same_as_reference(tmp_path, job_id)
+    dups = [r for w in want for r in w["table"].to_pylist() if r["error"] == "duplicate_id"]
+    uris = {Path(u.removeprefix("file://")).name for u in [r["source"] for r in dups]}
+    assert uris == {"a.jsonl", "c.jsonl", "d.jsonl"}
+    assert len(dups) == 1 + 75 + 2                # r0 in a; all of c; both of d (b0, b7 of b)
+    last = next(r for r in dups if r["source"].endswith("d.jsonl") and r["record_id"] == "b7")
+    assert "b.jsonl record 7" in last["message"]
+    assert jobs.get(job_id).plan["invalid_by_code"]["duplicate_id"] == 78
+
+
+def test_a_retry_selection_plans_only_its_records_as_before(tmp_path: Path, tiny_bundle: str) -> None:
+    _corpus(tmp_path / "in", n=60)
+    raw = manifest(str(tmp_path / "in") + "/", str(tmp_path / "out"), shards={"max_records": 10})
+    a, c = ((tmp_path / "in" / f).resolve().as_uri() for f in ("a.jsonl", "c.jsonl"))
+    pick = [(a, o) for o in range(0, 66, 3)] + [(c, o) for o in range(0, 30, 4)]
+    job_id, _ = submit(parse_manifest(raw), selection=pick)
+    plan_job(job_id)
+    _assert_same_as_reference(tmp_path, job_id)
+    assert jobs.get(job_id).records_total == len(pick)
+
+
+def _planned_objects(tmp_path: Path, name: str, per_object: int) -> str:
+    """A job of 4 objects of `per_object` records each, its objects staged, the global step not run."""
+    from batchinf.dispatch import plan_objects_here
+    from batchinf.plan import pin_job
+
+    rng = random.Random(5)
+    root = tmp_path / name / "in"
+    for k in range(4):
+        write_jsonl(root / f"o{k}.jsonl", per_object, seed=rng.randrange(1000), bad=False, prefix=f"o{k}-")
+    job_id, _ = submit(parse_manifest(manifest(str(root) + "/", str(tmp_path / name / "out"),
+                                               shards={"max_records": 500})))
+    pin_job(jobs.get(job_id))
+    plan_objects_here(jobs.get(job_id), [0, 1, 2, 3], processes=1)
+    return job_id
+
+
+def _peak(fn: Callable[[], object]) -> int:
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.slow
+def test_the_global_steps_peak_memory_does_not_grow_with_the_job(tmp_path: Path, tiny_bundle: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bucketing, "DEDUP_RANGE_RECORDS", 1000)
+    finish_plan(jobs.get(_planned_objects(tmp_path, "warm-up", 100)))       # one-time imports and caches
+    peaks, reference = [], []
+    for name, n in (("small", 2000), ("large", 4000)):
+        job = jobs.get(_planned_objects(tmp_path, name, n))
+        tasks = object_tasks(job)
+        staged = [read_table(t.stage_uri) for t in tasks]
+        reference.append(_peak(lambda: reference_shards(job.id, [t.pin.uri for t in tasks], staged, 500, 10**9)))
+        peaks.append(_peak(lambda: finish_plan(job)))
+    assert reference[1] > 1.6 * reference[0]          # the whole-job step grows with the job ...
+    assert peaks[1] < 1.3 * peaks[0], f"global step peak {peaks[0]} B at 8,000 records, {peaks[1]} B at 16,000"
