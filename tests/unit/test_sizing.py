@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchinf.bucketing import cut_groups
+from batchinf.bucketing import cut_all, cut_groups, extra_work
 from batchinf.ledger import jobs, shards
 from batchinf.ledger.states import JobStatus
 from batchinf.lifecycle import step
@@ -179,3 +179,15 @@ def test_the_lifecycle_cuts_a_job_for_the_dispatchers_workers(tmp_path: Path, ti
         assert step(job_id, pools[3])
     ids = pq.read_table(tmp_path / "w3" / "out", columns=["record_id"], ignore_prefixes=["_", "errors"])
     assert sorted(ids.column("record_id").to_pylist()) == sorted(f"r{i}" for i in range(RECORDS))
+
+
+def test_generate_work_counts_the_max_tokens_the_summaries_sum() -> None:
+    """A generate object's summary sums its records' max_tokens per length; the global step adds
+    them to the groups' work (scaled down where duplicates left the group), so 4 records of 5
+    prompt tokens decoding 10 each are two shards of work 30 at a target of 22, not one of 20."""
+    summaries = [{"valid": [[5, 4]], "valid_extra": [[5, 40]]}, {"valid": [[5, 4]]}]
+    assert extra_work(summaries, [{5: 3}, {5: 4}]) == [{5: 30}, {}]
+    extra = extra_work(summaries, [{5: 4}, {}])
+    with_decode = cut_all([5], [{5: 4}], [{}], 100, 10**6, target=22, extra=extra)
+    assert [_records(s.slices) for s in with_decode] == [2, 2]
+    assert [_records(s.slices) for s in cut_all([5], [{5: 4}], [{}], 100, 10**6, target=22)] == [4]
