@@ -8,7 +8,8 @@ token lengths, one id range and one shard, not on the number of records.
   pinned order (object, ordinal) wins; the others become `duplicate_id` rows naming it.
 - Bucket bounds: the quantiles of the merged length histogram (exactly `plan.bucket_bounds`).
 - Shards: each bucket's (length, object) groups, in (length, object) order, are cut by count
-  arithmetic exactly as `plan.cut` cuts records; a shard is a list of slices (object, length,
+  arithmetic exactly as `plan.cut` cuts records, or, sized by work for a worker count, into
+  runs of equal work as `sizing.cut_balanced` cuts records (`sizing.cut_groups_balanced`); a shard is a list of slices (object, length,
   count). Its file is written by one forward cursor per object over the object's staged rows,
   which are sorted by (length, ordinal): a shard's rows are read, no others.
 """
@@ -28,6 +29,7 @@ import pyarrow.parquet as pq
 from batchinf.errors import BatchinfError
 from batchinf.parts import STAGE_ROW_GROUP, local_copy
 from batchinf.plan_summary import ids_uri
+from batchinf.sizing import cut_groups_balanced
 
 DEDUP_RANGE_RECORDS = 1 << 20     # ids compared at once by the duplicate check
 ERROR_BUCKET = -1
@@ -144,13 +146,34 @@ class PlannedShard:
 
 
 def cut_all(bounds: list[int], valid: list[dict[int, int]], invalid: list[dict[int, int]],
-            max_records: int, max_tokens: int) -> list[PlannedShard]:
-    """Every shard of the job: the error bucket first, then each length bucket, in order."""
+            max_records: int, max_tokens: int, target: int | None = None,
+            extra: list[dict[int, int]] | None = None) -> list[PlannedShard]:
+    """Every shard of the job: the error bucket first, then each length bucket, in order. With a
+    `target` work per shard (sizing.py), length buckets are cut into runs of equal work (a
+    group's work: its tokens plus its `extra`, the max_tokens a generate record may decode);
+    without one, and always for the error bucket, by the caps alone."""
     out = []
     ranges = [(ERROR_BUCKET, invalid, 0, 1 << 62)] + \
              [(b, valid, (bounds[b - 1] + 1) if b else 0, bound) for b, bound in enumerate(bounds)]
     for b, hists, lo, hi in ranges:
-        out += [PlannedShard(b, k, s) for k, s in enumerate(cut_groups(_groups(hists, lo, hi), max_records, max_tokens))]
+        groups = _groups(hists, lo, hi)
+        if target is None or b == ERROR_BUCKET:
+            runs = cut_groups(groups, max_records, max_tokens)
+        else:
+            work = [c * L + (extra[o].get(L, 0) if extra else 0) for o, L, c in groups]
+            runs = cut_groups_balanced(groups, work, target, max_records, max_tokens)
+        out += [PlannedShard(b, k, s) for k, s in enumerate(runs)]
+    return out
+
+
+def extra_work(summaries: list[dict[str, Any]], valid: list[dict[int, int]]) -> list[dict[int, int]]:
+    """Per object and length, the max_tokens its kept valid records may decode (generate), scaled
+    down where the duplicate check moved some of them out (they share the sum equally)."""
+    out = []
+    for s, hist in zip(summaries, valid):
+        staged = {int(L): int(c) for L, c in s["valid"]}
+        out.append({int(L): int(e) * hist.get(int(L), 0) // staged[int(L)]
+                    for L, e in s.get("valid_extra", []) if staged.get(int(L))})
     return out
 
 

@@ -118,7 +118,7 @@ def open_runtime(digest: str, *, device: str = "cpu", with_model: bool = True) -
     if key not in _loaded:
         root = local_dir(digest)
         meta = rb.read_meta(root)
-        rb.verify_files(root, meta, digest)
+        rb.verify_files(root, meta, digest, cache_dir=settings().home / "cache" / "verified")
         task = get_task(meta.get("task", "embed"))
         runtime = task.open_runtime(root, meta, device)
         task.verify_inputs(runtime)

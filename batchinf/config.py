@@ -50,6 +50,9 @@ class Settings:
     speculate_factor: float         # BATCHINF_SPECULATE_FACTOR: a tail shard running this many times its
     speculate_min_seconds: float    # bucket's median (and BATCHINF_SPECULATE_MIN_SECONDS at least) gets a
                                     # speculative attempt; 0: off
+    min_shard_tokens: int           # BATCHINF_MIN_SHARD_TOKENS: no shard is cut (planned or split) below this work
+    split_chunk_tokens: int         # BATCHINF_SPLIT_CHUNK_TOKENS: a streaming attempt may split its shard
+                                    # after each chunk of this much work; 0: dynamic splitting off
     max_step_failures: int          # BATCHINF_MAX_STEP_FAILURES: consecutive failed lifecycle steps of one job
                                     # before it fails (default 10)
     plan_time_limit: float          # BATCHINF_PLAN_TIME_LIMIT: seconds one planning task may run (distributed);
@@ -195,6 +198,8 @@ def load_settings() -> Settings:
         job_retry_budget=_int("BATCHINF_JOB_RETRY_BUDGET", 0),
         speculate_factor=_float("BATCHINF_SPECULATE_FACTOR", 3.0),
         speculate_min_seconds=_float("BATCHINF_SPECULATE_MIN_SECONDS", 30.0),
+        min_shard_tokens=max(1, _int("BATCHINF_MIN_SHARD_TOKENS", 10_000)),
+        split_chunk_tokens=max(0, _int("BATCHINF_SPLIT_CHUNK_TOKENS", 8192)),
         max_step_failures=_int("BATCHINF_MAX_STEP_FAILURES", 10),
         plan_time_limit=_float("BATCHINF_PLAN_TIME_LIMIT", 3600.0),
         price_per_worker_hour=_optional_float("BATCHINF_PRICE_PER_WORKER_HOUR"),

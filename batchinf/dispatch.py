@@ -77,6 +77,10 @@ class Dispatcher:
         """Lease owners known to be dead (their leases are expired at once)."""
         return []
 
+    def workers(self) -> int | None:
+        """Workers that will run a job planned now (its shards are sized for them); None: unknown."""
+        return None
+
     def keep_up(self, job: Job, open_shards: int) -> None:
         """Called each running tick: keep enough workers for the job's open shards."""
 
@@ -237,6 +241,9 @@ class LocalPool(Dispatcher):
                     dead.append(owner)
         return dead
 
+    def workers(self) -> int | None:
+        return self.n
+
     def keep_up(self, job: Job, open_shards: int) -> None:
         self.start(open_shards)
 
@@ -323,6 +330,9 @@ class SharedPool(Dispatcher):
             if h == host and pid.isdigit() and not _pid_alive(int(pid)):
                 self.dead.add(owner)
         return sorted(self.dead)
+
+    def workers(self) -> int | None:
+        return self.n
 
     def keep_up(self, job: Job, open_shards: int) -> None:
         self.start()

@@ -28,22 +28,27 @@ from batchinf.submit import submit
 
 
 class PlanHere(Dispatcher):
-    """Plans objects in this process's pool; a dry run never sends shards."""
+    """Plans objects in this process's pool; a dry run never sends shards. Its shards are sized
+    for `workers` (sizing.py)."""
 
-    def __init__(self, processes: int) -> None:
+    def __init__(self, processes: int, workers: int | None = None) -> None:
         super().__init__()
-        self.processes = processes
+        self.processes, self.n = processes, workers
+
+    def workers(self) -> int | None:
+        return self.n
 
     def plan(self, job: Job, idxs: list[int]) -> None:
         plan_objects_here(job, idxs, self.processes)
 
 
-def plan_only(manifest: JobManifest, *, tenant: str = "default", processes: int = 1) -> str:
+def plan_only(manifest: JobManifest, *, tenant: str = "default", processes: int = 1,
+              workers: int | None = None) -> str:
     """Submit the manifest held and plan it here; returns the job id. A manifest whose job exists
     already is not planned again: a held one still planning is planned on, any other is reported
-    as it stands."""
+    as it stands. `workers`: the workers its shards are sized for (None: by the caps alone)."""
     job_id, _ = submit(manifest, tenant=tenant, hold=True)
-    dispatcher, failures = PlanHere(max(1, processes)), 0
+    dispatcher, failures = PlanHere(max(1, processes), workers), 0
     while (job := job_repo.get(job_id)).hold and job.status in JOB_PLANNING:
         if step(job_id, dispatcher):
             failures = 0

@@ -11,16 +11,19 @@ import threading
 import time
 from typing import Any, Iterator
 
+import numpy as np
 import pyarrow as pa
-from batchinf import failpoints, metrics
+from batchinf import failpoints, metrics, sizing
 from batchinf.bundles import open_runtime
 from batchinf.config import settings
 from batchinf.errors import StaleAttemptError
 from batchinf.ledger import jobs as job_repo
 from batchinf.ledger import leases
 from batchinf.ledger import shards as shard_repo
-from batchinf.ledger.models import Lease, ShardResult
-from batchinf.parts import ERROR_SCHEMA, STAGE_ROW_GROUP, PartWriter, error_row, open_parquet, read_table
+from batchinf.ledger import splits
+from batchinf.ledger.models import Lease, Shard, ShardResult
+from batchinf.parts import ERROR_SCHEMA, STAGE_ROW_GROUP, PartWriter, error_row, open_parquet, read_table, write_table
+from batchinf.plan import shard_id
 from batchinf.store import get_store, join
 from batchinf.tasks import get_task
 from batchinf.tasks.batching import (  # noqa: F401 -- re-exported: the batching helpers' old home
@@ -69,13 +72,47 @@ def _inference_errors(c: dict[str, list[Any]], failures: dict[int, str], attempt
                       f"record {c['record_id'][i]!r}: {msg}", attempt) for i, msg in sorted(failures.items())]
 
 
-def _staged_batches(uri: str, streams: bool) -> Iterator[pa.Table | pa.RecordBatch]:
-    """A task that streams gets the staged shard row group by row group, else all of it at once."""
+def _staged_chunks(uri: str, streams: bool, work: int) -> Iterator[pa.Table | pa.RecordBatch]:
+    """A task that streams gets the staged shard row group by row group, each in chunks of about
+    `work` tokens (where the attempt may split); else all of it at once."""
     if not streams:
         yield read_table(uri)
         return
     with open_parquet(uri) as pf:
-        yield from pf.iter_batches(batch_size=STAGE_ROW_GROUP)
+        for batch in pf.iter_batches(batch_size=STAGE_ROW_GROUP):
+            yield from _chunks(batch, work)
+
+
+def _chunks(staged: pa.Table | pa.RecordBatch, work: int) -> Iterator[pa.Table | pa.RecordBatch]:
+    """A streamed batch in contiguous slices of about `work` tokens: the record boundaries at which
+    the attempt may split its shard."""
+    cum = np.cumsum(staged.column("n_tokens").to_numpy(zero_copy_only=False).astype(np.int64))
+    if staged.num_rows == 0 or not work or cum[-1] <= work:
+        yield staged
+        return
+    cuts = np.unique(np.clip(np.searchsorted(cum, np.arange(work, cum[-1], work), side="left") + 1,
+                             1, staged.num_rows))
+    for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), staged.num_rows]):
+        if b > a:
+            yield staged.slice(a, b - a)
+
+
+def _split_children(job_work_uri: str, shard: Shard, lease: Lease, done: int) -> list[dict[str, Any]]:
+    """Stage the records after the first `done` of the shard as its children: two of equal work
+    (one when the rest is small), under names unique to this attempt."""
+    rest = read_table(shard.input_uri).slice(done)
+    work = rest.column("n_tokens").to_numpy(zero_copy_only=False).astype(np.int64)
+    halves = 2 if int(work.sum()) >= sizing.min_shard_work() and rest.num_rows > 1 else 1
+    runs = sizing.cut_balanced(np.arange(rest.num_rows), work, -(-int(work.sum()) // halves), rest.num_rows,
+                               1 << 62, min_work=1)
+    children = []
+    for k, run in enumerate(runs):
+        part = rest.slice(int(run[0]), len(run))
+        uri = join(job_work_uri, "shards", f"split-{shard.id}-a{lease.attempt}-{k}.parquet")
+        write_table(uri, part, row_group_size=STAGE_ROW_GROUP)
+        children.append({"id": shard_id(f"{shard.id}|split|{done}|{k}"), "num_records": part.num_rows,
+                         "num_tokens": int(work[run].sum()), "input_uri": uri})
+    return children
 
 
 def _columns(staged: pa.Table | pa.RecordBatch) -> dict[str, list[Any]]:
@@ -112,8 +149,15 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
     tokens = {"input": 0, "output": 0, "real": 0, "padded": 0}
     results = PartWriter(task.result_schema(runtime.meta, m.options))
     failures = PartWriter(ERROR_SCHEMA)
+    done = done_tokens = 0          # records (and their work) computed so far, in staged order
+    split_at: int | None = None     # set when the lifecycle asked this attempt to split
+    chunk = sizing.split_chunk_work()         # 0: no splitting; else at least 4 batches a chunk
+    chunk = chunk and max(chunk, 4 * int(getattr(m.options, "max_batch_tokens", 0) or 0))
     try:
-        for staged in _staged_batches(shard.input_uri, task.streams):
+        for staged in _staged_chunks(shard.input_uri, task.streams, chunk):
+            if done and done < shard.num_records and splits.split_wanted(lease):
+                split_at = done
+                break
             check()
             c = _columns(staged)
             # a streaming task reports progress per staged batch; a whole-shard one (generate)
@@ -127,6 +171,9 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
                 tokens[k] += run.tokens.get(k, 0)
             if task.streams:
                 finished(staged.num_rows)
+            done += staged.num_rows
+            done_tokens += sum(c["n_tokens"])
+        children = [] if split_at is None else _split_children(job.work_uri, shard, lease, split_at)
     except BaseException:
         results.discard()
         failures.discard()
@@ -146,9 +193,16 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
         execute_seconds=time.perf_counter() - t0, errors=error_rows)
     failpoints.hit("execute.before_commit")
     try:
-        leases.commit_attempt(lease, result)
+        if split_at is None:
+            leases.commit_attempt(lease, result)
+        else:
+            failpoints.hit("split.before_commit")
+            splits.commit_split(lease, result, split_at, done_tokens, children)
+            failpoints.hit("split.after_commit")
     except StaleAttemptError:
         get_store(base).delete_prefix(base)   # a losing attempt leaves nothing behind
+        for child in children:
+            get_store(child["input_uri"]).delete(child["input_uri"])
         raise
     metrics.shard_committed(job.bundle_digest, result)
     failpoints.hit("execute.after_commit")

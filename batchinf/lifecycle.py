@@ -13,13 +13,14 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from batchinf import logs, metrics
+from batchinf import logs, metrics, sizing
 from batchinf.config import settings
 from batchinf.dispatch import Dispatcher
 from batchinf.ledger import attempts as attempt_repo
 from batchinf.ledger import jobs as job_repo
 from batchinf.ledger import leases
 from batchinf.ledger import shards as shard_repo
+from batchinf.ledger import splits
 from batchinf.ledger.events import now
 from batchinf.ledger.models import Demand, InputObject, Job
 from batchinf.ledger.states import JOB_TERMINAL, JobStatus
@@ -28,6 +29,7 @@ from batchinf.plan import finish_plan, pin_job
 from batchinf.quarantine import resolve_quarantined
 from batchinf.retry import Outcome, classify
 from batchinf.store import get_store, join
+from batchinf.tasks import get_task
 from batchinf.verify import publish, publish_partial
 
 log = logging.getLogger("batchinf.lifecycle")
@@ -41,7 +43,7 @@ def _plan(job: Job, d: Dispatcher, slots: int | None) -> None:
     whose `max_attempts` planning attempts all failed (raised, timed out or died) fails the job."""
     objects = job_repo.inputs(job.id)
     if all(o.records is not None for o in objects):
-        finish_plan(job)
+        finish_plan(job, d.workers())
         return
     s, t = settings(), now()
     open_ = [o for o in objects if o.records is None]
@@ -80,7 +82,8 @@ def _run(job: Job, d: Dispatcher, slots: int | None) -> None:
     """The running tick: recover lost leases and poison shards, fail the job past its error
     budget (`limits.error_budget_problem`), verify when all is done, else
     dispatch up to `slots` shards (None: no limit), re-send lost messages, ask for twins of
-    stragglers, and delete the files of attempts that lost."""
+    stragglers, ask running shards to split while workers idle (`ledger.splits`), and delete the
+    files of attempts that lost."""
     s = settings()
     metrics.leases_expired(leases.expire_leases(job.id, s.max_attempts, dead_owners=d.dead_workers(job)))
     resolve_quarantined(job)
@@ -98,6 +101,8 @@ def _run(job: Job, d: Dispatcher, slots: int | None) -> None:
         metrics.shards_sent(len(fresh), len(resend))
     for shard_id in shard_repo.stragglers(job.id, s.speculate_factor, s.speculate_min_seconds):
         d.speculate(shard_id)
+    if (workers := d.workers()) and s.split_chunk_tokens and get_task(job.task).streams:
+        splits.request_split(job.id, workers, sizing.min_shard_work())   # idle workers: split the largest
     d.keep_up(job, shard_repo.open_count(job.id))
     if d.sweeps:
         _sweep(job)

@@ -81,6 +81,9 @@ class ShardSpec(_Part):
     """How the input is cut into shards, the unit of work, retry and output."""
     max_records: Annotated[int, POSITIVE] = Field(4096, description="records per shard, at most")
     max_tokens: Annotated[int, POSITIVE] = Field(1_000_000, description="input tokens per shard, at most")
+    target_workers: Annotated[int | None, nullable(POSITIVE)] = Field(
+        None, description="workers the job is cut for (default: the embedded pool's size, or the workers "
+                          "the controller saw lately)")
 
 
 OPTIONS: dict[str, type[Part]] = {name: t.options for name, t in TASK_REGISTRY.items()}
@@ -157,6 +160,8 @@ class JobManifest(_Part):
                 del d["input"][key]
         if not d["input"]["include_hidden"]:    # unset, it leaves content keys as they were
             del d["input"]["include_hidden"]
+        if d["shards"]["target_workers"] is None:
+            del d["shards"]["target_workers"]
         options = d.get("options") or {}
         for key, default in LATER_OPTIONS.items():     # likewise for options added later, at their default
             if key in options and options[key] == default:

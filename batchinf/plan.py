@@ -32,6 +32,7 @@ from batchinf.ledger.states import JobStatus, ShardStatus
 from batchinf.formats import read_records
 from batchinf.parts import STAGE_ROW_GROUP, write_table
 from batchinf.plan_summary import IDS_ROW_GROUP, ids_uri, in_stage_order, read_summary, summarize, valid_ids, write_summary
+from batchinf.sizing import target_work
 from batchinf.store import ObjectPin, get_store, join
 from batchinf.submit import pin_inputs
 from batchinf.tasks import get_task
@@ -171,10 +172,11 @@ def plan_one_object(job_id: str, idx: int) -> int:
     return n
 
 
-def finish_plan(job: Job) -> None:
+def finish_plan(job: Job, workers: int | None = None) -> None:
     """The global step once every object is staged, over the objects' summaries only
     (bucketing.py): drop duplicate ids, choose bucket bounds from the job's own length histogram,
-    cut shards as slices of staged objects, write each shard's file from its slices, and move the
+    cut shards as slices of staged objects (sized by work for `workers`, the manifest's
+    `shards.target_workers` winning; see sizing.py), write each shard's file from its slices, and move the
     job to running (a held job: planned)."""
     m = job.manifest
     tasks = object_tasks(job)
@@ -190,7 +192,12 @@ def finish_plan(job: Job) -> None:
     for h in valid:
         merged.update(h)
     bounds = bucketing.bounds_from_histogram(merged, m.shards.max_records)
-    planned = bucketing.cut_all(bounds, valid, invalid, m.shards.max_records, m.shards.max_tokens)
+    extra = bucketing.extra_work(summaries, valid)
+    workers = m.shards.target_workers or workers
+    target = target_work(sum(L * c for L, c in merged.items()) + sum(sum(e.values()) for e in extra),
+                         workers, m.shards.max_tokens)
+    planned = bucketing.cut_all(bounds, valid, invalid, m.shards.max_records, m.shards.max_tokens,
+                                target if workers and workers > 1 else None, extra)
 
     source_uris = pa.array(uris, pa.string())
     shard_rows, padded = [], 0
@@ -217,6 +224,7 @@ def finish_plan(job: Job) -> None:
                  "records": records, "invalid": sum(by_code.values()),
                  "truncated": sum(s["truncated"] for s in summaries),
                  "tokens": sum(s["tokens"] for s in summaries), "padded_tokens": padded,
+                 "workers": workers, "shard_work": target,
                  "invalid_by_code": dict(sorted(by_code.items())),
                  "buckets": [{"bucket": b, "max_tokens": bound,
                               "records": sum(c for L, c in merged.items() if lo <= L <= bound),

@@ -1,6 +1,7 @@
 """What one planning task leaves beside its staged object so that the global step never reads
 every record: the staged rows sorted by (token length, ordinal), a compact summary (token-length
-histograms of its valid and invalid records, counts, a sample of its ids), and its valid ids
+histograms of its valid and invalid records, counts, a sample of its ids; for generate, the
+max_tokens of its valid records by length, their decode work), and its valid ids
 sorted, for the job-wide duplicate check by id ranges (bucketing.py).
 
 Files beside plan/obj-00000.parquet:
@@ -50,6 +51,17 @@ def _histogram(lengths: np.ndarray) -> list[list[int]]:
     return [[int(v), int(c)] for v, c in zip(values, counts)]
 
 
+def _extra(table: pa.Table, n_tokens: np.ndarray, rows: np.ndarray) -> list[list[int]]:
+    """Per token length, the sum of the rows' max_tokens (generate: the tokens each may decode,
+    part of its work); none for tasks without them."""
+    if "max_tokens" not in table.schema.names:
+        return []
+    extra = pc.fill_null(table.column("max_tokens"), 0).to_numpy().astype(np.int64)[rows]
+    values, where = np.unique(n_tokens[rows], return_inverse=True)
+    sums = np.bincount(where, weights=extra, minlength=len(values)).astype(np.int64)
+    return [[int(v), int(e)] for v, e in zip(values, sums) if e]
+
+
 def valid_ids(table: pa.Table) -> pa.Table:
     """The rows the duplicate check compares (an id and no error), sorted by id then ordinal."""
     mask = pc.and_(pc.is_null(table.column("error")), pc.is_valid(table.column("record_id")))
@@ -72,6 +84,7 @@ def summarize(table: pa.Table, keep: set[int] | None, ids: pa.Table) -> dict[str
         "truncated": int(truncated[kept].sum()),
         "valid": _histogram(n_tokens[kept & valid]), "invalid": _histogram(n_tokens[kept & ~valid]),
         "invalid_by_code": dict(Counter(str(e) for e in errors[kept & ~valid])),
+        "valid_extra": _extra(table, n_tokens, kept & valid),
         "ids": ids.num_rows, "id_sample": ids.column("record_id").to_pylist()[::step], "id_step": step,
     }
 

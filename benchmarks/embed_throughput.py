@@ -11,6 +11,15 @@ contender, each in its own process:
 
     python benchmarks/embed_throughput.py            # full: 20,000 records
     python benchmarks/embed_throughput.py --short    # CI: small corpus, correctness only
+    python benchmarks/embed_throughput.py --sizes 1000,3000,20000   # batchinf's worker layouts
+
+Every batchinf run also reports, from its ledger, how busy its workers were: parallel efficiency
+(summed attempt seconds / (workers x execute wall), the execute wall running from the first
+attempt's start to the last one's end), the busy share of worker time in the last 10% of that
+wall (the tail), and the fixed cost (whole-command wall time minus the execute wall: process
+start, planning, bundle load before the first attempt, verification). `--sizes` runs only
+batchinf, in both layouts (one one-thread process per core; one process with every thread) on
+each job size, against sentence-transformers at batch size 32.
 
 The short mode checks that every contender's embeddings agree with batchinf's (cosine >= 0.9999);
 it makes no claim about speed.
@@ -157,8 +166,52 @@ def run_batchinf(corpus: Path, work: Path, threads: int, workers: int) -> dict:
     if r.returncode != 0:
         raise SystemExit(f"batchinf run failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
     m = json.loads((out / "_MANIFEST.json").read_text())
-    return {"seconds": seconds, "manifest": m, "out": out,
+    return {"seconds": seconds, "manifest": m, "out": out, "busy": busy(env, m["job_id"], workers, seconds),
             "rss_mib": max(before, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024}
+
+
+ATTEMPTS = """
+import json, sys
+from batchinf.ledger.lineage import page_attempts
+rows, cursor = [], None
+while True:
+    page, cursor = page_attempts(sys.argv[1], limit=500, cursor=cursor)
+    rows += [(r["started_at"], r["finished_at"]) for r in page if r["finished_at"]]
+    if cursor is None:
+        break
+print(json.dumps(rows))
+"""
+
+
+def busy(env: dict, job_id: str, workers: int, wall: float) -> dict:
+    """Parallel efficiency, tail busy share and fixed cost of a finished job, from its attempts."""
+    r = subprocess.run([sys.executable, "-c", ATTEMPTS, job_id], env=env, capture_output=True, text=True, check=True)
+    spans = json.loads(r.stdout)
+    start, end = min(s for s, _ in spans), max(f for _, f in spans)
+    execute = max(end - start, 1e-9)
+    tail = end - 0.1 * execute
+    return {"attempts": len(spans), "execute_wall_s": execute,
+            "parallel_efficiency": sum(f - s for s, f in spans) / (workers * execute),
+            "tail_busy_share": sum(max(0.0, f - max(s, tail)) for s, f in spans) / (workers * 0.1 * execute),
+            "fixed_s": wall - execute}
+
+
+def layouts(args: argparse.Namespace) -> None:
+    """`--sizes`: batchinf in both worker layouts per job size, beside sentence-transformers."""
+    cores = args.threads
+    report = {"threads": cores, "sizes": {}}
+    for n in (int(x) for x in args.sizes.split(",")):
+        work = Path(tempfile.mkdtemp(prefix=f"bench-layout-{n}-"))
+        corpus = work / "corpus.jsonl"
+        make_corpus(corpus, n)
+        st = child("st", corpus, cores, 32, None)["seconds"]
+        row = {"st_bs32_s": st}
+        for name, workers in ((f"{cores} x 1 thread", cores), (f"1 x {cores} threads", 1)):
+            a = run_batchinf(corpus, work / f"w{workers}", cores, workers)
+            row[name] = {"seconds": a["seconds"], "vs_st": st / a["seconds"], "shards": a["manifest"]["shards"]["total"],
+                         **a["busy"]}
+        report["sizes"][n] = row
+    print(json.dumps(report, indent=None if args.json else 2))
 
 
 def batchinf_embeddings(out: Path, n: int):  # noqa: ANN201
@@ -186,6 +239,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=None, help="batchinf worker processes (default: threads)")
     ap.add_argument("--sweep", default="16,32,64,128,256", help="sentence-transformers batch sizes to try")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--sizes", help="comma-separated job sizes: compare batchinf's worker layouts only")
     ap.add_argument("--contender", help=argparse.SUPPRESS)
     ap.add_argument("--corpus", help=argparse.SUPPRESS)
     ap.add_argument("--batch-size", type=int, default=32, help=argparse.SUPPRESS)
@@ -198,6 +252,9 @@ def main() -> None:
                             Path(args.out) if args.out else None)))
         return
 
+    if args.sizes:
+        layouts(args)
+        return
     n = args.records or (400 if args.short else 20000)
     workers = args.workers or args.threads
     work = Path(tempfile.mkdtemp(prefix="bench-embed-"))
@@ -251,6 +308,7 @@ def main() -> None:
         "padding_efficiency": {"batchinf": m["tokens"]["real"] / m["tokens"]["padded"],
                                "naive": real_tokens / naive["padded"]},
         "planning_share": m["timings"]["plan"] / a["seconds"],
+        "batchinf_busy": a["busy"],
         "peak_rss_mib": {"batchinf (largest process)": a["rss_mib"], "st": st_default["rss_mib"],
                          "naive": naive["rss_mib"]},
         "st_batch_sweep_seconds": sweep, "min_cosine_vs_batchinf": agree,

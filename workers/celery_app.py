@@ -6,6 +6,7 @@ Correctness comes from the ledger, not the broker: a task leases its shard in th
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from celery import Celery
@@ -13,7 +14,11 @@ from celery.signals import setup_logging
 
 from batchinf.config import settings
 from batchinf.dispatch import Dispatcher
+from batchinf.ledger import attempts as attempt_repo
 from batchinf.ledger.models import Job
+
+RECENT_WORKER_SECONDS = 600.0    # a worker that ran an attempt this recently counts as live
+FLEET_REFRESH_SECONDS = 30.0     # how often the controller asks the broker which workers are up
 
 app = Celery("batchinf")
 app.conf.update(
@@ -89,6 +94,7 @@ class CeleryDispatcher(Dispatcher):
     def __init__(self, requeue_seconds: float = 30.0) -> None:
         super().__init__()
         self.requeue_seconds = requeue_seconds
+        self._fleet: tuple[float, int] = (float("-inf"), 0)    # (when counted, worker processes up)
 
     def plan(self, job: Job, idxs: list[int]) -> None:
         limit = settings().plan_time_limit     # soft: the task records the timeout; hard: it is killed
@@ -101,3 +107,24 @@ class CeleryDispatcher(Dispatcher):
 
     def _send_twin(self, shard_id: str) -> None:
         execute_shard.apply_async(args=[shard_id], kwargs={"speculative": True})
+
+    def workers(self) -> int | None:
+        """The live fleet: worker processes answering the broker (asked every
+        FLEET_REFRESH_SECONDS), or those that ran attempts lately if more; None when neither
+        knows of any (a cold fleet): a job is then cut by its caps unless its manifest names
+        `shards.target_workers`."""
+        asked, up = self._fleet
+        if time.monotonic() - asked > FLEET_REFRESH_SECONDS:
+            up = max(_processes_up(), attempt_repo.recent_workers(RECENT_WORKER_SECONDS))
+            if up:                  # none seen yet (a fleet still starting): ask again next tick
+                self._fleet = (time.monotonic(), up)
+        return up or None
+
+
+def _processes_up() -> int:
+    """Pool processes of the workers that answer on the broker now (0 when it cannot be asked)."""
+    try:
+        stats = app.control.inspect(timeout=0.5).stats() or {}
+    except Exception:  # noqa: BLE001 -- the broker is down: the ledger's view stands
+        return 0
+    return sum(int((s.get("pool") or {}).get("max-concurrency") or 1) for s in stats.values())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection, func, select, update
 
 from batchinf.ledger import events
 from batchinf.ledger.db import tx
@@ -51,3 +51,12 @@ def swept(shard_id: str, number: int) -> None:
     """The attempt's files are deleted."""
     with tx() as conn:
         end_attempt(conn, shard_id, number, AttemptStatus.SWEPT)
+
+
+def recent_workers(seconds: float) -> int:
+    """Distinct workers that started or heartbeated an attempt in the last `seconds`: the live
+    fleet as the ledger sees it."""
+    t = now() - seconds
+    with tx() as conn:
+        return int(conn.execute(select(func.count(attempts.c.worker.distinct())).where(
+            func.coalesce(attempts.c.heartbeat_at, attempts.c.started_at) >= t)).scalar() or 0)

@@ -41,7 +41,7 @@ def _take(conn: Connection, shard_id: str, job_id: str, worker: str, lease_secon
                           .where(shards.c.id == shard_id, shards.c.status == ShardStatus.QUEUED.value)
                           .values(status=ShardStatus.RUNNING.value, attempt=_next_attempt(shard_id),
                                   lease_owner=worker, lease_expires_at=t + lease_seconds, updated_at=t,
-                                  progress_records=0)
+                                  progress_records=0, split_requested_at=None)
                           .returning(shards.c.attempt)).scalar()
     if number is None:
         return None
@@ -138,32 +138,38 @@ def commit_attempt(lease: Lease, result: ShardResult) -> None:
     nothing commits after a cancel or deadline). The winner becomes the fencing token; a
     speculative twin still running is superseded. Raises StaleAttemptError otherwise."""
     with tx() as conn:
-        q = select(jobs.c.status).where(jobs.c.id == lease.job_id)
-        if conn.dialect.name == "postgresql":
-            q = q.with_for_update()      # serializes with the job's cancel/expire transition
-        if conn.execute(q).scalar() != JobStatus.RUNNING:
-            raise StaleAttemptError(f"job {lease.job_id} is no longer running; attempt {lease.attempt} "
-                                    f"of shard {lease.shard_id} is discarded")
-        ok = transition_shard(
-            conn, lease.shard_id, ShardStatus.COMMITTED, where=_live(lease),
-            detail={"attempt": lease.attempt, "rows": result.output_rows, "errors": result.error_rows},
-            attempt=lease.attempt, lease_owner=None, lease_expires_at=None, last_error=None,
-            output_uri=result.output_uri, output_sha256=result.output_sha256,
-            output_rows=result.output_rows, errors_uri=result.errors_uri,
-            errors_sha256=result.errors_sha256, error_rows=result.error_rows,
-            tokens_input=result.tokens_input, tokens_output=result.tokens_output,
-            tokens_real=result.tokens_real, tokens_padded=result.tokens_padded,
-            execute_seconds=result.execute_seconds)
-        if not ok:
-            raise StaleAttemptError(f"attempt {lease.attempt} of shard {lease.shard_id} lost its lease; "
-                                    "another attempt owns the shard")
-        count_failed(conn, lease.shard_id, lease.job_id, result.error_rows)
-        end_attempt(conn, lease.shard_id, lease.attempt, AttemptStatus.COMMITTED)
-        end_attempt(conn, lease.shard_id, None, AttemptStatus.SUPERSEDED,   # a twin lost the race
-                    error=f"attempt {lease.attempt} committed first")
-        if result.errors:
-            conn.execute(insert(record_errors),
-                         [bounded_error(dict(e, job_id=lease.job_id, shard_id=lease.shard_id)) for e in result.errors])
+        commit_in(conn, lease, result)
+
+
+def commit_in(conn: Connection, lease: Lease, result: ShardResult, **fields: Any) -> None:
+    """`commit_attempt` inside the caller's transaction; `fields` are more shard columns to set
+    (a split commit's shortened record count)."""
+    q = select(jobs.c.status).where(jobs.c.id == lease.job_id)
+    if conn.dialect.name == "postgresql":
+        q = q.with_for_update()      # serializes with the job's cancel/expire transition
+    if conn.execute(q).scalar() != JobStatus.RUNNING:
+        raise StaleAttemptError(f"job {lease.job_id} is no longer running; attempt {lease.attempt} "
+                                f"of shard {lease.shard_id} is discarded")
+    ok = transition_shard(
+        conn, lease.shard_id, ShardStatus.COMMITTED, where=_live(lease),
+        detail={"attempt": lease.attempt, "rows": result.output_rows, "errors": result.error_rows},
+        attempt=lease.attempt, lease_owner=None, lease_expires_at=None, last_error=None,
+        output_uri=result.output_uri, output_sha256=result.output_sha256,
+        output_rows=result.output_rows, errors_uri=result.errors_uri,
+        errors_sha256=result.errors_sha256, error_rows=result.error_rows,
+        tokens_input=result.tokens_input, tokens_output=result.tokens_output,
+        tokens_real=result.tokens_real, tokens_padded=result.tokens_padded,
+        execute_seconds=result.execute_seconds, **fields)
+    if not ok:
+        raise StaleAttemptError(f"attempt {lease.attempt} of shard {lease.shard_id} lost its lease; "
+                                "another attempt owns the shard")
+    count_failed(conn, lease.shard_id, lease.job_id, result.error_rows)
+    end_attempt(conn, lease.shard_id, lease.attempt, AttemptStatus.COMMITTED)
+    end_attempt(conn, lease.shard_id, None, AttemptStatus.SUPERSEDED,   # a twin lost the race
+                error=f"attempt {lease.attempt} committed first")
+    if result.errors:
+        conn.execute(insert(record_errors),
+                     [bounded_error(dict(e, job_id=lease.job_id, shard_id=lease.shard_id)) for e in result.errors])
 
 
 def _retry_budget_spent(conn: Connection, job_id: str) -> int | None:

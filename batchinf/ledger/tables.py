@@ -114,6 +114,7 @@ shards = Table(
     Column("execute_seconds", Float, nullable=True),
     Column("progress_records", Integer, nullable=False, default=0),  # records done by the running attempt
                                                                       # (its heartbeats; migration 0009)
+    Column("split_requested_at", Float, nullable=True),   # the lifecycle asked the running attempt to split
     Column("last_error", Text, nullable=True),
     Column("updated_at", Float, nullable=False),
     UniqueConstraint("job_id", "bucket", "ordinal", name="uq_shards_job_bucket_ordinal"),

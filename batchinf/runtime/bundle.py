@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from batchinf.digests import sha256_file
+from batchinf.digests import sha256_file, sha256_file_cached
 from batchinf.errors import BundleError
 from batchinf.runtime.families import DECODER_ARCHITECTURES, DECODER_TYPES, ENCODER_TYPES
 
@@ -322,7 +322,10 @@ def check_chat_template(runtime: Any, src: Path) -> None:
                                   f"conversation {i} ({e}); fix or remove chat_template") from e
 
 
-def verify_files(root: Path, meta: dict[str, Any], digest: str | None = None) -> None:
+def verify_files(root: Path, meta: dict[str, Any], digest: str | None = None, *,
+                 cache_dir: Path | None = None) -> None:
+    """Every file bundle.json pins is present and has its sha256 (remembered in `cache_dir` per
+    file identity, see `digests.sha256_file_cached`); no pickle file anywhere."""
     if digest is not None and digest_of(meta) != digest:
         raise BundleError(f"{root}/bundle.json does not match digest {digest}: the bundle was modified "
                           "after import; re-import it")
@@ -334,7 +337,7 @@ def verify_files(root: Path, meta: dict[str, Any], digest: str | None = None) ->
         path = file_path(root, name, f"{root}/bundle.json")
         if not path.is_file():
             raise BundleError(f"bundle file {path} is missing; re-import the bundle")
-        got = sha256_file(path)
+        got = sha256_file_cached(path, cache_dir)
         if got != want:
             raise BundleError(f"bundle file {path} was modified (sha256 {got[:12]}…, bundle.json says "
                               f"{want[:12]}…); restore it or re-import the bundle")

@@ -116,7 +116,8 @@ def start_fleet(tmp_path: Path, s3_bucket: str, mp: pytest.MonkeyPatch) -> Itera
         pg.stop()
 
 
-def job(tmp_path: Path, bucket: str, n: int = 600, max_records: int = 50) -> tuple[str, dict[str, str]]:
+def job(tmp_path: Path, bucket: str, n: int = 600, max_records: int = 50,
+        **shards_extra: int) -> tuple[str, dict[str, str]]:
     """Import the tiny BERT as `tiny@prod`, upload n good records (and the bad ones) to the bucket,
     submit an embed job over them; returns (job id, id -> text of the good records)."""
     import boto3
@@ -131,7 +132,7 @@ def job(tmp_path: Path, bucket: str, n: int = 600, max_records: int = 50) -> tup
     s3 = boto3.client("s3", endpoint_url=os.environ["BATCHINF_S3_ENDPOINT_URL"])
     s3.upload_file(str(tmp_path / "in.jsonl"), bucket.removeprefix("s3://"), "in/part-0.jsonl")
     job_id, _ = submit(parse_manifest(manifest(f"{bucket}/in/", f"{bucket}/out/",
-                                               shards={"max_records": max_records})))
+                                               shards={"max_records": max_records, **shards_extra})))
     return job_id, good
 
 

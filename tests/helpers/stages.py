@@ -13,15 +13,15 @@ from batchinf.plan import finish_plan, pin_job
 from batchinf.verify import publish
 
 
-def plan_job(job_id: str, processes: int = 1) -> None:
-    """submitted (or a crashed planning) -> running."""
+def plan_job(job_id: str, processes: int = 1, workers: int | None = None) -> None:
+    """submitted (or a crashed planning) -> running, its shards sized for `workers`."""
     if jobs.get(job_id).status == JobStatus.SUBMITTED:
         pin_job(jobs.get(job_id))
     job = jobs.get(job_id)
     if job.status != JobStatus.PLANNING:
         return
     plan_objects_here(job, [o.idx for o in jobs.inputs(job_id) if o.records is None], processes)
-    finish_plan(jobs.get(job_id))
+    finish_plan(jobs.get(job_id), workers)
 
 
 def publish_job(job_id: str) -> dict[str, Any]:

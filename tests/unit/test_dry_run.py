@@ -54,9 +54,10 @@ def test_plan_reports_what_an_ordinary_planning_of_the_manifest_cuts(tmp_path: P
     job = jobs.get(r["job_id"])
     assert r["status"] == job.status == JobStatus.PLANNED and r["planned"]
     assert all(s.status == "pending" for s in shards.of_job(job.id))        # nothing dispatched
-    # an ordinary planning of the same manifest (another idempotency key, output) cuts the same
+    # an ordinary planning of the same manifest (another idempotency key, output) for as many
+    # workers cuts the same
     other, _ = submit(parse_manifest({**raw, "idempotency_key": "other", "output": {"uri": str(tmp_path / "o2")}}))
-    plan_job(other)
+    plan_job(other, workers=2)
     assert jobs.get(other).status == JobStatus.RUNNING
     assert _cut(job.id) == _cut(other)
     assert r["shards"] == len(_cut(other))

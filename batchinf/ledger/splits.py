@@ -1,0 +1,89 @@
+"""Dynamic splitting: the lifecycle asks a running shard to split when a worker idles and nothing
+is left to dispatch; the attempt holding the shard commits the records it has done (a record
+boundary) and hands the rest to new pending shards, in one transaction fenced like every commit.
+
+A split request lives on the shard (`split_requested_at`) until that attempt ends; a new attempt
+starts without one. Only the holder's attempt splits (a speculative twin is superseded by the
+split commit), so the parent's committed records and its children's never overlap.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from batchinf.ledger import events
+from batchinf.ledger.db import tx
+from batchinf.ledger.events import now
+from batchinf.ledger.leases import commit_in
+from batchinf.ledger.models import Lease, ShardResult
+from batchinf.ledger.states import SHARD_WAITING, ShardStatus, values
+from batchinf.ledger.tables import shards
+
+SPLIT_COMMIT_TRIES = 3      # a concurrent split in the same bucket took the ordinal: try again
+
+
+def request_split(job_id: str, workers: int, min_work: int) -> list[str]:
+    """With `workers` in the fleet: when the job has nothing waiting to run and workers idle
+    (fewer running or queued shards, over every job, than workers, less the splits already
+    asked), ask that many of its running shards, those with the most remaining work (at least
+    `min_work`), to split. Returns the shards asked."""
+    running = ShardStatus.RUNNING.value
+    with tx() as conn:
+        if conn.execute(select(shards.c.id).where(shards.c.job_id == job_id,
+                                                  shards.c.status.in_(values(SHARD_WAITING)))).first():
+            return []
+        busy = conn.execute(select(func.count()).select_from(shards).where(
+            shards.c.status.in_([running, ShardStatus.QUEUED.value]))).scalar()
+        asked = conn.execute(select(func.count()).select_from(shards).where(
+            shards.c.status == running, shards.c.split_requested_at.is_not(None))).scalar()
+        idle = workers - busy - asked
+        if idle <= 0:
+            return []
+        rows = conn.execute(select(shards.c.id, shards.c.num_records, shards.c.num_tokens, shards.c.progress_records)
+                            .where(shards.c.job_id == job_id, shards.c.status == running, shards.c.bucket >= 0,
+                                   shards.c.split_requested_at.is_(None))).all()
+        left = sorted(((r.num_tokens * (r.num_records - min(r.progress_records, r.num_records)) / max(1, r.num_records),
+                        r.id) for r in rows), reverse=True)
+        chosen = [sid for work, sid in left if work >= min_work][:idle]
+        for sid in chosen:
+            if conn.execute(update(shards).where(shards.c.id == sid, shards.c.status == running,
+                                                 shards.c.split_requested_at.is_(None))
+                            .values(split_requested_at=now())).rowcount:
+                events.record(conn, job_id, "shard", running, running, shard_id=sid, detail={"split_requested": True})
+        return chosen
+
+
+def split_wanted(lease: Lease) -> bool:
+    """Whether the lifecycle asked this attempt (the one holding the shard) to split."""
+    with tx() as conn:
+        return conn.execute(select(shards.c.id).where(
+            shards.c.id == lease.shard_id, shards.c.attempt == lease.attempt,
+            shards.c.status == ShardStatus.RUNNING.value, shards.c.split_requested_at.is_not(None))).first() is not None
+
+
+def commit_split(lease: Lease, result: ShardResult, done_records: int, done_tokens: int,
+                 children: list[dict[str, Any]]) -> None:
+    """The split checkpoint, in one transaction: the shard commits the first `done_records` of its
+    records (`result`), fenced like `leases.commit_attempt` (StaleAttemptError when the attempt
+    may no longer commit), and `children` (id, num_records, num_tokens, input_uri: the rest of its
+    records, staged) become pending shards of its bucket with it as their parent."""
+    for attempt in range(SPLIT_COMMIT_TRIES):
+        try:
+            with tx() as conn:
+                commit_in(conn, lease, result, num_records=done_records, num_tokens=done_tokens)
+                bucket = conn.execute(select(shards.c.bucket).where(shards.c.id == lease.shard_id)).scalar()
+                top = conn.execute(select(func.max(shards.c.ordinal)).where(
+                    shards.c.job_id == lease.job_id, shards.c.bucket == bucket)).scalar() or 0
+                t = now()
+                conn.execute(insert(shards), [dict(c, job_id=lease.job_id, parent_id=lease.shard_id, bucket=bucket,
+                                                   ordinal=top + 1 + k, attempt=0, status=ShardStatus.PENDING.value,
+                                                   updated_at=t) for k, c in enumerate(children)])
+                events.record(conn, lease.job_id, "shard", ShardStatus.COMMITTED.value, None, shard_id=lease.shard_id,
+                              detail={"split_at": done_records, "split_into": [c["id"] for c in children]})
+                return
+        except IntegrityError:
+            if attempt + 1 == SPLIT_COMMIT_TRIES:
+                raise
