@@ -121,7 +121,7 @@ class ClassifyImage(Task):
                        image_height=img.size[1])
         return pa.Table.from_pylist(rows, schema=IMAGE_STAGE_SCHEMA)
 
-    def result_schema(self, meta: dict[str, Any]) -> pa.Schema:
+    def result_schema(self, meta: dict[str, Any], options: Any = None) -> pa.Schema:
         return CLASSIFY_IMAGE_SCHEMA
 
     def run(self, c: dict[str, list[Any]], runtime: Any, options: Any, check: Callable[[], None]) -> RunOutput:
