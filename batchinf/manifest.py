@@ -31,10 +31,17 @@ __all__ = ["DEVICES", "FORMATS", "TASKS", "EmbedOptions", "GenerateOptions", "In
 
 TASKS = tuple(TASK_REGISTRY)
 FORMATS = ("jsonl", "parquet", "openai-batch")
-LATER_INPUT_FIELDS = ("query_field", "document_field", "documents_field", "image_field")
-# task options added later: absent from content keys at their default, so older manifests keep their keys
-LATER_OPTIONS: dict[str, Any] = {"dimensions": None, "prompt_name": None, "prompt": None,
-                                 "response_format": None, "logprobs": False, "top_logprobs": 0}
+# Fields added after manifests were first keyed, by section (None: top level): left out of to_dict()
+# at their default, so the content key (the default idempotency key) of a manifest that does not
+# use them stays what it was.
+LATER_FIELDS: dict[str | None, dict[str, Any]] = {
+    None: {"max_error_fraction": None},
+    "input": {"query_field": None, "document_field": None, "documents_field": None, "image_field": None,
+              "include_hidden": False},
+    "shards": {"target_workers": None},
+    "options": {"dimensions": None, "prompt_name": None, "prompt": None,
+                "response_format": None, "logprobs": False, "top_logprobs": 0},
+}
 NOT_A_MAPPING = "a job manifest must be a mapping with name, task, bundle, input and output"
 
 
@@ -152,20 +159,12 @@ class JobManifest(_Part):
 
     def to_dict(self) -> dict[str, Any]:
         d = self.model_dump()
-        if d["max_error_fraction"] is None:     # unset: the same content key as before the option existed
-            del d["max_error_fraction"]
         d["output"] = {"uri": d.pop("output_uri")}
-        for key in LATER_INPUT_FIELDS:   # absent when unset: content keys of older manifests stay
-            if d["input"][key] is None:
-                del d["input"][key]
-        if not d["input"]["include_hidden"]:    # unset, it leaves content keys as they were
-            del d["input"]["include_hidden"]
-        if d["shards"]["target_workers"] is None:
-            del d["shards"]["target_workers"]
-        options = d.get("options") or {}
-        for key, default in LATER_OPTIONS.items():     # likewise for options added later, at their default
-            if key in options and options[key] == default:
-                del options[key]
+        for section, defaults in LATER_FIELDS.items():
+            part = d if section is None else (d.get(section) or {})
+            for key, default in defaults.items():
+                if key in part and part[key] == default:
+                    del part[key]
         return d
 
     def content_key(self) -> str:
