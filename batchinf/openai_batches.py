@@ -42,7 +42,8 @@ CHUNK = 1 << 20
 
 # batchinf job status -> OpenAI batch status
 BATCH_STATUS = {
-    JobStatus.SUBMITTED: "validating", JobStatus.PLANNING: "validating", JobStatus.PLANNED: "validating", JobStatus.RUNNING: "in_progress",
+    JobStatus.SUBMITTED: "validating", JobStatus.PLANNING: "validating", JobStatus.PLANNED: "validating",
+    JobStatus.RUNNING: "in_progress",
     JobStatus.VERIFYING: "finalizing", JobStatus.SUCCEEDED: "completed", JobStatus.FAILED: "failed",
     JobStatus.EXPIRED: "expired", JobStatus.CANCELLING: "cancelling", JobStatus.CANCELLED: "cancelled",
 }

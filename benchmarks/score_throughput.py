@@ -133,7 +133,8 @@ def main() -> None:
     median = {k: float(np.median(v)) for k, v in times.items()}
 
     def side(name: str, pad: int) -> dict[str, object]:
-        return {"seconds_median": round(median[name], 2), "seconds_min": round(min(times[name]), 2), "seconds": [round(t, 2) for t in times[name]],
+        return {"seconds_median": round(median[name], 2), "seconds_min": round(min(times[name]), 2),
+                "seconds": [round(t, 2) for t in times[name]],
                 "pairs_per_s": round(len(pairs) / median[name], 1), "padding_efficiency": round(real / pad, 3)}
 
     print(json.dumps({

@@ -8,7 +8,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +16,7 @@ import httpx
 import pytest
 
 from tests.helpers.env import reset_process_state, subprocess_env, use_database, use_home
-from tests.helpers.services import free_port, fresh_postgres_db, stop_process, unavailable
+from tests.helpers.services import fresh_postgres_db, launch_serve, stop_process
 
 TENANTS = ("acme", "globex", "pager")
 PRICE_PER_WORKER_HOUR = "1.5"
@@ -73,24 +72,9 @@ def start_service(root: Path) -> Iterator[Service]:
     tokens = {t: json.loads(cli("token", "create", "--tenant", t, "--json").stdout)["token"] for t in TENANTS}
     for t in TENANTS:     # the API confines every job to its tenant's grants
         cli("tenant", "grant", t, "--read", str(root / "in"), "--write", str(root / "out"))
-    port = free_port()
     log = root / "serve.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "batchinf.cli", "serve", "--port", str(port),
-                                 "--log-level", "warning"], env=subprocess_env(), stdout=out,
-                                stderr=subprocess.STDOUT)
-    svc = Service(f"http://127.0.0.1:{port}", root, tokens, "metrics-secret", digest, log, proc.pid)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(svc.url + "/healthz", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            unavailable(f"batchinf serve did not start: {log.read_text()[-3000:]}")
-        time.sleep(0.2)
+    proc, url = launch_serve(log, subprocess_env())
+    svc = Service(url, root, tokens, "metrics-secret", digest, log, proc.pid)
     try:
         yield svc
     finally:

@@ -15,13 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.helpers.env import reset_process_state as _reset_process_state
-from tests.helpers.services import free_port as _free_port
+from tests.helpers.services import launch_serve
 from tests.helpers.services import stop_process
-from tests.helpers.services import unavailable as _unavailable
 
 
 @dataclass
@@ -63,23 +61,9 @@ def start(root: Path, serve_args: list[str], procs: list[subprocess.Popen]) -> S
     are imported; returns when /healthz answers."""
     tokens = {t: json.loads(_cli("token", "create", "--tenant", t, "--json"))["token"] for t in ("acme", "globex")}
     _reset_process_state()
-    port = _free_port()
     log = root / "serve.log"
-    with open(log, "wb") as out:
-        procs.append(subprocess.Popen([sys.executable, "-m", "batchinf.cli", "serve", "--port", str(port),
-                                       "--log-level", "warning", *serve_args], env=dict(os.environ),
-                                      stdout=out, stderr=subprocess.STDOUT))
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if procs[-1].poll() is not None or time.monotonic() > deadline:
-            _unavailable(f"batchinf serve did not start: {log.read_text()[-3000:]}")
-        time.sleep(0.2)
+    proc, url = launch_serve(log, dict(os.environ), *serve_args)
+    procs.append(proc)
     return Server(url, tokens, log, dict(os.environ))
 
 

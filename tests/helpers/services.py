@@ -68,6 +68,29 @@ def stop_process(proc: subprocess.Popen, timeout: float = 10) -> None:
         proc.wait()
 
 
+def launch_serve(log: Path, env: dict[str, str], *args: str) -> tuple[subprocess.Popen, str]:
+    """`batchinf serve` on a free port (output to `log`), once /healthz answers: (process, url).
+    A server that exits or stays silent for 60 s is `unavailable`, with its log's tail."""
+    import httpx
+
+    port = free_port()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "batchinf.cli", "serve", "--port", str(port),
+                                 "--log-level", "warning", *args], env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            unavailable(f"batchinf serve did not start: {log.read_text()[-3000:]}")
+        time.sleep(0.2)
+
+
 # --- S3 (moto) -----------------------------------------------------------------------------------
 
 

@@ -8,7 +8,6 @@ imported weights equal what transformers' own GGUF loader reads from the same fi
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 

@@ -20,7 +20,8 @@ from batchinf.cli import main
 ROOT = Path(__file__).resolve().parents[2]
 
 TREE: dict[str, set[str]] = {
-    "": {"run", "submit", "plan", "start", "retry", "status", "cancel", "jobs", "verify", "bundle", "db", "serve", "token", "schedule",
+    "": {"run", "submit", "plan", "start", "retry", "status", "cancel", "jobs", "verify", "bundle", "db", "serve",
+         "token", "schedule",
          "scheduler", "worker", "controller", "tenant", "info", "files", "batches"},
     "files": {"upload", "list", "show", "download", "delete"},
     "batches": {"create", "list", "show", "cancel"},
