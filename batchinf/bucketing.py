@@ -10,8 +10,8 @@ token lengths, one id range and one shard, not on the number of records.
 - Shards: each bucket's (length, object) groups, in (length, object) order, are cut by count
   arithmetic exactly as `plan.cut` cuts records, or, sized by work for a worker count, into
   runs of equal work as `sizing.cut_balanced` cuts records (`sizing.cut_groups_balanced`); a
-  shard is a list of slices (object, length, count). Its file is written by one forward cursor per object over the object's staged rows,
-  which are sorted by (length, ordinal): a shard's rows are read, no others.
+  shard is a list of slices (object, length, count). Its file is written by one forward cursor
+  per object over the object's staged rows, which are sorted by (length, ordinal): a shard's rows are read, no others.
 """
 
 from __future__ import annotations
