@@ -20,7 +20,7 @@ from batchinf.ledger import attempts as attempt_repo
 from batchinf.ledger import jobs as job_repo
 from batchinf.ledger import leases
 from batchinf.ledger import shards as shard_repo
-from batchinf.ledger import splits
+from batchinf.ledger import splits, tallies
 from batchinf.ledger.events import now
 from batchinf.ledger.models import Demand, InputObject, Job
 from batchinf.ledger.states import JOB_TERMINAL, JobStatus
@@ -139,6 +139,7 @@ def step(job_id: str, dispatcher: Dispatcher, slots: int | None = None) -> bool:
     """Advance one job by one step; False when the step failed (it is charged to the job). A step
     that moves the job logs the transition (`job_id`, `from_status`, `to_status`)."""
     with logs.context(job_id=job_id):
+        tallies.compact(job_id)
         job = job_repo.get(job_id)
         before = job.status
         if job_repo.cancel_if_past_deadline(job):

@@ -160,21 +160,30 @@ def _seed_job(url: str, n_shards: int) -> str:
 
 
 def _sim_worker(url: str, job_id: str, seconds: float, out: mp.Queue) -> None:
+    """Lease, heartbeat and commit shards for `seconds`; puts (commits, transient ledger errors)
+    whatever happens, so the driver never waits on a worker that died."""
     os.environ["BATCHINF_DATABASE_URL"] = url
-    from batchinf.ledger import leases
-    from batchinf.ledger.models import ShardResult
+    commits = errors = 0
+    try:
+        from batchinf.errors import StaleAttemptError, TransientError
+        from batchinf.ledger import leases
+        from batchinf.ledger.models import ShardResult
 
-    me, commits, end = f"sim:{os.getpid()}", 0, time.monotonic() + seconds
-    result = ShardResult("file:///o", "0" * 64, 100, "", "", 0, 4000, 0, 4000, 4100, 0.1, [])
-    while time.monotonic() < end:
-        lease = leases.claim_next([job_id], me, 60.0)
-        if lease is None:
-            time.sleep(0.01)
-            continue
-        leases.heartbeat(lease, 60.0, 50)
-        leases.commit_attempt(lease, result)
-        commits += 1
-    out.put(commits)
+        me, end = f"sim:{os.getpid()}", time.monotonic() + seconds
+        result = ShardResult("file:///o", "0" * 64, 100, "", "", 0, 4000, 0, 4000, 4100, 0.1, [])
+        while time.monotonic() < end:
+            try:      # a real worker retries a ledger fault on its next pass; so does this one
+                lease = leases.claim_next([job_id], me, 60.0)
+                if lease is None:
+                    time.sleep(0.01)
+                    continue
+                leases.heartbeat(lease, 60.0, 50)
+                leases.commit_attempt(lease, result)
+                commits += 1
+            except (TransientError, StaleAttemptError):
+                errors += 1
+    finally:
+        out.put((commits, errors))
 
 
 def _timed(fn, repeat: int = 5) -> float:
@@ -220,11 +229,12 @@ def ledger_bench(url: str, n_shards: int, workers: int, seconds: float) -> dict:
         if len(ticks) % 5 == 0:
             statuses.append(_timed(lambda: status(job_id), 1))
             pages.append(_timed(lambda: page_shards(job_id, limit=100), 1))
-    commits = sum(q.get() for _ in procs)
+    done = [q.get(timeout=seconds + 120) for _ in procs]
+    commits, errors = sum(c for c, _ in done), sum(e for _, e in done)
     for p in procs:
-        p.join()
+        p.join(timeout=60)
     return {"shards": n_shards, "workers": workers, "seconds": seconds, "seed_seconds": seed_seconds,
-            "commits": commits, "commits_per_s": commits / seconds, "idle": idle,
+            "commits": commits, "commits_per_s": commits / seconds, "ledger_errors": errors, "idle": idle,
             "under_load": {"tick_ms_p50": statistics.median(ticks), "tick_ms_max": max(ticks),
                            "status_ms_p50": statistics.median(statuses) if statuses else None,
                            "shards_page_ms_p50": statistics.median(pages) if pages else None},

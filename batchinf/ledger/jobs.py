@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from sqlalchemy import Connection, insert, select, update
+from sqlalchemy import Connection, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 
 from batchinf.errors import LedgerError
@@ -186,6 +186,9 @@ def object_planned(job_id: str, idx: int, records: int) -> None:
                      .values(records=records))
 
 
+ANALYZE_AFTER_SHARDS = 10_000
+
+
 def start_running(job_id: str, shard_rows: list[dict[str, Any]], plan: str, records_total: int,
                   plan_seconds: float, *, hold: bool = False) -> bool:
     """planning -> running (a held job: -> planned) with the planned shards, in one transaction;
@@ -195,10 +198,15 @@ def start_running(job_id: str, shard_rows: list[dict[str, Any]], plan: str, reco
             return False
         if shard_rows:
             conn.execute(insert(shards), shard_rows)
-        return transition(conn, job_id, JobStatus.PLANNED if hold else JobStatus.RUNNING,
-                          detail={"shards": len(shard_rows)}, plan=plan, records_total=records_total,
-                          plan_seconds=plan_seconds,
-                          error_records=sum(r["num_records"] for r in shard_rows if r["bucket"] < 0))
+        moved = transition(conn, job_id, JobStatus.PLANNED if hold else JobStatus.RUNNING,
+                           detail={"shards": len(shard_rows)}, plan=plan, records_total=records_total,
+                           plan_seconds=plan_seconds,
+                           error_records=sum(r["num_records"] for r in shard_rows if r["bucket"] < 0))
+    if moved and len(shard_rows) >= ANALYZE_AFTER_SHARDS:
+        with tx() as conn:
+            if conn.dialect.name == "postgresql":    # plan the job's queries on its real size at once,
+                conn.execute(text("ANALYZE shards"))  # not after autovacuum gets to it
+    return moved
 
 
 def release(job_id: str) -> bool:

@@ -23,7 +23,7 @@ from batchinf.ledger.attempts import end_attempt
 from batchinf.ledger.db import tx
 from batchinf.ledger.events import now
 from batchinf.ledger.models import Lease, ShardResult, bounded_error
-from batchinf.ledger.shards import count_failed, transition as transition_shard
+from batchinf.ledger.shards import transition as transition_shard
 from batchinf.ledger.states import AttemptStatus, JobStatus, ShardStatus, values
 from batchinf.ledger.tables import attempts, jobs, record_errors, shards
 from batchinf.retry import compute_backoff
@@ -66,12 +66,22 @@ def _queued_of_running_jobs() -> Any:
 
 
 def claim_next(job_ids: Iterable[str] | None, worker: str, lease_seconds: float) -> Lease | None:
-    """Lease the next queued shard (of the given jobs, or any running job), highest priority first."""
-    q = (_queued_of_running_jobs()
-         .order_by(jobs.c.priority.desc(), jobs.c.created_at, shards.c.bucket.desc(), shards.c.ordinal).limit(1))
+    """Lease the next queued shard (of the given jobs, or any running job), highest priority job
+    first, then in the job's dispatch order: one probe of the dispatch-order index per running
+    job, not a sort of every queued shard."""
+    order = select(jobs.c.id).where(jobs.c.status == JobStatus.RUNNING.value) \
+        .order_by(jobs.c.priority.desc(), jobs.c.created_at, jobs.c.id)
     if job_ids is not None:
-        q = q.where(shards.c.job_id.in_(list(job_ids)))
-    return _claim(q, worker, lease_seconds)
+        order = order.where(jobs.c.id.in_(list(job_ids)))
+    with tx() as conn:
+        for job_id in conn.execute(order).scalars().all():
+            q = (select(shards.c.id).where(shards.c.job_id == job_id, shards.c.status == ShardStatus.QUEUED.value)
+                 .order_by(shards.c.bucket.desc(), shards.c.ordinal).limit(1))
+            if conn.dialect.name == "postgresql":
+                q = q.with_for_update(skip_locked=True)
+            if (shard_id := conn.execute(q).scalar()) is not None:
+                return _take(conn, shard_id, job_id, worker, lease_seconds)
+    return None
 
 
 def claim_shard(shard_id: str, worker: str, lease_seconds: float) -> Lease | None:
@@ -146,7 +156,9 @@ def commit_in(conn: Connection, lease: Lease, result: ShardResult, **fields: Any
     (a split commit's shortened record count)."""
     q = select(jobs.c.status).where(jobs.c.id == lease.job_id)
     if conn.dialect.name == "postgresql":
-        q = q.with_for_update()      # serializes with the job's cancel/expire transition
+        # serializes with the job's cancel/expire transition (an UPDATE of the row) while commits
+        # run side by side: a commit writes nothing to the job's row (its totals are tallies)
+        q = q.with_for_update(read=True)
     if conn.execute(q).scalar() != JobStatus.RUNNING:
         raise StaleAttemptError(f"job {lease.job_id} is no longer running; attempt {lease.attempt} "
                                 f"of shard {lease.shard_id} is discarded")
@@ -163,7 +175,6 @@ def commit_in(conn: Connection, lease: Lease, result: ShardResult, **fields: Any
     if not ok:
         raise StaleAttemptError(f"attempt {lease.attempt} of shard {lease.shard_id} lost its lease; "
                                 "another attempt owns the shard")
-    count_failed(conn, lease.shard_id, lease.job_id, result.error_rows)
     end_attempt(conn, lease.shard_id, lease.attempt, AttemptStatus.COMMITTED)
     end_attempt(conn, lease.shard_id, None, AttemptStatus.SUPERSEDED,   # a twin lost the race
                 error=f"attempt {lease.attempt} committed first")

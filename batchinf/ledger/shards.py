@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import Connection, and_, func, insert, select, update
 
 from batchinf.errors import LedgerError
-from batchinf.ledger import events
+from batchinf.ledger import events, tallies
 from batchinf.ledger.db import tx
 from batchinf.ledger.events import now
 from batchinf.ledger.jobs import transition as transition_job
@@ -202,7 +202,7 @@ def next_ordinal(job_id: str, bucket: int) -> int:
 def split(parent: Shard, children: list[dict[str, Any]]) -> bool:
     """Add the child shards of a quarantined shard, once (False when they exist already)."""
     with tx() as conn:
-        if conn.execute(select(shards.c.id).where(shards.c.parent_id == parent.id)).first() is not None:
+        if conn.execute(select(shards.c.id).where(shards.c.parent_id == parent.id).limit(1)).first() is not None:
             return False
         conn.execute(insert(shards), [dict(c, job_id=parent.job_id, parent_id=parent.id, attempt=0,
                                            status=ShardStatus.PENDING.value, updated_at=now()) for c in children])
@@ -218,7 +218,6 @@ def record_poison(shard: Shard, row: dict[str, Any], errors_uri: str, errors_sha
                             .values(errors_uri=errors_uri, errors_sha256=errors_sha256, error_rows=1,
                                     output_rows=0, updated_at=now())).rowcount
         if done:
-            count_failed(conn, shard.id, shard.job_id, 1)
             conn.execute(insert(record_errors).values(**bounded_error(dict(row, job_id=shard.job_id, shard_id=shard.id))))
             events.record(conn, shard.job_id, "shard", shard.status, shard.status, shard_id=shard.id,
                           detail={"poison": row["record_id"]})
@@ -230,7 +229,7 @@ def verify_when_done(job_id: str) -> bool:
     with tx() as conn:
         if _any_open(conn, job_id):
             return False
-        if conn.execute(_unresolved_quarantined(job_id)).first() is not None:
+        if conn.execute(_unresolved_quarantined(job_id).limit(1)).first() is not None:
             return False
         return transition_job(conn, job_id, JobStatus.VERIFYING)
 
@@ -244,16 +243,9 @@ def lease_owners(job_id: str) -> list[str]:
 
 def failed_records(job_id: str) -> int:
     """Records of the job known to have failed: every record of its validation-error shards
-    (bucket < 0, plan.ERROR_BUCKET: counted at planning) plus the error rows of the others as
-    they commit or become poison rows -- a counter kept by those writes (`count_failed`), so the
-    running tick reads one row, not every shard."""
+    (bucket < 0, plan.ERROR_BUCKET: counted at planning, `jobs.error_records`) plus the error
+    rows of the others as they commit or become poison rows (the job's tallies), so the running
+    tick reads a few rows, not every shard."""
     with tx() as conn:
-        return int(conn.execute(select(jobs.c.error_records).where(jobs.c.id == job_id)).scalar() or 0)
-
-
-def count_failed(conn: Connection, shard_id: str, job_id: str, n: int) -> None:
-    """Add a computed shard's new error rows to its job's failed records (an error-bucket
-    shard's records were counted at planning)."""
-    if n:
-        computed = select(shards.c.id).where(shards.c.id == shard_id, shards.c.bucket >= 0).exists()
-        conn.execute(update(jobs).where(jobs.c.id == job_id, computed).values(error_records=jobs.c.error_records + n))
+        planned = int(conn.execute(select(jobs.c.error_records).where(jobs.c.id == job_id)).scalar() or 0)
+        return planned + tallies.read(conn, [job_id])[job_id].computed_errors

@@ -33,7 +33,7 @@ def request_split(job_id: str, workers: int, min_work: int) -> list[str]:
     running = ShardStatus.RUNNING.value
     with tx() as conn:
         if conn.execute(select(shards.c.id).where(shards.c.job_id == job_id,
-                                                  shards.c.status.in_(values(SHARD_WAITING)))).first():
+                                                  shards.c.status.in_(values(SHARD_WAITING))).limit(1)).first():
             return []
         busy = conn.execute(select(func.count()).select_from(shards).where(
             shards.c.status.in_([running, ShardStatus.QUEUED.value]))).scalar()

@@ -8,15 +8,16 @@ import base64
 import json
 import math
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
-from sqlalchemy import func, select
+from sqlalchemy import Connection, func, select
 
 from batchinf.config import settings
 from batchinf.errors import BatchinfError
 from batchinf.ledger.db import tx
 from batchinf.ledger.events import now
 from batchinf.checks import clip
+from batchinf.ledger import tallies
 from batchinf.ledger.jobs import row as job_row
 from batchinf.ledger.models import ERROR_ID_CHARS, ERROR_MESSAGE_CHARS
 from batchinf.ledger.states import (ATTEMPT_LOSERS, JOB_ACTIVE, JOB_TERMINAL, SHARD_DONE, SHARD_WAITING, AttemptStatus,
@@ -37,48 +38,35 @@ def statuses(rows: list[Any]) -> list[dict[str, Any]]:
     if not rows:
         return []
     ids = [r.id for r in rows]
-    committed = shards.c.status == ShardStatus.COMMITTED.value
-    # a running attempt counts up to its last heartbeat
-    span = func.coalesce(attempts.c.finished_at, attempts.c.heartbeat_at, attempts.c.started_at) - attempts.c.started_at
-    counts: dict[str, dict[str, int]] = {i: {} for i in ids}
-    by_code: dict[str, dict[str, int]] = {i: {} for i in ids}
     with tx() as conn:
-        for job_id, shard_status, n in conn.execute(
-                select(shards.c.job_id, shards.c.status, func.count()).where(shards.c.job_id.in_(ids))
-                .group_by(shards.c.job_id, shards.c.status)).all():
-            counts[job_id][shard_status] = n
-        sums = {r[0]: r[1:] for r in conn.execute(
-            select(shards.c.job_id, *(func.coalesce(func.sum(c), 0) for c in (
-                shards.c.output_rows, shards.c.error_rows, shards.c.num_records, shards.c.tokens_input,
-                shards.c.tokens_real, shards.c.tokens_padded)))
-            .where(shards.c.job_id.in_(ids), committed).group_by(shards.c.job_id)).all()}
+        totals = tallies.read(conn, ids)
         running = dict(conn.execute(   # records finished inside running shards (their heartbeats)
             select(shards.c.job_id, func.coalesce(func.sum(shards.c.progress_records), 0))
             .where(shards.c.job_id.in_(ids), shards.c.status == ShardStatus.RUNNING.value)
             .group_by(shards.c.job_id)).all())
-        seconds = dict(conn.execute(
-            select(shards.c.job_id, func.coalesce(func.sum(span), 0.0)).select_from(attempts)
-            .join(shards, shards.c.id == attempts.c.shard_id).where(shards.c.job_id.in_(ids))
-            .group_by(shards.c.job_id)).all())
-        for job_id, code, n in conn.execute(
-                select(record_errors.c.job_id, record_errors.c.error, func.count())
-                .where(record_errors.c.job_id.in_(ids)).group_by(record_errors.c.job_id, record_errors.c.error)).all():
-            by_code[job_id][code] = n
+        live = dict(conn.execute(      # attempts still running count up to their last heartbeat
+            select(shards.c.job_id, func.coalesce(func.sum(
+                func.coalesce(attempts.c.heartbeat_at, attempts.c.started_at) - attempts.c.started_at), 0.0))
+            .select_from(attempts).join(shards, shards.c.id == attempts.c.shard_id)
+            .where(attempts.c.finished_at.is_(None), shards.c.job_id.in_(ids)).group_by(shards.c.job_id)).all())
         retries: dict[str, list[str]] = {i: [] for i in ids}
         for rid, of in conn.execute(select(jobs.c.id, jobs.c.retry_of).where(jobs.c.retry_of.in_(ids))
                                     .order_by(jobs.c.created_at, jobs.c.id)).all():
             retries[of].append(rid)
-    return [{**_status(r, counts[r.id], sums.get(r.id, (0,) * 6), seconds.get(r.id, 0.0), by_code[r.id],
+    return [{**_status(r, totals[r.id], totals[r.id].worker_seconds + float(live.get(r.id, 0.0)),
                        int(running.get(r.id, 0))),
              "retry_of": r.retry_of, "retries": retries[r.id]} for r in rows]
 
 
-def _status(row: Any, counts: dict[str, int], agg: tuple[Any, ...], worker_seconds: float,
-            by_code: dict[str, int], in_running: int = 0) -> dict[str, Any]:
+def _status(row: Any, totals: tallies.JobTallies, worker_seconds: float, in_running: int = 0) -> dict[str, Any]:
     """`counts.records_done` is the committed shards' records plus those the running shards'
     heartbeats report done (a generate shard shows progress before it commits)."""
-    ok, failed, done, tok_in, tok_real, tok_padded = (int(v) for v in agg)
-    done += in_running
+    done_sums = totals.shard_sums(ShardStatus.COMMITTED.value)
+    ok, failed, tok_in, tok_real, tok_padded = (done_sums.output_rows, done_sums.error_rows, done_sums.tokens_input,
+                                                done_sums.tokens_real, done_sums.tokens_padded)
+    done = done_sums.records + in_running
+    counts = {st: t.n for st, t in totals.shards.items() if t.n}
+    by_code = totals.errors_by_code
     total = sum(counts.values())
     t = now()
     elapsed = ((row.finished_at or t) - row.started_at) if row.started_at else None
@@ -246,10 +234,6 @@ def metrics_snapshot(window_seconds: float) -> dict[str, Any]:
     attempts whose error is a lost lease); attempts running now; retries; quarantined shards; error
     rows by code; schedule runs."""
     s, ev = shards.c, job_events.c
-    sums = (func.count(), func.coalesce(func.sum(s.num_records), 0), func.coalesce(func.sum(s.output_rows), 0),
-            func.coalesce(func.sum(s.error_rows), 0), func.coalesce(func.sum(s.tokens_input), 0),
-            func.coalesce(func.sum(s.tokens_real), 0), func.coalesce(func.sum(s.tokens_padded), 0),
-            func.coalesce(func.sum(s.execute_seconds), 0.0))
     recent = (jobs.c.status.in_(values(JOB_ACTIVE))
               | (func.coalesce(jobs.c.finished_at, jobs.c.updated_at) >= time.time() - window_seconds))
     losers = values(ATTEMPT_LOSERS)
@@ -266,11 +250,8 @@ def metrics_snapshot(window_seconds: float) -> dict[str, Any]:
             "by_status": conn.execute(select(jobs.c.tenant, jobs.c.status, func.count())
                                       .group_by(jobs.c.tenant, jobs.c.status)).all(),
             "jobs": job_rows,
-            "per_job": conn.execute(select(s.job_id, s.status, *sums, func.coalesce(func.sum(s.progress_records), 0))
-                                    .where(s.job_id.in_(ids)).group_by(s.job_id, s.status)).all() if ids else [],
-            "per_bundle": conn.execute(select(jobs.c.bundle_digest, *sums).join(jobs, jobs.c.id == s.job_id)
-                                       .where(s.status == ShardStatus.COMMITTED.value)
-                                       .group_by(jobs.c.bundle_digest)).all(),
+            "per_job": _per_job(conn, ids),
+            "per_bundle": _per_bundle(conn),
             "bundles": conn.execute(select(bundles.c.digest, bundles.c.name, bundles.c.task)).all(),
             "attempt_outcomes": sorted((o, outcomes.get(o, 0)) for o in [*losers, AttemptStatus.COMMITTED.value]),
             "leases_expired": conn.execute(select(func.count()).where(
@@ -286,6 +267,45 @@ def metrics_snapshot(window_seconds: float) -> dict[str, Any]:
             "schedule_runs": conn.execute(select(schedule_runs.c.schedule, func.count())
                                           .group_by(schedule_runs.c.schedule)).all(),
         }
+
+
+class ShardSums(NamedTuple):
+    """A job's shards in one status, summed (a row of `metrics_snapshot`'s per_job)."""
+    job_id: str
+    status: str
+    n: int
+    records: int
+    output_rows: int
+    error_rows: int
+    tokens_input: int
+    tokens_real: int
+    tokens_padded: int
+    execute_seconds: float
+    progress_records: int
+
+
+def _per_job(conn: Connection, ids: list[str]) -> list[ShardSums]:
+    progress = dict(conn.execute(
+        select(shards.c.job_id, func.coalesce(func.sum(shards.c.progress_records), 0))
+        .where(shards.c.job_id.in_(ids), shards.c.status == ShardStatus.RUNNING.value)
+        .group_by(shards.c.job_id)).all()) if ids else {}
+    return [ShardSums(job_id, st, t.n, t.records, t.output_rows, t.error_rows, t.tokens_input, t.tokens_real,
+                      t.tokens_padded, t.execute_seconds,
+                      int(progress.get(job_id, 0)) if st == ShardStatus.RUNNING.value else 0)
+            for job_id, totals in tallies.read(conn, ids).items() for st, t in totals.shards.items() if t.n]
+
+
+def _per_bundle(conn: Connection) -> list[tuple[Any, ...]]:
+    """(digest, shards, records, output rows, error rows, input/real/padded tokens, execute
+    seconds) of every bundle's committed shards, from the jobs' tallies."""
+    by_job = tallies.committed_by_job(conn)
+    digests = dict(conn.execute(select(jobs.c.id, jobs.c.bundle_digest).where(jobs.c.id.in_(list(by_job)))).all()) \
+        if by_job else {}
+    out: dict[str, tallies.Tally] = {}
+    for job_id, t in by_job.items():
+        out.setdefault(digests[job_id], tallies.Tally()).add(t)
+    return [(d, t.n, t.records, t.output_rows, t.error_rows, t.tokens_input, t.tokens_real, t.tokens_padded,
+             t.execute_seconds) for d, t in sorted(out.items())]
 
 
 def bundle_throughput(digest: str) -> tuple[float, int] | None:

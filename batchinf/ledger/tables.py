@@ -121,6 +121,8 @@ shards = Table(
     Index("ix_shards_job_status", "job_id", "status"),
 )
 
+Index("ix_shards_parent", shards.c.parent_id)      # a quarantined or split shard's children
+
 # dispatch order within a job's pending (or retrying) shards: a ranged index scan, no sort
 Index("ix_shards_dispatch_order", shards.c.job_id, shards.c.status, shards.c.bucket.desc(), shards.c.ordinal)
 
@@ -136,6 +138,10 @@ attempts = Table(
     Column("error", Text, nullable=True),
 )
 
+# the attempts still running: a job's live worker seconds without a scan of its finished ones
+Index("ix_attempts_open", attempts.c.shard_id, postgresql_where=attempts.c.finished_at.is_(None),
+      sqlite_where=attempts.c.finished_at.is_(None))
+
 record_errors = Table(
     "record_errors", metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
@@ -148,6 +154,36 @@ record_errors = Table(
     Column("message", Text, nullable=False),
     Column("attempts", Integer, nullable=False),
     Index("ix_record_errors_job", "job_id", "id"),
+)
+
+# Running totals per job (migration 0014's triggers keep them; `ledger/tallies.py` reads them), so
+# status and the tick cost what changed, not the job's size. key: "s:<status>" computed shards,
+# "v:<status>" validation-error shards (bucket < 0), "e:<code>" record errors, "w" finished attempts.
+TALLY_SUMS = ("n", "records", "output_rows", "error_rows", "tokens_input", "tokens_real", "tokens_padded",
+              "execute_seconds", "worker_seconds")
+
+
+def _tally_columns() -> list[Column]:
+    return [Column(name, Float if name.endswith("seconds") else BigInteger, nullable=False,
+                   server_default="0") for name in TALLY_SUMS]
+
+
+job_tallies = Table(
+    "job_tallies", metadata,
+    Column("job_id", String(40), primary_key=True),
+    Column("key", String(80), primary_key=True),
+    *_tally_columns(),
+)
+
+# PostgreSQL's triggers append here (inserts never wait on each other); the running tick folds
+# them into job_tallies (`tallies.compact`). SQLite's triggers write job_tallies directly.
+job_tally_deltas = Table(
+    "job_tally_deltas", metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("job_id", String(40), nullable=False),
+    Column("key", String(80), nullable=False),
+    *_tally_columns(),
+    Index("ix_job_tally_deltas_job", "job_id"),
 )
 
 retry_records = Table(

@@ -334,4 +334,97 @@ def test_tokens_are_stored_hashed_and_revocable(ledger: str) -> None:
         tenants.create_token("bad tenant!")
 
 
+
+
+# --- tallies: the totals status, the error budget and metrics read ---------------------------------
+
+
+def _recount(job_id: str) -> dict:
+    """The job's totals computed the slow way, from every row."""
+    from batchinf.ledger.tables import record_errors
+
+    with tx() as conn:
+        by_status = dict(conn.execute(select(shards.c.status, func.count()).where(shards.c.job_id == job_id)
+                                      .group_by(shards.c.status)).all())
+        committed = conn.execute(select(*(func.coalesce(func.sum(c), 0) for c in (
+            shards.c.num_records, shards.c.output_rows, shards.c.error_rows, shards.c.tokens_input,
+            shards.c.tokens_real, shards.c.tokens_padded))).where(
+            shards.c.job_id == job_id, shards.c.status == "committed")).one()
+        computed_errors = conn.execute(select(func.coalesce(func.sum(shards.c.error_rows), 0)).where(
+            shards.c.job_id == job_id, shards.c.bucket >= 0)).scalar()
+        codes = dict(conn.execute(select(record_errors.c.error, func.count()).where(record_errors.c.job_id == job_id)
+                                  .group_by(record_errors.c.error)).all())
+        seconds = conn.execute(select(func.coalesce(func.sum(attempts.c.finished_at - attempts.c.started_at), 0.0))
+                               .join(shards, shards.c.id == attempts.c.shard_id)
+                               .where(shards.c.job_id == job_id, attempts.c.finished_at.is_not(None))).scalar()
+    return {"shards": by_status, "committed": tuple(int(v) for v in committed), "computed_errors": int(computed_errors),
+            "codes": codes, "seconds": round(float(seconds), 6)}
+
+
+def _tallied(job_id: str) -> dict:
+    from batchinf.ledger import tallies
+
+    t = tallies.of_job(job_id)
+    c = t.shard_sums("committed")
+    return {"shards": {st: x.n for st, x in t.shards.items() if x.n},
+            "committed": (c.records, c.output_rows, c.error_rows, c.tokens_input, c.tokens_real, c.tokens_padded),
+            "computed_errors": t.computed_errors, "codes": t.errors_by_code, "seconds": round(t.worker_seconds, 6)}
+
+
+def test_tallies_equal_a_recount_through_every_kind_of_transition(ledger: str) -> None:
+    """Claims, commits with error rows, failures, lost leases, a speculative twin, a split, a
+    poison record, a shard moved to the error bucket and a cancel: after each, the triggers'
+    totals (before and after the tick folds them) equal a count over every row."""
+    from dataclasses import replace
+
+    from batchinf.ledger import splits, tallies
+
+    job_id = _job(n_shards=6)
+    other = _job(n_shards=2, job_id="job-2")      # another job's rows never leak into this one's
+
+    def check() -> None:
+        assert _tallied(job_id) == _recount(job_id)
+        tallies.compact(job_id)
+        assert _tallied(job_id) == _recount(job_id)
+        assert _tallied(other) == _recount(other)
+
+    check()
+    shard_repo.dispatch_ready(job_id)
+    shard_repo.dispatch_ready(other)
+    check()
+    errors = [{"record_id": f"r{i}", "source": "file:///in/a.jsonl", "ordinal": i, "error": code,
+               "message": "bad", "attempts": 1} for i, code in enumerate(["inference_error", "too_long"])]
+    a = lease_repo.claim_next([job_id], "w:1", 30)
+    lease_repo.commit_attempt(a, replace(_result(), error_rows=2, errors=errors))
+    b = lease_repo.claim_next([job_id], "w:1", 30)
+    lease_repo.fail_attempt(b, "OSError: disk full", max_attempts=3)
+    c = lease_repo.claim_next([job_id], "w:2", 30)
+    with tx() as conn:
+        conn.execute(update(shards).where(shards.c.id == c.shard_id).values(lease_expires_at=0))
+    assert lease_repo.expire_leases(job_id, max_attempts=3) == 1
+    check()
+    d = lease_repo.claim_next([job_id], "w:1", 30)
+    twin = lease_repo.claim_speculative(d.shard_id, "w:9")
+    assert twin is not None
+    lease_repo.commit_attempt(twin, _result())                 # the twin wins; d is superseded
+    e = lease_repo.claim_next([job_id], "w:1", 30)
+    with tx() as conn:
+        conn.execute(update(shards).where(shards.c.id == e.shard_id).values(num_records=5, num_tokens=50))
+    splits.commit_split(e, replace(_result(), output_rows=2), 2, 20,
+                        [{"id": f"{e.shard_id}-c0", "num_records": 3, "num_tokens": 30, "input_uri": "file:///c"}])
+    check()
+    with tx() as conn:
+        conn.execute(update(shards).where(shards.c.id == f"{job_id}-s5").values(bucket=-1, status="quarantined"))
+    shard_repo.record_poison(shard_repo.get(f"{job_id}-s5"), dict(errors[0], error="poison"), "file:///p", "c" * 64)
+    check()
+    assert shard_repo.failed_records(job_id) == 2          # s5 moved to the error bucket: planning's count
+    lease_repo.commit_attempt(lease_repo.claim_next([other], "w:3", 30), _result())
+    assert job_repo.request_cancel(job_id, "test")
+    lease_repo.release_leases(job_id)
+    check()
+    final = _recount(job_id)
+    assert final["codes"] == {"inference_error": 1, "too_long": 1, "poison": 1}
+    assert final["shards"]["committed"] == 3 and final["committed"][2] == 2
+
+
 __all__ = [name for name in list(globals()) if name.startswith("test_")]   # in definition order

@@ -76,4 +76,5 @@ def test_plan_scale_short_mode(tmp_path: Path) -> None:
     assert plan["records"] == 4000 and plan["status"] == "running"
     assert plan["peak_rss_mib"]["global_step"] > 0 and plan["records_per_s_per_planning_process"] > 0
     assert ledger["commits"] > 0 and ledger["committed"] == ledger["commits"]
+    assert ledger["ledger_errors"] == 0, "a ledger fault (e.g. a deadlock) under concurrent commits"
     assert ledger["idle"]["status_ms"] > 0 and ledger["under_load"]["tick_ms_p50"] > 0
