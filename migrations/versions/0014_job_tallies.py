@@ -47,10 +47,9 @@ def _zeros(first: str, *, seconds: str = "0") -> str:
     return ", ".join([first] + ["0"] * (len(SUMS) - 2) + [seconds])
 
 
-def _upsert(table: str, qualified: bool) -> str:
-    ref = f"{table}." if qualified else ""
-    return (f" ON CONFLICT (job_id, key) DO UPDATE SET "
-            + ", ".join(f"{s} = {ref}{s} + excluded.{s}" for s in SUMS))
+def _upsert() -> str:
+    """SQLite's upsert of a tally row (a bare column name is the existing row's value)."""
+    return " ON CONFLICT (job_id, key) DO UPDATE SET " + ", ".join(f"{s} = {s} + excluded.{s}" for s in SUMS)
 
 
 def _changed(old: str, new: str, distinct: str) -> str:
@@ -109,7 +108,7 @@ POSTGRES_DROP = [
     "DROP FUNCTION IF EXISTS batchinf_tally_error_rows()", "DROP FUNCTION IF EXISTS batchinf_tally_attempt_end()",
 ]
 
-_UP = _upsert("job_tallies", qualified=False)      # SQLite: row triggers write the totals directly
+_UP = _upsert()      # SQLite: row triggers write the totals directly
 SQLITE = [
     f"CREATE TRIGGER tally_shards_insert AFTER INSERT ON shards BEGIN "
     f"INSERT INTO job_tallies ({COLUMNS}) VALUES ({_shard_row('NEW', '')}){_UP}; END",
