@@ -102,7 +102,7 @@ def _run(job: Job, d: Dispatcher, slots: int | None) -> None:
     for shard_id in shard_repo.stragglers(job.id, s.speculate_factor, s.speculate_min_seconds):
         d.speculate(shard_id)
     if (workers := d.workers()) and s.split_chunk_tokens and get_task(job.task).streams:
-        splits.request_split(job.id, workers, sizing.min_shard_work())   # idle workers: split the largest
+        splits.request_split(job.id, workers, sizing.min_split_work())   # idle workers: split the largest
     d.keep_up(job, shard_repo.open_count(job.id))
     if d.sweeps:
         _sweep(job)

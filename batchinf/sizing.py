@@ -27,6 +27,14 @@ def min_shard_work() -> int:
     return settings().min_shard_tokens
 
 
+def min_split_work() -> int:
+    """The least remaining work for which an idle worker asks a running shard to split: a quarter
+    of `min_shard_work()`. At the end of a job the choice is splitting or idling, so a split pays
+    once the half it hands over computes longer than a shard's fixed cost (~0.2 s, ~1k tokens
+    on one thread): twice that, with margin."""
+    return max(1, min_shard_work() // 4)
+
+
 def split_chunk_work() -> int:
     """BATCHINF_SPLIT_CHUNK_TOKENS (default 8192; 0: no splitting): a streaming attempt computes
     its shard in chunks of this much work and may split at a chunk's end."""
