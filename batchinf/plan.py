@@ -34,7 +34,8 @@ from batchinf.ledger.states import JobStatus, ShardStatus
 from batchinf.formats import read_records
 from batchinf.parts import STAGE_ROW_GROUP, write_table
 from batchinf.plan_parts import Part, combined, part_records, renumber
-from batchinf.plan_summary import IDS_ROW_GROUP, ids_uri, in_stage_order, read_summary, summarize, valid_ids, write_summary
+from batchinf.plan_summary import (IDS_ROW_GROUP, ids_uri, in_stage_order, read_summary, summarize, summary_uri,
+                                   valid_ids, write_summary)
 from batchinf.sizing import target_work
 from batchinf.store import ObjectPin, get_store, join
 from batchinf.submit import pin_inputs
@@ -173,15 +174,53 @@ def _may_read(tenant: str, uri: str) -> None:
     scopes.check(tenant, uri, scopes.READ, "object")
 
 
-def plan_one_object(job_id: str, idx: int) -> int:
+def plan_one_object(job_id: str, idx: int, send_parts: Callable[[list[int]], None] | None = None) -> int:
     """A planning task (one per input object, on a worker): stage one object (all its parts, in
     order) and record its record count in the ledger. Does nothing once the job has left planning
     or the object is planned. Every attempt is counted before it starts and its error recorded
-    when it raises, so the lifecycle can fail the job once an object has used up its attempts."""
+    when it raises, so the lifecycle can fail the job once an object has used up its attempts.
+    With `send_parts` (a broker's), an object of several parts sends those not staged yet as
+    tasks of their own instead (`plan_sent_part`; the attempt lasts until the last is staged)."""
     parts = begin_object(job_id, idx)
     if parts is None:
         return 0
-    return end_object(job_id, idx, lambda: sum(plan_part(job_id, idx, k) for k in range(parts)))
+    if send_parts is None or parts == 1:
+        return end_object(job_id, idx, lambda: sum(plan_part(job_id, idx, k) for k in range(parts)))
+    tasks = part_tasks(object_tasks(job_repo.get(job_id))[idx])
+    missing = [k for k, t in enumerate(tasks) if not _staged(t)]
+    if not missing:         # all staged by an earlier attempt whose last part was not recorded
+        return end_object(job_id, idx, lambda: _staged_records(tasks)) or 0
+    end_object(job_id, idx, lambda: send_parts(missing), planned=False)
+    return 0
+
+
+def plan_sent_part(job_id: str, idx: int, k: int) -> None:
+    """A part's own planning task (distributed mode): stage part k unless it is staged; the part
+    that finds every part of its object staged records the object planned. Its failure is the
+    object's attempt's (the lifecycle sends the object again: its unstaged parts are sent)."""
+    job = job_repo.get(job_id)
+    if job.status != JobStatus.PLANNING:
+        return
+    tasks = part_tasks(object_tasks(job)[idx])
+
+    def attempt() -> int | None:
+        if not _staged(tasks[k]):
+            plan_part(job_id, idx, k)
+        return _staged_records(tasks)
+    end_object(job_id, idx, attempt)
+
+
+def _staged(task: ObjectTask) -> bool:
+    uri = summary_uri(task.stage_uri)
+    return get_store(uri).exists(uri)
+
+
+def _staged_records(tasks: list[ObjectTask]) -> int | None:
+    """The records of an object whose parts are all staged, else None (the last parts are looked
+    at first: while parts are still planning, one look tells)."""
+    if not all(_staged(t) for t in reversed(tasks)):
+        return None
+    return sum(read_summary(t.stage_uri)["rows"] for t in tasks)
 
 
 def plan_objects(job_id: str, idxs: list[int], processes: int) -> None:
@@ -229,9 +268,9 @@ def plan_part(job_id: str, idx: int, k: int) -> int:
     return plan_object(task, None if chosen is None else chosen.get(task.pin.uri, set()))
 
 
-def end_object(job_id: str, idx: int, attempt: Callable[[], int], planned: bool = True) -> int:
+def end_object(job_id: str, idx: int, attempt: Callable[[], Any], planned: bool = True) -> Any:
     """Run (or wait for) the object's attempt: record its error when it raises, else (`planned`)
-    its record count."""
+    its record count, unless it returns None (parts of the object are still planning)."""
     try:
         n = attempt()
     except Exception as exc:
@@ -240,7 +279,7 @@ def end_object(job_id: str, idx: int, attempt: Callable[[], int], planned: bool 
         except Exception:  # noqa: BLE001 -- the ledger is down too: the attempt still counts
             pass
         raise
-    if planned:
+    if planned and n is not None:
         job_repo.object_planned(job_id, idx, n)
     return n
 

@@ -191,3 +191,31 @@ def test_a_dry_run_reports_the_same_counts(tmp_path: Path, tiny_bundle: str, mon
         r = report(job_id)
         reports.append({k: v for k, v in r.items() if k not in ("job_id", "next", "plan_seconds", "estimate")})
     assert reports[0] == reports[1] and reports[0]["records"] > 400
+
+
+def test_a_broker_sends_the_parts_and_the_last_one_staged_records_the_object(
+        tmp_path: Path, tiny_bundle: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from batchinf.plan import finish_plan, pin_job, plan_one_object, plan_sent_part
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.jsonl").write_bytes(_awkward(8, 80, "a") + b"\n{not json\n")
+    whole = _plan(tmp_path, monkeypatch, "whole", WHOLE)
+    monkeypatch.setenv("BATCHINF_PLAN_RANGE_BYTES", "1200")
+    settings.cache_clear()
+    job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "in") + "/", str(tmp_path / "split"),
+                                               shards={"max_records": 25, "max_tokens": 700})))
+    pin_job(jobs.get(job_id))
+    sent: list[int] = []
+    assert plan_one_object(job_id, 0, send_parts=sent.extend) == 0
+    assert len(sent) > 3 and sent == list(range(len(sent)))
+    for k in reversed(sent[1:]):                      # every part but the first, in any order
+        plan_sent_part(job_id, 0, k)
+    assert jobs.inputs(job_id)[0].records is None     # not all staged: the object is not planned
+    again: list[int] = []                             # the lifecycle sends the object again
+    plan_one_object(job_id, 0, send_parts=again.extend)
+    assert again == [0]                               # only the part not staged
+    plan_sent_part(job_id, 0, 0)
+    obj = jobs.inputs(job_id)[0]
+    assert (obj.records, obj.attempts, obj.error) == (jobs.inputs(whole)[0].records, 2, None)
+    finish_plan(jobs.get(job_id))
+    assert _planned(job_id) == _planned(whole)
