@@ -196,8 +196,9 @@ def plan_one_object(job_id: str, idx: int, send_parts: Callable[[list[int]], Non
 
 def plan_sent_part(job_id: str, idx: int, k: int) -> None:
     """A part's own planning task (distributed mode): stage part k unless it is staged; the part
-    that finds every part of its object staged records the object planned. Its failure is the
-    object's attempt's (the lifecycle sends the object again: its unstaged parts are sent)."""
+    that finds every part of its object staged records the object planned. Each part that starts
+    keeps the object's attempt alive (its time limit counts from the last part's start); its
+    failure is the attempt's (the lifecycle sends the object again: its unstaged parts are sent)."""
     job = job_repo.get(job_id)
     if job.status != JobStatus.PLANNING:
         return
@@ -205,6 +206,7 @@ def plan_sent_part(job_id: str, idx: int, k: int) -> None:
 
     def attempt() -> int | None:
         if not _staged(tasks[k]):
+            job_repo.plan_part_started(job_id, idx)
             plan_part(job_id, idx, k)
         return _staged_records(tasks)
     end_object(job_id, idx, attempt)

@@ -208,8 +208,10 @@ def test_a_broker_sends_the_parts_and_the_last_one_staged_records_the_object(
     sent: list[int] = []
     assert plan_one_object(job_id, 0, send_parts=sent.extend) == 0
     assert len(sent) > 3 and sent == list(range(len(sent)))
+    sent_at = jobs.inputs(job_id)[0].started_at or 0.0
     for k in reversed(sent[1:]):                      # every part but the first, in any order
         plan_sent_part(job_id, 0, k)
+    assert (jobs.inputs(job_id)[0].started_at or 0.0) > sent_at     # each part keeps the attempt alive
     assert jobs.inputs(job_id)[0].records is None     # not all staged: the object is not planned
     again: list[int] = []                             # the lifecycle sends the object again
     plan_one_object(job_id, 0, send_parts=again.extend)
