@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401 -- pa.compute
 from batchinf import bucketing, failpoints, plan_parts, scopes
 from batchinf.bundles import open_runtime
-from batchinf.errors import ManifestError
+from batchinf.errors import InputError, ManifestError
 from batchinf.ledger import jobs as job_repo
 from batchinf.ledger import lineage
 from batchinf.ledger.events import now
@@ -352,6 +352,20 @@ def finish_plan(job: Job, workers: int | None = None) -> None:
                            now() - (job.started_at or now()), hold=job.hold)
 
 
+def _part_summary(task: ObjectTask) -> dict[str, Any]:
+    """The staged object's (or part's) summary, checked to be of the part this planner expects."""
+    try:
+        s = read_summary(task.stage_uri)
+    except InputError:
+        s = None
+    if s is None or (s.get("part") or {}).get("number") != (task.part.number if task.part else None):
+        raise bucketing.StagedMismatch(
+            f"{task.pin.uri} was staged in other parts than this planner cuts (is BATCHINF_PLAN_RANGE_BYTES "
+            f"the same for every planner?): no summary {summary_uri(task.stage_uri)}; give every planner one "
+            "setting and plan the job again")
+    return s
+
+
 @dataclass
 class _Staged:
     """The staged planning parts of a job's objects (one per object planned whole), in order."""
@@ -364,12 +378,7 @@ class _Staged:
     @classmethod
     def read(cls, tasks: list[ObjectTask], keeps: list[set[int] | None]) -> _Staged:
         parts = [(o, p) for o, t in enumerate(tasks) for p in part_tasks(t)]
-        summaries = [read_summary(p.stage_uri) for _, p in parts]
-        for (_, p), s in zip(parts, summaries):
-            if (s.get("part") or {}).get("number") != (p.part.number if p.part else None):
-                raise bucketing.StagedMismatch(
-                    f"{p.stage_uri} was staged with another BATCHINF_PLAN_RANGE_BYTES than this planner's; "
-                    "give every planner one setting and plan the job again")
+        summaries = [_part_summary(p) for _, p in parts]
         owner = [o for o, _ in parts]
         return cls(owner, [p.stage_uri for _, p in parts], summaries, [keeps[o] for o in owner],
                    plan_parts.shifts(summaries, owner))

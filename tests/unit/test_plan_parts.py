@@ -221,3 +221,23 @@ def test_a_broker_sends_the_parts_and_the_last_one_staged_records_the_object(
     assert (obj.records, obj.attempts, obj.error) == (jobs.inputs(whole)[0].records, 2, None)
     finish_plan(jobs.get(job_id))
     assert _planned(job_id) == _planned(whole)
+
+
+def test_a_global_step_that_cuts_other_parts_is_refused(tmp_path: Path, tiny_bundle: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from batchinf.bucketing import StagedMismatch
+    from batchinf.dispatch import plan_objects_here
+    from batchinf.plan import finish_plan, pin_job
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.jsonl").write_bytes(_awkward(9, 40, "a"))
+    for staged, step in (("700", WHOLE), (WHOLE, "700")):
+        monkeypatch.setenv("BATCHINF_PLAN_RANGE_BYTES", staged)
+        settings.cache_clear()
+        job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "in") + "/", str(tmp_path / f"out-{staged}"))))
+        pin_job(jobs.get(job_id))
+        plan_objects_here(jobs.get(job_id), [0], processes=1)
+        monkeypatch.setenv("BATCHINF_PLAN_RANGE_BYTES", step)
+        settings.cache_clear()
+        with pytest.raises(StagedMismatch, match="a.jsonl was staged in other parts.*BATCHINF_PLAN_RANGE_BYTES"):
+            finish_plan(jobs.get(job_id))
