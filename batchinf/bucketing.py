@@ -60,8 +60,11 @@ def id_splits(summaries: list[dict[str, Any]], per_range: int = 0) -> list[str]:
     return splits
 
 
-def find_duplicates(ids_paths: list[str | None], summaries: list[dict[str, Any]], uris: list[str]) -> Dups:
-    """Every record whose id an earlier record of the job (in pinned order) has, with its message."""
+def find_duplicates(ids_paths: list[str | None], summaries: list[dict[str, Any]], uris: list[str],
+                    bases: list[int] | None = None) -> Dups:
+    """Every record whose id an earlier record of the job (in pinned order) has, with its message.
+    The staged objects may be parts of objects (plan_parts.py): `uris` name their objects and
+    `bases` shift their ordinals into their objects'."""
     out: Dups = {}
     splits = id_splits(summaries)
     for lo, hi in zip([None, *splits], [*splits, None]):
@@ -72,6 +75,9 @@ def find_duplicates(ids_paths: list[str | None], summaries: list[dict[str, Any]]
             if path is None or not summaries[o]["ids"]:
                 continue
             t = pq.read_table(path, filters=filters or None)
+            if bases and bases[o]:
+                t = t.set_column(t.schema.get_field_index("ordinal"), "ordinal",
+                                 pc.add(t.column("ordinal"), pa.scalar(bases[o], pa.int64())))
             parts.append(t.append_column("obj", pa.array(np.full(t.num_rows, o, dtype=np.int32))))
         if parts:
             _duplicates_in(pa.concat_tables(parts), uris, out)
@@ -181,8 +187,9 @@ class Cursor:
     """Forward reader of one staged object's rows of one kind (valid or invalid), kept ones only."""
 
     def __init__(self, path: str, accept: Callable[[pa.Table], np.ndarray],
-                 fix: Callable[[pa.Table], pa.Table] = lambda t: t) -> None:
-        self.path, self.accept, self.fix = path, accept, fix
+                 fix: Callable[[pa.Table], pa.Table] = lambda t: t,
+                 shift: Callable[[pa.Table], pa.Table] = lambda t: t) -> None:
+        self.path, self.accept, self.fix, self.shift = path, accept, fix, shift
         self.batches: Iterator[pa.RecordBatch] | None = None
         self.buffer: list[pa.Table] = []
         self.buffered = 0
@@ -195,7 +202,7 @@ class Cursor:
             if batch is None:
                 raise StagedMismatch(f"staged object {self.path} has fewer planned rows than its summary counts; "
                                 "plan the job again")
-            t = pa.Table.from_batches([batch])
+            t = self.shift(pa.Table.from_batches([batch]))
             t = self.fix(t.filter(pa.array(self.accept(t))))
             self.buffer.append(t)
             self.buffered += t.num_rows
@@ -204,9 +211,11 @@ class Cursor:
         return rows.slice(0, k)
 
 
-def cursors(paths: list[str], keeps: list[set[int] | None], dups: Dups, *, invalid: bool) -> list[Cursor]:
+def cursors(paths: list[str], keeps: list[set[int] | None], dups: Dups, *, invalid: bool,
+            shifts: list[Callable[[pa.Table], pa.Table]] | None = None) -> list[Cursor]:
     """One cursor per object over its kept valid rows (duplicates aside) or its kept invalid ones
-    (duplicates included, with their error and message)."""
+    (duplicates included, with their error and message); `shifts` renumber each one's rows first
+    (a part of an object, plan_parts.py)."""
     out = []
     for o, path in enumerate(paths):
         mine = dups.get(o, {})
@@ -231,15 +240,40 @@ def cursors(paths: list[str], keeps: list[set[int] | None], dups: Dups, *, inval
             t = t.set_column(t.schema.get_field_index("error"), "error", pa.array(errors, pa.string()))
             return t.set_column(t.schema.get_field_index("message"), "message", pa.array(messages, pa.string()))
 
-        out.append(Cursor(path, accept, fix if invalid else (lambda t: t)))
+        out.append(Cursor(path, accept, fix if invalid else (lambda t: t), shifts[o] if shifts else (lambda t: t)))
     return out
 
 
-def shard_table(shard: PlannedShard, readers: list[Cursor], source_uris: pa.Array) -> pa.Table:
+class PartsCursor:
+    """Forward reader of one object's rows of one kind over the cursors of its parts: the rows of
+    one length come from its parts in order (`counts[p][length]`: the part's rows of that length
+    and kind), so they are the object's in (length, ordinal) order."""
+
+    def __init__(self, parts: list[Cursor], counts: list[dict[int, int]]) -> None:
+        self.parts, self.counts = parts, [dict(c) for c in counts]
+        self.path = parts[0].path
+
+    def take(self, k: int, length: int) -> pa.Table:
+        if len(self.parts) == 1:
+            return self.parts[0].take(k)
+        pieces = []
+        for cursor, left in zip(self.parts, self.counts):
+            n = min(k, left.get(length, 0))
+            if n:
+                pieces.append(cursor.take(n))
+                left[length] -= n
+                k -= n
+        if k:
+            raise StagedMismatch(f"staged parts of {self.path} have fewer rows of length {length} than their "
+                                 "summaries count; plan the job again")
+        return pa.concat_tables(pieces)
+
+
+def shard_table(shard: PlannedShard, readers: list[PartsCursor], source_uris: pa.Array) -> pa.Table:
     """The shard's rows, in plan order, with their `source` (a dictionary of every pinned uri)."""
     pieces = []
     for o, length, k in shard.slices:
-        t = readers[o].take(k)
+        t = readers[o].take(k, length)
         if pc.any(pc.not_equal(t.column("n_tokens"), length)).as_py():
             raise StagedMismatch(f"staged object {readers[o].path} does not match its summary; plan the job again")
         src = pa.DictionaryArray.from_arrays(pa.array(np.full(k, o, dtype=np.int32)), source_uris)

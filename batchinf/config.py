@@ -41,6 +41,8 @@ class Settings:
     broker_url: str                 # BATCHINF_BROKER_URL (distributed mode)
     bundle_store: str               # BATCHINF_BUNDLE_STORE: where imported bundles live
     max_expansion: int              # BATCHINF_MAX_EXPANSION: a compressed input may expand this many times
+    plan_range_bytes: int           # BATCHINF_PLAN_RANGE_BYTES: a larger uncompressed JSONL / Parquet input
+                                    # is planned in parts of about this size (plan_parts.py)
     # --- leases, retries, speculation
     lease_seconds: float            # BATCHINF_LEASE_SECONDS: a shard lease not heartbeated this long is expired
     heartbeat_seconds: float        # BATCHINF_HEARTBEAT_SECONDS: how often a running shard renews its lease
@@ -192,6 +194,7 @@ def load_settings() -> Settings:
         broker_url=_text("BATCHINF_BROKER_URL") or "redis://127.0.0.1:6379/0",
         bundle_store=_text("BATCHINF_BUNDLE_STORE") or (home / "bundles").as_uri(),
         max_expansion=_int("BATCHINF_MAX_EXPANSION", 200),
+        plan_range_bytes=max(1, _int("BATCHINF_PLAN_RANGE_BYTES", 64 << 20)),
         lease_seconds=_float("BATCHINF_LEASE_SECONDS", 60.0),
         heartbeat_seconds=_float("BATCHINF_HEARTBEAT_SECONDS", 5.0),
         max_attempts=_int("BATCHINF_MAX_ATTEMPTS", 3),

@@ -19,7 +19,6 @@ import os
 import queue
 import socket
 import time
-from concurrent.futures import ProcessPoolExecutor
 
 from batchinf import logs, metrics
 from batchinf.config import settings
@@ -134,16 +133,11 @@ def run_shard(shard_id: str, device: str = "auto", *, speculative: bool = False)
 
 
 def plan_objects_here(job: Job, idxs: list[int], processes: int) -> None:
-    """Stage objects on this machine, in a process pool when there are several."""
-    from batchinf.plan import plan_one_object
+    """Stage objects on this machine, their planning parts in a process pool when there are
+    several (plan.plan_objects)."""
+    from batchinf.plan import plan_objects
 
-    workers = min(len(idxs), processes)
-    if workers > 1:
-        with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
-            list(pool.map(plan_one_object, [job.id] * len(idxs), idxs))
-    else:
-        for i in idxs:
-            plan_one_object(job.id, i)
+    plan_objects(job.id, idxs, processes)
 
 
 def worker_main(job_id: str, device: str, threads: int, parent_pid: int, twins: mp.Queue) -> None:

@@ -5,6 +5,7 @@ sets and staged files), so a planner that crashes is simply run again.
 
 Staged files (under the job's work prefix):
   plan/obj-00000.parquet     one per input object: every record, tokenized or with its error
+  plan/obj-00001.p0003.parquet  one per part of an object planned in parts (plan_parts.py)
   shards/b003-00012.parquet  one per shard: the records it owns, sorted by token length
 """
 
@@ -14,16 +15,17 @@ import hashlib
 import json
 from collections import Counter
 from contextlib import ExitStack
-from dataclasses import dataclass
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401 -- pa.compute
-from batchinf import bucketing, failpoints, scopes
+from batchinf import bucketing, failpoints, plan_parts, scopes
 from batchinf.bundles import open_runtime
-from batchinf.errors import ManifestError
+from batchinf.errors import InputError, ManifestError
 from batchinf.ledger import jobs as job_repo
 from batchinf.ledger import lineage
 from batchinf.ledger.events import now
@@ -31,7 +33,9 @@ from batchinf.ledger.models import Job
 from batchinf.ledger.states import JobStatus, ShardStatus
 from batchinf.formats import read_records
 from batchinf.parts import STAGE_ROW_GROUP, write_table
-from batchinf.plan_summary import IDS_ROW_GROUP, ids_uri, in_stage_order, read_summary, summarize, valid_ids, write_summary
+from batchinf.plan_parts import Part, combined, part_records, renumber
+from batchinf.plan_summary import (IDS_ROW_GROUP, ids_uri, in_stage_order, read_summary, summarize, summary_uri,
+                                   valid_ids, write_summary)
 from batchinf.sizing import target_work
 from batchinf.store import ObjectPin, get_store, join
 from batchinf.submit import pin_inputs
@@ -61,22 +65,41 @@ class ObjectTask:
     input: Any = None       # the manifest's input section (tasks reading whole records name their fields there)
     may_read: Callable[[str], None] | None = None   # raises for an object a record names (image URIs) that
                                                      # the job may not read (a confined job: outside its grants)
+    splittable: bool = True     # False: planned whole whatever its size (a retry job plans chosen ordinals)
+    part: Part | None = None    # the part of the object this task plans (plan_parts.py); None: all of it
+
+
+def part_tasks(task: ObjectTask) -> list[ObjectTask]:
+    """The object's planning tasks: one per part when it is planned in parts, else itself."""
+    parts = plan_parts.object_parts(task.pin, task.fmt, task.splittable)
+    if parts is None:
+        return [task]
+    return [replace(task, part=p, stage_uri=plan_parts.part_uri(task.stage_uri, p)) for p in parts]
 
 
 def plan_object(task: ObjectTask, keep: set[int] | None = None) -> int:
-    """Read, validate and stage one object (its task tokenizes, decodes or preprocesses each
-    record); write the staged table (by length, then ordinal), its sorted ids and its summary
-    (plan_summary.py; `keep`: the ordinals a retry job plans). Returns its record count."""
+    """Read, validate and stage one object or part (its task tokenizes, decodes or preprocesses
+    each record); write the staged table (by length, then ordinal), its sorted ids and its summary
+    (plan_summary.py; `keep`: the ordinals a retry job plans; a part's line and record counts).
+    Returns its record count."""
     failpoints.hit("plan.object")
     runtime = open_runtime(task.digest, with_model=False)
-    with get_store(task.pin.uri).open_read(task.pin) as fh:
-        records = read_records(fh, task.fmt, task.pin.uri, task.id_field, task.text_field,
-                               kind=task.kind, task=task.task)
+    tally: dict[str, int] = {}
+    with ExitStack() as stack:
+        if task.part is None:
+            fh = stack.enter_context(get_store(task.pin.uri).open_read(task.pin))
+            records = read_records(fh, task.fmt, task.pin.uri, task.id_field, task.text_field,
+                                   kind=task.kind, task=task.task)
+        else:
+            records = part_records(task, tally)
         table = in_stage_order(get_task(task.task).stage(task, runtime, records))
     write_table(task.stage_uri, table)
     ids = valid_ids(table)
     write_table(ids_uri(task.stage_uri), ids, row_group_size=IDS_ROW_GROUP)
-    write_summary(task.stage_uri, summarize(table, keep, ids))      # last: the object is staged
+    summary = summarize(table, keep, ids)
+    if task.part is not None:
+        summary["part"] = {"number": task.part.number, "start": task.part.start, "stop": task.part.stop, **tally}
+    write_summary(task.stage_uri, summary)      # last: the object (part) is staged
     return table.num_rows
 
 
@@ -142,7 +165,8 @@ def object_tasks(job: Job) -> list[ObjectTask]:
     return [ObjectTask(o.idx, o.pin, m.input.format, m.input.id_field, field, job.bundle_digest, max_length,
                        truncate, join(job.work_uri, "plan", f"obj-{o.idx:05d}.parquet"),
                        task=m.task, kind=kind, options=options, input=m.input,
-                       may_read=partial(_may_read, job.tenant) if job.confined else None)
+                       may_read=partial(_may_read, job.tenant) if job.confined else None,
+                       splittable=not job.retry_of)
             for o in job_repo.inputs(job.id)]
 
 
@@ -150,25 +174,115 @@ def _may_read(tenant: str, uri: str) -> None:
     scopes.check(tenant, uri, scopes.READ, "object")
 
 
-def plan_one_object(job_id: str, idx: int) -> int:
-    """A planning task (one per input object, on a worker): stage one object and record its
-    record count in the ledger. Does nothing once the job has left planning or the object is
-    planned. Every attempt is counted before it starts and its error recorded when it raises, so
-    the lifecycle can fail the job once an object has used up its attempts."""
+def plan_one_object(job_id: str, idx: int, send_parts: Callable[[list[int]], None] | None = None) -> int:
+    """A planning task (one per input object, on a worker): stage one object (all its parts, in
+    order) and record its record count in the ledger. Does nothing once the job has left planning
+    or the object is planned. Every attempt is counted before it starts and its error recorded
+    when it raises, so the lifecycle can fail the job once an object has used up its attempts.
+    With `send_parts` (a broker's), an object of several parts sends those not staged yet as
+    tasks of their own instead (`plan_sent_part`; the attempt lasts until the last is staged)."""
+    parts = begin_object(job_id, idx)
+    if parts is None:
+        return 0
+    if send_parts is None or parts == 1:
+        return end_object(job_id, idx, lambda: sum(plan_part(job_id, idx, k) for k in range(parts)))
+    tasks = part_tasks(object_tasks(job_repo.get(job_id))[idx])
+    missing = [k for k, t in enumerate(tasks) if not _staged(t)]
+    if not missing:         # all staged by an earlier attempt whose last part was not recorded
+        return end_object(job_id, idx, lambda: _staged_records(tasks)) or 0
+    end_object(job_id, idx, lambda: send_parts(missing), planned=False)
+    return 0
+
+
+def plan_sent_part(job_id: str, idx: int, k: int) -> None:
+    """A part's own planning task (distributed mode): stage part k unless it is staged; the part
+    that finds every part of its object staged records the object planned. Each part that starts
+    keeps the object's attempt alive (its time limit counts from the last part's start); its
+    failure is the attempt's (the lifecycle sends the object again: its unstaged parts are sent)."""
+    job = job_repo.get(job_id)
+    if job.status != JobStatus.PLANNING:
+        return
+    tasks = part_tasks(object_tasks(job)[idx])
+
+    def attempt() -> int | None:
+        if not _staged(tasks[k]):
+            job_repo.plan_part_started(job_id, idx)
+            plan_part(job_id, idx, k)
+        return _staged_records(tasks)
+    end_object(job_id, idx, attempt)
+
+
+def _staged(task: ObjectTask) -> bool:
+    uri = summary_uri(task.stage_uri)
+    return get_store(uri).exists(uri)
+
+
+def _staged_records(tasks: list[ObjectTask]) -> int | None:
+    """The records of an object whose parts are all staged, else None (the last parts are looked
+    at first: while parts are still planning, one look tells)."""
+    if not all(_staged(t) for t in reversed(tasks)):
+        return None
+    return sum(read_summary(t.stage_uri)["rows"] for t in tasks)
+
+
+def plan_objects(job_id: str, idxs: list[int], processes: int) -> None:
+    """Stage objects on this machine, their parts in a pool of `processes` processes when there
+    are several: each object's attempt is counted and its outcome recorded here."""
+    from concurrent.futures import ProcessPoolExecutor
+    import multiprocessing as mp
+
+    begun = [(i, n) for i in idxs if (n := begin_object(job_id, i)) is not None]
+    total = sum(n for _, n in begun)
+    if processes <= 1 or total <= 1:
+        for i, n in begun:
+            end_object(job_id, i, lambda i=i, n=n: sum(plan_part(job_id, i, k) for k in range(n)))
+        return
+    errors = []
+    with ProcessPoolExecutor(min(total, processes), mp_context=mp.get_context("spawn")) as pool:
+        futures = [(i, [pool.submit(plan_part, job_id, i, k) for k in range(n)]) for i, n in begun]
+        for i, fs in futures:
+            try:
+                end_object(job_id, i, partial(_results, fs))
+            except Exception as exc:  # noqa: BLE001 -- recorded for its object; the first is raised below
+                errors.append(exc)
+    if errors:
+        raise errors[0]
+
+
+def _results(futures: list[Future]) -> int:
+    return sum(f.result() for f in futures)
+
+
+def begin_object(job_id: str, idx: int) -> int | None:
+    """Count a planning attempt of the object; its number of planning parts, or None when there
+    is nothing to do (the job left planning, the object is planned)."""
     job = job_repo.get(job_id)
     if job.status != JobStatus.PLANNING or not job_repo.plan_attempt_started(job_id, idx):
-        return 0
+        return None
+    return end_object(job_id, idx, lambda: len(part_tasks(object_tasks(job)[idx])), planned=False)
+
+
+def plan_part(job_id: str, idx: int, k: int) -> int:
+    """Stage part k of the object (the ledger is begin_object's and end_object's)."""
+    job = job_repo.get(job_id)
+    task = part_tasks(object_tasks(job)[idx])[k]
+    chosen = lineage.selection(job_id)
+    return plan_object(task, None if chosen is None else chosen.get(task.pin.uri, set()))
+
+
+def end_object(job_id: str, idx: int, attempt: Callable[[], Any], planned: bool = True) -> Any:
+    """Run (or wait for) the object's attempt: record its error when it raises, else (`planned`)
+    its record count, unless it returns None (parts of the object are still planning)."""
     try:
-        task = object_tasks(job)[idx]
-        chosen = lineage.selection(job_id)
-        n = plan_object(task, None if chosen is None else chosen.get(task.pin.uri, set()))
+        n = attempt()
     except Exception as exc:
         try:
             job_repo.plan_attempt_failed(job_id, idx, f"{type(exc).__name__}: {exc}")
         except Exception:  # noqa: BLE001 -- the ledger is down too: the attempt still counts
             pass
         raise
-    job_repo.object_planned(job_id, idx, n)
+    if planned and n is not None:
+        job_repo.object_planned(job_id, idx, n)
     return n
 
 
@@ -181,12 +295,17 @@ def finish_plan(job: Job, workers: int | None = None) -> None:
     m = job.manifest
     tasks = object_tasks(job)
     uris = [t.pin.uri for t in tasks]
-    summaries = [read_summary(t.stage_uri) for t in tasks]
     # a retry job plans only its selected records (after the duplicate check over all of them)
     chosen = lineage.selection(job.id)
     keeps = [None if chosen is None else chosen.get(u, set()) for u in uris]
+    st = _Staged.read(tasks, keeps)
+    summaries = st.objects(len(tasks))
     with ExitStack() as stack:
-        dups = bucketing.find_duplicates(bucketing.ids_paths(stack, [t.stage_uri for t in tasks]), summaries, uris)
+        part_dups = bucketing.find_duplicates(bucketing.ids_paths(stack, st.uris), st.summaries,
+                                              [uris[o] for o in st.owner], [b[0] for b in st.bases])
+    dups: bucketing.Dups = {}
+    for p, mine in part_dups.items():
+        dups.setdefault(st.owner[p], {}).update(mine)
     valid, invalid, by_code = bucketing.merge(summaries, keeps, dups)
     merged: Counter[int] = Counter()
     for h in valid:
@@ -202,8 +321,7 @@ def finish_plan(job: Job, workers: int | None = None) -> None:
     source_uris = pa.array(uris, pa.string())
     shard_rows, padded = [], 0
     with ExitStack() as stack:
-        paths = bucketing.local_paths(stack, [t.stage_uri for t in tasks])
-        readers = {kind: bucketing.cursors(paths, keeps, dups, invalid=kind) for kind in (True, False)}
+        readers = st.readers(bucketing.local_paths(stack, st.uris), uris, part_dups)
         for sh in planned:
             table = bucketing.shard_table(sh, readers[sh.bucket == ERROR_BUCKET], source_uris)
             lengths = np.repeat([L for _, L, _ in sh.slices], [k for _, _, k in sh.slices]).astype(np.int64)
@@ -232,6 +350,54 @@ def finish_plan(job: Job, workers: int | None = None) -> None:
                              for b, (lo, bound) in enumerate(zip([0] + [x + 1 for x in bounds], bounds))]}
     job_repo.start_running(job.id, shard_rows, json.dumps(plan_info), records,
                            now() - (job.started_at or now()), hold=job.hold)
+
+
+def _part_summary(task: ObjectTask) -> dict[str, Any]:
+    """The staged object's (or part's) summary, checked to be of the part this planner expects."""
+    try:
+        s = read_summary(task.stage_uri)
+    except InputError:
+        s = None
+    if s is None or (s.get("part") or {}).get("number") != (task.part.number if task.part else None):
+        raise bucketing.StagedMismatch(
+            f"{task.pin.uri} was staged in other parts than this planner cuts (is BATCHINF_PLAN_RANGE_BYTES "
+            f"the same for every planner?): no summary {summary_uri(task.stage_uri)}; give every planner one "
+            "setting and plan the job again")
+    return s
+
+
+@dataclass
+class _Staged:
+    """The staged planning parts of a job's objects (one per object planned whole), in order."""
+    owner: list[int]                    # part -> its object
+    uris: list[str]                     # staged files
+    summaries: list[dict[str, Any]]
+    keeps: list[set[int] | None]
+    bases: list[tuple[int, int]]        # (records, lines) before each part in its object
+
+    @classmethod
+    def read(cls, tasks: list[ObjectTask], keeps: list[set[int] | None]) -> _Staged:
+        parts = [(o, p) for o, t in enumerate(tasks) for p in part_tasks(t)]
+        summaries = [_part_summary(p) for _, p in parts]
+        owner = [o for o, _ in parts]
+        return cls(owner, [p.stage_uri for _, p in parts], summaries, [keeps[o] for o in owner],
+                   plan_parts.shifts(summaries, owner))
+
+    def objects(self, n: int) -> list[dict[str, Any]]:
+        """Each object's summary, its parts' added up."""
+        return [combined([s for s, o in zip(self.summaries, self.owner) if o == i]) for i in range(n)]
+
+    def readers(self, paths: list[str], uris: list[str], dups: bucketing.Dups) -> dict[bool, list[bucketing.PartsCursor]]:
+        """Per kind (invalid or not), one cursor per object over its parts' rows, renumbered."""
+        shifts = [partial(renumber, uri=uris[o], records=r, lines=n) for o, (r, n) in zip(self.owner, self.bases)]
+        valid, invalid, _ = bucketing.merge(self.summaries, self.keeps, dups)
+        out = {}
+        for kind, counts in ((True, invalid), (False, valid)):
+            cursors = bucketing.cursors(paths, self.keeps, dups, invalid=kind, shifts=shifts)
+            out[kind] = [bucketing.PartsCursor([c for c, o in zip(cursors, self.owner) if o == i],
+                                               [h for h, o in zip(counts, self.owner) if o == i])
+                         for i in range(max(self.owner, default=-1) + 1)]
+        return out
 
 
 def padded_tokens(lengths: np.ndarray, max_batch_tokens: int | None) -> int:

@@ -1,7 +1,8 @@
 """Planning and the ledger at scale.
 
 Planning: a synthetic JSONL job (heavy-tailed lengths, 8 objects) planned with the MiniLM
-tokenizer only (no model): the planning tasks in a pool of processes, then the global step in a
+tokenizer only (no model): the planning tasks (one per object, or per part of an object above
+`--range-bytes`) in a pool of processes, then the global step in a
 process of its own. Prints wall time, records/s per planning process beside the tokenizer's own
 batch-encode rate on the same text, and the peak RSS of each process class.
 
@@ -10,6 +11,7 @@ commit, no model) while this process runs controller ticks; prints commits/s, ti
 latency and `GET /v1/jobs/{id}/shards` page latency (the repository call behind it).
 
     python benchmarks/plan_scale.py --records 1000000 --processes 2
+    python benchmarks/plan_scale.py --records 200000 --objects 1 --range-bytes 8000000 --processes 2
     python benchmarks/plan_scale.py --ledger --shards 200000 --workers 32 --database-url postgresql://...
     python benchmarks/plan_scale.py --short --json --database-url postgresql://...   # CI: both, small
 """
@@ -64,11 +66,13 @@ def write_corpus(root: Path, records: int, objects: int, seed: int = 0) -> list[
     return sample
 
 
-def _plan_task(job_id: str, idx: int) -> tuple[int, float, float]:
-    from batchinf.plan import plan_one_object
+def _plan_task(job_id: str, idx: int, part: int) -> tuple[int, float, float]:
+    """One planning task: part `part` of object `idx` (an object under BATCHINF_PLAN_RANGE_BYTES
+    is one part)."""
+    from batchinf.plan import plan_part
 
     t0 = time.perf_counter()
-    n = plan_one_object(job_id, idx)
+    n = plan_part(job_id, idx, part)
     return n, time.perf_counter() - t0, peak_rss_mib()
 
 
@@ -112,9 +116,14 @@ def plan_bench(records: int, objects: int, processes: int, work: Path) -> dict:
         "shards": {"max_records": 2000}}))
     t0 = time.perf_counter()
     pin_job(jobs.get(job_id))
-    idxs = [o.idx for o in jobs.inputs(job_id)]
+    from batchinf.plan import begin_object, end_object
+
+    parts = {o.idx: begin_object(job_id, o.idx) or 0 for o in jobs.inputs(job_id)}
+    tasks = [(i, k) for i, n in parts.items() for k in range(n)]
     with ProcessPoolExecutor(processes, mp_context=mp.get_context("spawn")) as pool:
-        done = list(pool.map(_plan_task, [job_id] * len(idxs), idxs))
+        done = list(pool.map(_plan_task, [job_id] * len(tasks), *zip(*tasks)))
+    for i in parts:
+        end_object(job_id, i, lambda i=i: sum(d[0] for (o, _), d in zip(tasks, done) if o == i))
     tasks_wall = time.perf_counter() - t0
     r = subprocess.run([sys.executable, __file__, "--global-step", job_id], check=True, capture_output=True,
                        text=True, env=dict(os.environ))
@@ -122,7 +131,7 @@ def plan_bench(records: int, objects: int, processes: int, work: Path) -> dict:
     busy = sum(d[1] for d in done)
     per_process = records / busy if busy else None
     tok = tokenizer_rate(sample)
-    return {"records": records, "objects": objects, "processes": processes,
+    return {"records": records, "objects": objects, "planning_tasks": len(tasks), "processes": processes,
             "wall_seconds": tasks_wall + step["seconds"], "plan_tasks_wall_seconds": tasks_wall,
             "global_step_seconds": step["seconds"], "records_per_s_per_planning_process": per_process,
             "tokenizer_records_per_s": tok, "planning_vs_tokenizer": tok / per_process if per_process else None,
@@ -246,6 +255,8 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--objects", type=int, default=8)
     ap.add_argument("--processes", type=int, default=2)
+    ap.add_argument("--range-bytes", type=int, help="BATCHINF_PLAN_RANGE_BYTES: objects above it are planned "
+                                                    "in parts of this size, in parallel")
     ap.add_argument("--ledger", action="store_true", help="only the ledger simulation")
     ap.add_argument("--plan", action="store_true", help="only planning")
     ap.add_argument("--shards", type=int, default=200_000)
@@ -259,6 +270,8 @@ def main() -> None:
     if a.global_step:
         _global_step(a.global_step)
         return
+    if a.range_bytes:
+        os.environ["BATCHINF_PLAN_RANGE_BYTES"] = str(a.range_bytes)
     if a.short:
         a.records, a.objects, a.processes, a.shards, a.workers, a.seconds = 4000, 4, 2, 2000, 4, 4.0
     report = {}

@@ -6,8 +6,9 @@ Correctness comes from the ledger, not the broker: a task leases its shard in th
 
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import Any
+from typing import Any, Iterator
 
 from celery import Celery
 from celery.signals import setup_logging
@@ -71,13 +72,36 @@ def execute_shard(shard_id: str, speculative: bool = False) -> None:
 
 @app.task(name="batchinf.plan_object")
 def plan_object(job_id: str, idx: int) -> None:
+    """Plan one object; a large one's parts (plan_parts.py) are sent as `plan_part` tasks."""
+    from batchinf.plan import plan_one_object
+
+    with _timed_out(job_id, idx):
+        plan_one_object(job_id, idx, send_parts=lambda parts: _send_parts(job_id, idx, parts))
+
+
+@app.task(name="batchinf.plan_part")
+def plan_part(job_id: str, idx: int, k: int) -> None:
+    from batchinf.plan import plan_sent_part
+
+    with _timed_out(job_id, idx):
+        plan_sent_part(job_id, idx, k)
+
+
+def _send_parts(job_id: str, idx: int, parts: list[int]) -> None:
+    limit = settings().plan_time_limit     # soft: the task records the timeout; hard: it is killed
+    for k in parts:
+        plan_part.apply_async(args=[job_id, idx, k], soft_time_limit=limit, time_limit=limit + 30)
+
+
+@contextlib.contextmanager
+def _timed_out(job_id: str, idx: int) -> Iterator[None]:
+    """A planning task stopped at its soft time limit fails its object's attempt, saying so."""
     from celery.exceptions import SoftTimeLimitExceeded
 
     from batchinf.ledger import jobs as job_repo
-    from batchinf.plan import plan_one_object
 
     try:
-        plan_one_object(job_id, idx)
+        yield
     except SoftTimeLimitExceeded:
         job_repo.plan_attempt_failed(job_id, idx, f"timed out after {settings().plan_time_limit:g} s "
                                                   "(BATCHINF_PLAN_TIME_LIMIT)")

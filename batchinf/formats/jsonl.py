@@ -19,19 +19,31 @@ from batchinf.formats.compression import ExpansionLimit, decompressed
 from batchinf.formats.record import MAX_LINE_BYTES, InputRecord, _check
 
 
-def _lines(fh: BinaryIO, limit: int) -> Iterator[bytes | None]:
+def _lines(fh: BinaryIO, limit: int, budget: int | None = None) -> Iterator[bytes | None]:
     """The file's lines; None for a line longer than `limit`, which is skipped chunk by chunk so
-    memory stays bounded whatever the line's size."""
-    while True:
+    memory stays bounded whatever its size. With `budget`, only the lines that start within the
+    next `budget` bytes (the last one read to its end)."""
+    pos = 0
+    while budget is None or pos < budget:
         line = fh.readline(limit + 1)
         if not line:
             return
+        pos += len(line)
         if len(line) > limit and not line.endswith(b"\n"):
-            while (rest := fh.readline(limit)) and not rest.endswith(b"\n"):
-                pass
+            pos += _skip_line(fh, limit)
             yield None
             continue
         yield line
+
+
+def _skip_line(fh: BinaryIO, chunk: int) -> int:
+    """Read past the rest of the current line (chunk by chunk); the bytes skipped."""
+    skipped = 0
+    while rest := fh.readline(chunk):
+        skipped += len(rest)
+        if rest.endswith(b"\n"):
+            break
+    return skipped
 
 
 def _json_object(raw: bytes | None, ordinal: int, where: str,
@@ -105,40 +117,69 @@ def _head(stream: BinaryIO, fh: BinaryIO) -> bytes:
     return stream.peek(HEAD_BYTES)[:HEAD_BYTES]  # type: ignore[attr-defined]
 
 
+def _objects(lines: Iterator[bytes | None], uri: str, max_line_bytes: int, tally: dict[str, int]
+             ) -> Iterator[tuple[int, str, dict[str, Any] | InputRecord]]:
+    """(ordinal, where, object) per non-blank line, counting lines and records in `tally`."""
+    for lineno, raw in enumerate(lines, start=1):
+        tally["lines"] = lineno
+        ordinal = tally["records"]
+        obj = _json_object(raw, ordinal, f"{uri} line {lineno}", max_line_bytes)
+        if obj is not None:
+            tally["records"] = ordinal + 1
+            yield ordinal, f"{uri} line {lineno}", obj
+
+
 def json_objects(fh: BinaryIO, uri: str, max_line_bytes: int = MAX_LINE_BYTES
                  ) -> Iterator[tuple[int, str, dict[str, Any] | InputRecord]]:
     """(ordinal, where, object) per non-blank line of a plain or compressed object; a line that
     is no JSON object comes as its error record instead. An object that cannot be read to its end
     (a decompression bomb, corrupt compressed data) ends with one error record for its rest."""
-    ordinal, lineno = 0, 0
+    tally = {"lines": 0, "records": 0}
     try:
         stream = decompressed(fh, uri)
         bad = wrong_format(_head(stream, fh), uri)
         if bad is not None:
             yield 0, uri, bad
             return
-        for lineno, raw in enumerate(_lines(stream, max_line_bytes), start=1):
-            obj = _json_object(raw, ordinal, f"{uri} line {lineno}", max_line_bytes)
-            if obj is not None:
-                yield ordinal, f"{uri} line {lineno}", obj
-                ordinal += 1
+        yield from _objects(_lines(stream, max_line_bytes), uri, max_line_bytes, tally)
     except ExpansionLimit as exc:
+        ordinal = tally["records"]
         yield ordinal, uri, InputRecord(
             ordinal, None, None, "object_too_large",
             f"{uri}: {exc} ({exc.multiple}x its compressed size, see BATCHINF_MAX_EXPANSION); stopped "
-            f"after line {lineno}, the rest of the object was not read. Split it into smaller objects")
+            f"after line {tally['lines']}, the rest of the object was not read. Split it into smaller objects")
     except (OSError, EOFError, pa.ArrowInvalid) as exc:
+        ordinal = tally["records"]
         yield ordinal, uri, InputRecord(
             ordinal, None, None, "corrupt_object",
-            f"{uri}: cannot decompress past line {lineno} ({exc}); the rest of the object was not "
+            f"{uri}: cannot decompress past line {tally['lines']} ({exc}); the rest of the object was not "
             "read. Re-upload it or fix its compression")
+
+
+def part_objects(fh: BinaryIO, uri: str, start: int, stop: int, tally: dict[str, int],
+                 max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[int, str, dict[str, Any] | InputRecord]]:
+    """`json_objects` of the lines that start in bytes [start, stop) of a plain (uncompressed)
+    object, `fh` seekable: a line starting before `start` is skipped, the one running past `stop`
+    read to its end. Ordinals and line numbers count from the part's start (0 and 1), and
+    `tally` gets the part's lines and records: the global planning step shifts them by those of
+    the parts before it (plan_parts.py). A read error raises (the attempt fails), it is no row."""
+    fh.seek(max(0, start - 1))
+    skipped = _skip_line(fh, 1 << 20) if start > 0 and fh.read(1) != b"\n" else 0
+    tally.update(lines=0, records=0)
+    yield from _objects(_lines(fh, max_line_bytes, stop - start - skipped), uri, max_line_bytes, tally)
 
 
 def read_jsonl(fh: BinaryIO, uri: str, id_field: str, text_field: str,
                max_line_bytes: int = MAX_LINE_BYTES, *, kind: str = "text") -> Iterator[InputRecord]:
     """Records of a JSONL object: `id_field` is the record id, `text_field` is read as `kind`
     (text, prompt or messages)."""
-    for ordinal, where, obj in json_objects(fh, uri, max_line_bytes):
+    return jsonl_records(json_objects(fh, uri, max_line_bytes), id_field, text_field, kind)
+
+
+def jsonl_records(objects: Iterator[tuple[int, str, dict[str, Any] | InputRecord]], id_field: str,
+                  text_field: str, kind: str = "text") -> Iterator[InputRecord]:
+    """The records of `json_objects` (or `part_objects`)."""
+    for ordinal, where, obj in objects:
         if isinstance(obj, InputRecord):
             yield obj
             continue

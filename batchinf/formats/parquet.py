@@ -21,9 +21,21 @@ PARQUET_BATCH_ROWS = 1024
 
 
 def read_parquet(fh: BinaryIO, uri: str, id_field: str, text_field: str, *,
-                 kind: str = "text") -> Iterator[InputRecord]:
+                 kind: str = "text", row_groups: list[int] | None = None,
+                 tally: dict[str, int] | None = None) -> Iterator[InputRecord]:
     """Records of a Parquet object, streamed page by page (a buffered stream, no pre-buffering),
-    so a file with one enormous row group is read within a fixed memory cap."""
+    so a file with one enormous row group is read within a fixed memory cap. With `row_groups`
+    (a part of the object, plan_parts.py), those only, their rows numbered from 0 and counted in
+    `tally` (the global planning step shifts them by the rows before)."""
+    tally = {} if tally is None else tally
+    tally.update(lines=0, records=0)
+    for r in _read_parquet(fh, uri, id_field, text_field, kind, row_groups):
+        tally["records"] = tally["lines"] = r.ordinal + 1
+        yield r
+
+
+def _read_parquet(fh: BinaryIO, uri: str, id_field: str, text_field: str, kind: str,
+                  row_groups: list[int] | None) -> Iterator[InputRecord]:
     if codec_of(fh, uri) is not None:
         yield InputRecord(0, None, None, "unsupported_compression",
                           f"{uri}: a compressed Parquet file cannot be read as a stream; Parquet "
@@ -36,18 +48,20 @@ def read_parquet(fh: BinaryIO, uri: str, id_field: str, text_field: str, *,
     except (pa.ArrowException, OSError) as exc:
         yield _not_parquet(fh, uri, exc)
         return
+    if row_groups is None:
+        row_groups = list(range(pf.metadata.num_row_groups))
     if kind == "record":      # every column: the task reads the fields it needs
-        yield from _records(pf, uri, id_field)
+        yield from _records(pf, uri, id_field, row_groups)
         return
     missing = [f for f in (id_field, text_field) if f not in names]
     if missing:
         msg = (f"{uri}: has no column {missing[0]!r} (columns: {', '.join(names)}); "
                f"set input.id_field / {FIELD_KEY[kind]}")
-        for i in range(pf.metadata.num_rows):
+        for i in range(sum(pf.metadata.row_group(g).num_rows for g in row_groups)):
             yield InputRecord(i, None, None, "missing_column", msg)
         return
     ordinal = 0
-    batches = pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[id_field, text_field])
+    batches = pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=row_groups, columns=[id_field, text_field])
     while True:
         try:
             batch = next(batches, None)
@@ -71,10 +85,10 @@ def read_parquet(fh: BinaryIO, uri: str, id_field: str, text_field: str, *,
             ordinal += 1
 
 
-def _records(pf: pq.ParquetFile, uri: str, id_field: str) -> Iterator[InputRecord]:
+def _records(pf: pq.ParquetFile, uri: str, id_field: str, row_groups: list[int]) -> Iterator[InputRecord]:
     """Whole rows (kind record), the id read from `id_field`."""
     ordinal = 0
-    for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS):
+    for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=row_groups):
         for row in batch.to_pylist():
             yield _check(ordinal, row.get(id_field), row, f"{uri} row {ordinal}", id_field, "", "record")
             ordinal += 1

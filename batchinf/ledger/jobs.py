@@ -174,6 +174,14 @@ def plan_attempt_started(job_id: str, idx: int) -> bool:
             .values(attempts=job_inputs.c.attempts + 1, started_at=now(), error=None)).rowcount == 1
 
 
+def plan_part_started(job_id: str, idx: int) -> None:
+    """A part of the object's current planning attempt started (distributed planning in parts):
+    the attempt is alive, its time limit counted from now."""
+    with tx() as conn:
+        conn.execute(update(job_inputs).where(job_inputs.c.job_id == job_id, job_inputs.c.idx == idx,
+                                              job_inputs.c.records.is_(None)).values(started_at=now()))
+
+
 def plan_attempt_failed(job_id: str, idx: int, error: str) -> None:
     with tx() as conn:
         conn.execute(update(job_inputs).where(job_inputs.c.job_id == job_id, job_inputs.c.idx == idx)

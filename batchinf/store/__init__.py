@@ -9,7 +9,7 @@ from batchinf.store.base import SUPPORTED_SCHEMES, ObjectPin, Store, join, norma
 __all__ = ["ObjectPin", "Store", "get_store", "join", "normalize_uri", "split_uri"]
 
 
-_READS = {"list", "head", "open_read", "get_bytes", "download_file", "exists"}
+_READS = {"list", "head", "open_read", "read_range", "get_bytes", "download_file", "exists"}
 _WRITES = {"put_bytes", "put_file", "copy", "delete", "delete_prefix"}
 
 

@@ -7,15 +7,18 @@ URIs are raw (no percent-encoding): ``s3://bucket/key with spaces`` and
 from __future__ import annotations
 
 import abc
+import contextlib
+import io
 import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import BinaryIO, ContextManager
+from typing import BinaryIO, ContextManager, Iterator
 
 from batchinf.errors import InputError, StoreError
 
 SUPPORTED_SCHEMES = ("file", "s3")
+RANGED_BUFFER = 8 << 20     # bytes per ranged read of `Store.open_ranged`
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,18 @@ class Store(abc.ABC):
         """A seekable binary file holding exactly the pinned version; InputError if it changed or vanished."""
 
     @abc.abstractmethod
+    def read_range(self, pin: ObjectPin, start: int, length: int) -> bytes:
+        """Bytes [start, start + length) of exactly the pinned version (fewer at its end; one ranged
+        GET on S3); InputError if it changed or vanished."""
+
+    @contextlib.contextmanager
+    def open_ranged(self, pin: ObjectPin, buffer: int = RANGED_BUFFER) -> Iterator[BinaryIO]:
+        """A seekable binary file of the pinned version that reads it by `read_range`, `buffer`
+        bytes at a time: a part of a large object is read without fetching the rest."""
+        with io.BufferedReader(_Ranged(self, pin), buffer_size=buffer) as f:
+            yield f  # type: ignore[misc]
+
+    @abc.abstractmethod
     def get_bytes(self, uri: str) -> bytes:
         """The whole current content of one object; InputError if missing."""
 
@@ -169,3 +184,33 @@ class Store(abc.ABC):
         except InputError:
             return False
         return True
+
+
+class _Ranged(io.RawIOBase):
+    """The pinned version as a seekable raw file over `Store.read_range`."""
+
+    def __init__(self, store: Store, pin: ObjectPin) -> None:
+        self.store, self.pin, self.pos = store, pin, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.pin.size}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+    def readinto(self, b: bytearray) -> int:  # type: ignore[override]
+        want = min(len(b), self.pin.size - self.pos)
+        if want <= 0:
+            return 0
+        data = self.store.read_range(self.pin, self.pos, want)
+        b[:len(data)] = data
+        self.pos += len(data)
+        return len(data)

@@ -43,6 +43,22 @@ def write_jsonl(path: Path, n: int, *, seed: int = 0, bad: bool = True, prefix: 
     return good
 
 
+def record_line(rid: str, text: str) -> bytes:
+    return json.dumps({"id": rid, "text": text}).encode()
+
+
+def awkward_jsonl(seed: int, n: int, prefix: str) -> bytes:
+    """n records (ids prefix0..) with blank lines, CRLF endings, every 37th line long, and no
+    final newline: what a byte range of a JSONL object may start or end inside."""
+    rng = random.Random(seed)
+    out = []
+    for i, t in enumerate(texts(n, seed)):
+        out.append(record_line(f"{prefix}{i}", t if i % 37 else t * 40) + (b"\r\n" if rng.random() < 0.2 else b"\n"))
+        if rng.random() < 0.1:
+            out.append(b"\n" if rng.random() < 0.5 else b"   \r\n")
+    return b"".join(out).rstrip(b"\n")
+
+
 def manifest(input_uri: str, output_uri: str, bundle: str = "tiny@prod", **extra: object) -> dict:
     m = {"name": "test-embed", "task": "embed", "bundle": bundle,
          "input": {"uri": input_uri, "format": "jsonl"}, "output": {"uri": output_uri},

@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("batchinf.ledger",),
     ("batchinf.bundles", "batchinf.tenants", "batchinf.scopes", "batchinf.limits", "batchinf.submit",
      "batchinf.metrics", "batchinf.openai_batches", "batchinf.retries"),
-    ("batchinf.plan_summary", "batchinf.bucketing", "batchinf.sizing"),
+    ("batchinf.plan_summary", "batchinf.plan_parts", "batchinf.bucketing", "batchinf.sizing"),
     ("batchinf.plan", "batchinf.execute", "batchinf.verify", "batchinf.schedules"),
     ("batchinf.quarantine", "batchinf.dispatch"),
     ("batchinf.lifecycle",),
