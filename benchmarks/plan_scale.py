@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -204,6 +205,22 @@ def _timed(fn, repeat: int = 5) -> float:
     return statistics.median(times) * 1000
 
 
+def _backend_states(url: str) -> list[str]:
+    """What each of the database's other backends is doing now: `lock` (waiting on a row or
+    table lock: the ledger serializes), `client` (idle in a transaction, waiting for its Python
+    process: CPU-bound clients), `io`/`other` (running, WAL)."""
+    from sqlalchemy import create_engine, text
+
+    eng = create_engine(url.replace("postgresql://", "postgresql+psycopg://"))
+    try:
+        with eng.connect() as conn:
+            rows = conn.execute(text("SELECT wait_event_type FROM pg_stat_activity WHERE datname = current_database() "
+                                     "AND pid <> pg_backend_pid() AND state <> 'idle'")).scalars().all()
+    finally:
+        eng.dispose()
+    return [{"Lock": "lock", "Client": "client", "IO": "io"}.get(w or "", "other") for w in rows]
+
+
 def ledger_bench(url: str, n_shards: int, workers: int, seconds: float) -> dict:
     os.environ["BATCHINF_DATABASE_URL"] = url
     from batchinf.config import settings
@@ -231,6 +248,7 @@ def ledger_bench(url: str, n_shards: int, workers: int, seconds: float) -> dict:
     for p in procs:
         p.start()
     ticks, statuses, pages, end = [], [], [], time.monotonic() + seconds
+    waits: Counter[str] = Counter()
     while time.monotonic() < end:        # the controller: up to 4 shards per worker queued
         t1 = time.perf_counter()
         step(job_id, Sim(), slots=4 * workers)
@@ -238,12 +256,14 @@ def ledger_bench(url: str, n_shards: int, workers: int, seconds: float) -> dict:
         if len(ticks) % 5 == 0:
             statuses.append(_timed(lambda: status(job_id), 1))
             pages.append(_timed(lambda: page_shards(job_id, limit=100), 1))
+            waits.update(_backend_states(url))
     done = [q.get(timeout=seconds + 120) for _ in procs]
     commits, errors = sum(c for c, _ in done), sum(e for _, e in done)
     for p in procs:
         p.join(timeout=60)
     return {"shards": n_shards, "workers": workers, "seconds": seconds, "seed_seconds": seed_seconds,
-            "commits": commits, "commits_per_s": commits / seconds, "ledger_errors": errors, "idle": idle,
+            "commits": commits, "commits_per_s": commits / seconds, "ledger_errors": errors,
+            "busy_backends": {k: v / max(1, sum(waits.values())) for k, v in sorted(waits.items())}, "idle": idle,
             "under_load": {"tick_ms_p50": statistics.median(ticks), "tick_ms_max": max(ticks),
                            "status_ms_p50": statistics.median(statuses) if statuses else None,
                            "shards_page_ms_p50": statistics.median(pages) if pages else None},
