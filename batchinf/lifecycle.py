@@ -29,7 +29,6 @@ from batchinf.plan import finish_plan, pin_job
 from batchinf.quarantine import resolve_quarantined
 from batchinf.retry import Outcome, classify
 from batchinf.store import get_store, join
-from batchinf.tasks import get_task
 from batchinf.verify import publish, publish_partial
 
 log = logging.getLogger("batchinf.lifecycle")
@@ -101,7 +100,7 @@ def _run(job: Job, d: Dispatcher, slots: int | None) -> None:
         metrics.shards_sent(len(fresh), len(resend))
     for shard_id in shard_repo.stragglers(job.id, s.speculate_factor, s.speculate_min_seconds):
         d.speculate(shard_id)
-    if (workers := d.workers()) and s.split_chunk_tokens and get_task(job.task).streams:
+    if (workers := d.workers()) and s.split_chunk_tokens:
         splits.request_split(job.id, workers, sizing.min_shard_work())   # idle workers: split the largest
     d.keep_up(job, shard_repo.open_count(job.id))
     if d.sweeps:
