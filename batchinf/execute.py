@@ -197,8 +197,7 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
             # a streaming task reports progress per staged batch; a whole-shard one (generate)
             # per finished record, through the callback it calls as each one finishes, and
             # stops starting records once a split is wanted (those left come back `deferred`)
-            run = (task.run(c, runtime, m.options, check) if task.streams
-                   else task.run(c, runtime, m.options, finished, split=wanted))
+            run = task.run(c, runtime, m.options, check if task.streams else finished, wanted)
             errors = _staged_errors(c, lease.attempt) + _inference_errors(c, run.failures, lease.attempt)
             results.write(run.table)
             failures.write(pa.Table.from_pylist(errors, schema=ERROR_SCHEMA))

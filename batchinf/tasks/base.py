@@ -89,11 +89,13 @@ class Task:
     def result_schema(self, meta: dict[str, Any], options: Any = None) -> pa.Schema:
         raise NotImplementedError
 
-    def run(self, c: dict[str, list[Any]], runtime: Any, options: Any, check: Callable[[], None]) -> RunOutput:
+    def run(self, c: dict[str, list[Any]], runtime: Any, options: Any, check: Callable[[], None],
+            split: Callable[[], bool] | None = None) -> RunOutput:
         """Staged columns (`c`, with `source` as strings) of one batch -> RunOutput. Only rows
-        whose `error` is None are computed; positions index `c`. A whole-shard task (`streams`
-        False) also takes `split`, a callable saying whether its shard is to be split: once it
-        says so, the task starts no more records and returns the rest as `deferred`."""
+        whose `error` is None are computed; positions index `c`. `split` says whether the shard
+        is to be split: a whole-shard task (`streams` False) then starts no more records and
+        returns those it has not started as `deferred`; a streaming task ignores it (execute
+        splits its shard between staged chunks)."""
         raise NotImplementedError
 
     # --- verify -----------------------------------------------------------------------------
