@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
+from batchinf import failpoints
 from batchinf.bundles import import_bundle, open_runtime
 from batchinf.config import settings
 from batchinf.execute import execute_shard
@@ -71,20 +72,24 @@ def _leased_job(inp: Path, out: Path) -> tuple[str, Lease]:
     return job_id, lease_one_shard(job_id)
 
 
-def _finish(job_id: str, out: Path) -> dict[str, dict[str, Any]]:
-    """Run what is left in this process, publish; every record exactly once; rows by record id."""
+def _finish(job_id: str, out: Path, failing: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
+    """Run what is left in this process, publish; every record exactly once, an error row for
+    each of `failing` and a result for each other one; result rows by record id."""
     d, t0 = InProcess(), time.monotonic()
     while jobs.get(job_id).status != JobStatus.SUCCEEDED and time.monotonic() - t0 < 120:
         assert step(job_id, d)
     assert jobs.get(job_id).status == JobStatus.SUCCEEDED, jobs.get(job_id).error
     assert verify_output(str(out))["ok"]                       # coverage exactly once, digests, counts
     rows = pq.read_table(out, ignore_prefixes=["_", "errors", "openai"]).to_pylist()
-    assert sorted(r["record_id"] for r in rows) == sorted(f"q{i}" for i in range(RECORDS))
+    assert sorted(r["record_id"] for r in rows) == sorted(f"q{i}" for i in range(RECORDS) if f"q{i}" not in failing)
+    errors = pq.read_table(out / "errors").to_pylist() if failing else []
+    assert [(e["record_id"], e["error"]) for e in errors] == [(f, "inference_error") for f in failing]
     return {r["record_id"]: r for r in rows}
 
 
 @pytest.mark.slow
-def test_a_split_generate_shard_gives_every_record_the_unsplit_answer(tmp_path: Path, tiny_llama: str) -> None:
+def test_a_split_generate_shard_gives_every_record_the_unsplit_answer(tmp_path: Path, tiny_llama: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     inp = _lines(tmp_path / "in" / "batch.jsonl")
     whole_id, whole_lease = _leased_job(inp, tmp_path / "whole")
     execute_shard(whole_lease)
@@ -113,6 +118,22 @@ def test_a_split_generate_shard_gives_every_record_the_unsplit_answer(tmp_path: 
     assert len({r["text"] for r in split.values()}) > RECORDS // 2
     assert {r["seed"] for r in split.values()} == {100 + i if i % 3 == 0 else derive_seed(7, f"q{i}")
                                                    for i in range(RECORDS)}
+
+    # a record of the first admission raises: the batch is isolated in halves, each admitting
+    # its first requests before the split stops it; the failure and every answer count once
+    job_id, lease = _leased_job(inp, tmp_path / "failing")
+    assert splits.request_split(job_id, 2, 1) == [lease.shard_id]
+    monkeypatch.setenv("BATCHINF_FAILPOINTS", "execute.record[q10]=raise")
+    failpoints.reload()
+    try:
+        result = execute_shard(lease)
+    finally:
+        monkeypatch.delenv("BATCHINF_FAILPOINTS")
+        failpoints.reload()
+    assert result.error_rows == 1 and 0 < shards.get(lease.shard_id).num_records < RECORDS
+    assert any(s.parent_id == lease.shard_id for s in shards.of_job(job_id))
+    failing = _finish(job_id, tmp_path / "failing", failing=("q10",))
+    assert failing == {rid: r for rid, r in whole.items() if rid != "q10"}
 
 
 def test_admission_stops_when_asked_and_the_rest_runs_alike(tmp_path: Path, tiny_llama: str) -> None:
