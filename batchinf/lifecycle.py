@@ -11,6 +11,7 @@ and fail the job after `BATCHINF_MAX_STEP_FAILURES` consecutive failures.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Callable
 
 from batchinf import logs, metrics, sizing
@@ -100,8 +101,10 @@ def _run(job: Job, d: Dispatcher, slots: int | None) -> None:
         metrics.shards_sent(len(fresh), len(resend))
     for shard_id in shard_repo.stragglers(job.id, s.speculate_factor, s.speculate_min_seconds):
         d.speculate(shard_id)
-    if (workers := d.workers()) and s.split_chunk_tokens:
-        splits.request_split(job.id, workers, sizing.min_shard_work())   # idle workers: split the largest
+    if (workers := d.workers()) and s.split_chunk_tokens:   # idle workers: split the largest
+        # shards count staged tokens; a generate record's work adds the tokens it may decode
+        min_tokens = sizing.min_shard_work() / float(job.plan.get("work_per_token", 1.0))
+        splits.request_split(job.id, workers, max(1, math.ceil(min_tokens)))
     d.keep_up(job, shard_repo.open_count(job.id))
     if d.sweeps:
         _sweep(job)

@@ -17,6 +17,7 @@ import pytest
 from batchinf import failpoints
 from batchinf.bundles import import_bundle, open_runtime
 from batchinf.config import settings
+from batchinf.dispatch import Dispatcher
 from batchinf.execute import execute_shard
 from batchinf.ledger import jobs, shards, splits
 from batchinf.ledger.models import Lease
@@ -134,6 +135,31 @@ def test_a_split_generate_shard_gives_every_record_the_unsplit_answer(tmp_path: 
     assert any(s.parent_id == lease.shard_id for s in shards.of_job(job_id))
     failing = _finish(job_id, tmp_path / "failing", failing=("q10",))
     assert failing == {rid: r for rid, r in whole.items() if rid != "q10"}
+
+
+class Idle(Dispatcher):
+    """Two workers, both idle as far as the lifecycle knows: the test plays the one that runs."""
+
+    def workers(self) -> int | None:
+        return 2
+
+
+def test_the_lifecycle_sizes_a_generate_split_by_its_decode_work(tmp_path: Path, tiny_llama: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A generate shard's num_tokens counts its prompts only; the tokens its records may decode
+    are work too, so a shard whose prompts alone are under BATCHINF_MIN_SHARD_TOKENS is split."""
+    job_id, lease = _leased_job(_lines(tmp_path / "in" / "batch.jsonl"), tmp_path / "out")
+    prompts = shards.get(lease.shard_id).num_tokens
+    decode = sum(4 + i for i in range(RECORDS))
+    assert jobs.get(job_id).plan["work_per_token"] == round((prompts + decode) / prompts, 4)
+    monkeypatch.setenv("BATCHINF_MIN_SHARD_TOKENS", str(int((prompts + decode) * 1.05)))
+    settings.cache_clear()
+    assert step(job_id, Idle()) and not splits.split_wanted(lease)        # too little work left
+    least = int((prompts + decode) * 0.95)
+    assert least > prompts
+    monkeypatch.setenv("BATCHINF_MIN_SHARD_TOKENS", str(least))
+    settings.cache_clear()
+    assert step(job_id, Idle()) and splits.split_wanted(lease)            # more than its prompts alone
 
 
 def test_admission_stops_when_asked_and_the_rest_runs_alike(tmp_path: Path, tiny_llama: str) -> None:
