@@ -222,10 +222,9 @@ class GenerateRuntime:
         sequence of the current batch has finished, with finished rows still computed (the
         classic static batch, kept for benchmarks). The KV cache never exceeds `kv_budget` bytes
         (default: this worker's BATCHINF_MAX_KV_CACHE_BYTES): slots are cut to fit, and a request
-        that alone would not fit is refused (ValueError) before anything is allocated.
-        `stop_admitting` is asked before free slots are refilled (not before the first admission):
-        once it says True, the sequences in flight finish and the requests never admitted get no
-        result (a split shard hands them to its children)."""
+        that alone would not fit is refused (ValueError) before anything is allocated. Once
+        `stop_admitting` (asked before refilling free slots) says True, the sequences in flight
+        finish and those never admitted get no result (a split shard hands them on)."""
         reqs = list(requests)
         self.check(reqs, max_batch_tokens)
         if not reqs:
