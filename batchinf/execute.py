@@ -6,6 +6,7 @@ attempt's keys are recorded in the ledger, and only those are promoted at publis
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 import time
@@ -61,6 +62,26 @@ class Heartbeat(threading.Thread):
         self._stop.set()
 
 
+class SplitWatch:
+    """Whether the lifecycle asked this attempt to split (`splits.split_wanted`), read from the
+    ledger at most every `every` seconds (the first time when first asked), so a loop may ask
+    at every record or decode step. A failed read counts as not yet: the next one retries."""
+
+    def __init__(self, lease: Lease, every: float) -> None:
+        self.lease, self.every = lease, every
+        self._next = 0.0
+        self._wanted = False
+
+    def __call__(self) -> bool:
+        if not self._wanted and (t := time.monotonic()) >= self._next:
+            self._next = t + self.every
+            try:
+                self._wanted = splits.split_wanted(self.lease)
+            except Exception:  # noqa: BLE001 -- a missed poll only delays the split
+                pass
+        return self._wanted
+
+
 def _staged_errors(c: dict[str, list[Any]], attempt: int) -> list[dict[str, Any]]:
     """Records that failed validation at planning: their error rows, as staged."""
     return [error_row(c["record_id"][i], c["source"][i], c["ordinal"][i], e, c["message"][i], attempt)
@@ -97,21 +118,29 @@ def _chunks(staged: pa.Table | pa.RecordBatch, work: int) -> Iterator[pa.Table |
             yield staged.slice(a, b - a)
 
 
-def _split_children(job_work_uri: str, shard: Shard, lease: Lease, done: int) -> list[dict[str, Any]]:
-    """Stage the records after the first `done` of the shard as its children: two of equal work
-    (one when the rest is small), under names unique to this attempt."""
-    rest = read_table(shard.input_uri).slice(done)
-    work = rest.column("n_tokens").to_numpy(zero_copy_only=False).astype(np.int64)
-    halves = 2 if int(work.sum()) >= sizing.min_shard_work() and rest.num_rows > 1 else 1
-    runs = sizing.cut_balanced(np.arange(rest.num_rows), work, -(-int(work.sum()) // halves), rest.num_rows,
+def _split_children(job_work_uri: str, shard: Shard, lease: Lease, rest: np.ndarray) -> list[dict[str, Any]]:
+    """Stage the shard's records at staged positions `rest` (ascending: those it has not done;
+    a tail for a streaming task, any subset for generate, whose admission is not in staged
+    order) as its children, in staged order: two of equal work (one when the rest is small),
+    under names unique to this attempt."""
+    staged = read_table(shard.input_uri)
+    tail = int(rest[0]) + len(rest) == staged.num_rows and bool((np.diff(rest) == 1).all())
+    left = staged.slice(int(rest[0])) if tail else staged.take(pa.array(rest, type=pa.int64()))
+    # a child's id names the records it covers: the first done records' count, else the set left
+    key = str(staged.num_rows - len(rest)) if tail else hashlib.sha256(rest.astype("<i8").tobytes()).hexdigest()[:16]
+    tokens = left.column("n_tokens").to_numpy(zero_copy_only=False).astype(np.int64)
+    work = tokens + (left.column("max_tokens").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+                     if "max_tokens" in left.schema.names else 0)    # generate: as planned, its decoding too
+    halves = 2 if int(work.sum()) >= sizing.min_shard_work() and left.num_rows > 1 else 1
+    runs = sizing.cut_balanced(np.arange(left.num_rows), work, -(-int(work.sum()) // halves), left.num_rows,
                                1 << 62, min_work=1)
     children = []
     for k, run in enumerate(runs):
-        part = rest.slice(int(run[0]), len(run))
+        part = left.slice(int(run[0]), len(run))
         uri = join(job_work_uri, "shards", f"split-{shard.id}-a{lease.attempt}-{k}.parquet")
         write_table(uri, part, row_group_size=STAGE_ROW_GROUP)
-        children.append({"id": shard_id(f"{shard.id}|split|{done}|{k}"), "num_records": part.num_rows,
-                         "num_tokens": int(work[run].sum()), "input_uri": uri})
+        children.append({"id": shard_id(f"{shard.id}|split|{key}|{k}"), "num_records": part.num_rows,
+                         "num_tokens": int(tokens[run].sum()), "input_uri": uri})
     return children
 
 
@@ -126,7 +155,11 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
 
     The job's task runs the staged rows: a streaming task (embed, score, classify...) one staged
     row group at a time, so memory stays bounded whatever the shard's size; generate gets the
-    whole shard as one continuous batch (its size is bounded by shards.max_records)."""
+    whole shard as one continuous batch (its size is bounded by shards.max_records).
+
+    Asked to split (`ledger.splits`), the attempt commits the records it has done and stages the
+    others as the shard's children: a streaming task at its next chunk boundary (the done records
+    are a prefix of the staged ones), generate once its records in flight finish (any subset)."""
     t0 = time.perf_counter()
     job, shard = job_repo.get(lease.job_id), shard_repo.get(lease.shard_id)
     m = job.manifest
@@ -149,20 +182,22 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
     tokens = {"input": 0, "output": 0, "real": 0, "padded": 0}
     results = PartWriter(task.result_schema(runtime.meta, m.options))
     failures = PartWriter(ERROR_SCHEMA)
-    done = done_tokens = 0          # records (and their work) computed so far, in staged order
-    split_at: int | None = None     # set when the lifecycle asked this attempt to split
+    done = done_tokens = 0          # records (and their staged tokens) computed so far
+    rest: np.ndarray | None = None  # when splitting: staged positions of the records left to children
     chunk = sizing.split_chunk_work()         # 0: no splitting; else at least 4 batches a chunk
     chunk = chunk and max(chunk, 4 * int(getattr(m.options, "max_batch_tokens", 0) or 0))
+    wanted = SplitWatch(lease, settings().heartbeat_seconds) if chunk else None
     try:
         for staged in _staged_chunks(shard.input_uri, task.streams, chunk):
-            if done and done < shard.num_records and splits.split_wanted(lease):
-                split_at = done
+            if done and done < shard.num_records and wanted is not None and wanted():
+                rest = np.arange(done, shard.num_records)
                 break
             check()
             c = _columns(staged)
             # a streaming task reports progress per staged batch; a whole-shard one (generate)
-            # per finished record, through the callback it calls as each one finishes
-            run = task.run(c, runtime, m.options, check if task.streams else finished)
+            # per finished record, through the callback it calls as each one finishes, and
+            # stops starting records once a split is wanted (those left come back `deferred`)
+            run = task.run(c, runtime, m.options, check if task.streams else finished, wanted)
             errors = _staged_errors(c, lease.attempt) + _inference_errors(c, run.failures, lease.attempt)
             results.write(run.table)
             failures.write(pa.Table.from_pylist(errors, schema=ERROR_SCHEMA))
@@ -171,9 +206,11 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
                 tokens[k] += run.tokens.get(k, 0)
             if task.streams:
                 finished(staged.num_rows)
-            done += staged.num_rows
-            done_tokens += sum(c["n_tokens"])
-        children = [] if split_at is None else _split_children(job.work_uri, shard, lease, split_at)
+            if run.deferred:            # the whole shard was `staged`: positions are the shard's
+                rest = np.asarray(run.deferred, dtype=np.int64)
+            done += staged.num_rows - len(run.deferred)
+            done_tokens += sum(c["n_tokens"]) - sum(c["n_tokens"][i] for i in run.deferred)
+        children = [] if rest is None else _split_children(job.work_uri, shard, lease, rest)
     except BaseException:
         results.discard()
         failures.discard()
@@ -193,11 +230,11 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
         execute_seconds=time.perf_counter() - t0, errors=error_rows)
     failpoints.hit("execute.before_commit")
     try:
-        if split_at is None:
+        if rest is None:
             leases.commit_attempt(lease, result)
         else:
             failpoints.hit("split.before_commit")
-            splits.commit_split(lease, result, split_at, done_tokens, children)
+            splits.commit_split(lease, result, done, done_tokens, children)
             failpoints.hit("split.after_commit")
     except StaleAttemptError:
         get_store(base).delete_prefix(base)   # a losing attempt leaves nothing behind

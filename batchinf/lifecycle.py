@@ -11,6 +11,7 @@ and fail the job after `BATCHINF_MAX_STEP_FAILURES` consecutive failures.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Callable
 
 from batchinf import logs, metrics, sizing
@@ -29,7 +30,6 @@ from batchinf.plan import finish_plan, pin_job
 from batchinf.quarantine import resolve_quarantined
 from batchinf.retry import Outcome, classify
 from batchinf.store import get_store, join
-from batchinf.tasks import get_task
 from batchinf.verify import publish, publish_partial
 
 log = logging.getLogger("batchinf.lifecycle")
@@ -101,8 +101,10 @@ def _run(job: Job, d: Dispatcher, slots: int | None) -> None:
         metrics.shards_sent(len(fresh), len(resend))
     for shard_id in shard_repo.stragglers(job.id, s.speculate_factor, s.speculate_min_seconds):
         d.speculate(shard_id)
-    if (workers := d.workers()) and s.split_chunk_tokens and get_task(job.task).streams:
-        splits.request_split(job.id, workers, sizing.min_split_work())   # idle workers: split the largest
+    if (workers := d.workers()) and s.split_chunk_tokens:   # idle workers: split the largest
+        # shards count staged tokens; a generate record's work adds the tokens it may decode
+        min_tokens = sizing.min_split_work() / float(job.plan.get("work_per_token", 1.0))
+        splits.request_split(job.id, workers, max(1, math.ceil(min_tokens)))
     d.keep_up(job, shard_repo.open_count(job.id))
     if d.sweeps:
         _sweep(job)

@@ -313,8 +313,8 @@ def finish_plan(job: Job, workers: int | None = None) -> None:
     bounds = bucketing.bounds_from_histogram(merged, m.shards.max_records)
     extra = bucketing.extra_work(summaries, valid)
     workers = m.shards.target_workers or workers
-    target = target_work(sum(L * c for L, c in merged.items()) + sum(sum(e.values()) for e in extra),
-                         workers, m.shards.max_tokens)
+    prompt_work, decode_work = sum(L * c for L, c in merged.items()), sum(sum(e.values()) for e in extra)
+    target = target_work(prompt_work + decode_work, workers, m.shards.max_tokens)
     planned = bucketing.cut_all(bounds, valid, invalid, m.shards.max_records, m.shards.max_tokens,
                                 target if workers and workers > 1 else None, extra)
 
@@ -343,6 +343,9 @@ def finish_plan(job: Job, workers: int | None = None) -> None:
                  "truncated": sum(s["truncated"] for s in summaries),
                  "tokens": sum(s["tokens"] for s in summaries), "padded_tokens": padded,
                  "workers": workers, "shard_work": target,
+                 # work per staged token (generate: its decoding too), for sizing a split by num_tokens
+                 **({"work_per_token": round((prompt_work + decode_work) / prompt_work, 4)}
+                    if decode_work and prompt_work else {}),
                  "invalid_by_code": dict(sorted(by_code.items())),
                  "buckets": [{"bucket": b, "max_tokens": bound,
                               "records": sum(c for L, c in merged.items() if lo <= L <= bound),

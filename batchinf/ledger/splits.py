@@ -66,10 +66,12 @@ def split_wanted(lease: Lease) -> bool:
 
 def commit_split(lease: Lease, result: ShardResult, done_records: int, done_tokens: int,
                  children: list[dict[str, Any]]) -> None:
-    """The split checkpoint, in one transaction: the shard commits the first `done_records` of its
-    records (`result`), fenced like `leases.commit_attempt` (StaleAttemptError when the attempt
-    may no longer commit), and `children` (id, num_records, num_tokens, input_uri: the rest of its
-    records, staged) become pending shards of its bucket with it as their parent."""
+    """The split checkpoint, in one transaction: the shard commits the `done_records` records it
+    has done (`result`: a prefix of its staged records for a streaming task, any subset for
+    generate; its num_records/num_tokens become theirs), fenced like `leases.commit_attempt`
+    (StaleAttemptError when the attempt may no longer commit), and `children` (id, num_records,
+    num_tokens, input_uri: the rest of its records, staged) become pending shards of its bucket
+    with it as their parent. Coverage reads the committed parts, never the parent's staged file."""
     for attempt in range(SPLIT_COMMIT_TRIES):
         try:
             with tx() as conn:

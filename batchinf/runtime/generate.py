@@ -216,13 +216,15 @@ class GenerateRuntime:
                 * self.model.lm_head.weight.dtype.itemsize)
 
     def generate(self, requests: Iterable[GenRequest], *, max_batch_tokens: int = 16384,
-                 max_slots: int = 64, stats: GenStats | None = None,
-                 static: bool = False, kv_budget: int | None = None) -> Iterator[GenResult]:
+                 max_slots: int = 64, stats: GenStats | None = None, static: bool = False,
+                 kv_budget: int | None = None, stop_admitting: Callable[[], bool] | None = None) -> Iterator[GenResult]:
         """Continuous batching (see the module docstring). static=True refills only when every
         sequence of the current batch has finished, with finished rows still computed (the
         classic static batch, kept for benchmarks). The KV cache never exceeds `kv_budget` bytes
         (default: this worker's BATCHINF_MAX_KV_CACHE_BYTES): slots are cut to fit, and a request
-        that alone would not fit is refused (ValueError) before anything is allocated."""
+        that alone would not fit is refused (ValueError) before anything is allocated. Once
+        `stop_admitting` (asked before refilling free slots) says True, the sequences in flight
+        finish and those never admitted get no result (a split shard hands them on)."""
         reqs = list(requests)
         self.check(reqs, max_batch_tokens)
         if not reqs:
@@ -252,6 +254,8 @@ class GenerateRuntime:
         with torch.inference_mode():
             while queue or any(slots):
                 if not static or not any(slots):
+                    if queue and stop_admitting and len(queue) < len(reqs) and None in slots and stop_admitting():
+                        queue.clear()
                     new: list[_Seq] = []
                     while queue and None in slots:
                         need = len(queue[0].prompt_ids) + queue[0].params.max_tokens

@@ -40,10 +40,12 @@ FIELD_TASKS = {"text_field": "embed / classify", "prompt_field": "generate", "me
 @dataclass
 class RunOutput:
     """What running one staged batch gives: result rows (a table of the task's result schema),
-    failures by staged position (exception text) and token counts."""
+    failures by staged position (exception text), token counts, and the positions it left
+    undone because its shard is being split (`deferred`, ascending; a whole-shard task only)."""
     table: pa.Table
     failures: dict[int, str] = field(default_factory=dict)
     tokens: dict[str, int] = field(default_factory=lambda: {"input": 0, "output": 0, "real": 0, "padded": 0})
+    deferred: list[int] = field(default_factory=list)
 
 
 class Task:
@@ -87,9 +89,13 @@ class Task:
     def result_schema(self, meta: dict[str, Any], options: Any = None) -> pa.Schema:
         raise NotImplementedError
 
-    def run(self, c: dict[str, list[Any]], runtime: Any, options: Any, check: Callable[[], None]) -> RunOutput:
+    def run(self, c: dict[str, list[Any]], runtime: Any, options: Any, check: Callable[[], None],
+            split: Callable[[], bool] | None = None) -> RunOutput:
         """Staged columns (`c`, with `source` as strings) of one batch -> RunOutput. Only rows
-        whose `error` is None are computed; positions index `c`."""
+        whose `error` is None are computed; positions index `c`. `split` says whether the shard
+        is to be split: a whole-shard task (`streams` False) then starts no more records and
+        returns those it has not started as `deferred`; a streaming task ignores it (execute
+        splits its shard between staged chunks)."""
         raise NotImplementedError
 
     # --- verify -----------------------------------------------------------------------------

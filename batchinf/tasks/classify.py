@@ -74,7 +74,8 @@ class Classify(Task):
     def result_schema(self, meta: dict[str, Any], options: Any = None) -> pa.Schema:
         return CLASSIFY_SCHEMA
 
-    def run(self, c: dict[str, list[Any]], runtime: Any, options: Any, check: Callable[[], None]) -> RunOutput:
+    def run(self, c: dict[str, list[Any]], runtime: Any, options: Any, check: Callable[[], None],
+            split: Callable[[], bool] | None = None) -> RunOutput:
         from batchinf.runtime.classifier import activate
 
         def forward(batch: list[list[int]]) -> tuple[np.ndarray, int]:

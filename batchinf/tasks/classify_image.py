@@ -124,7 +124,8 @@ class ClassifyImage(Task):
     def result_schema(self, meta: dict[str, Any], options: Any = None) -> pa.Schema:
         return CLASSIFY_IMAGE_SCHEMA
 
-    def run(self, c: dict[str, list[Any]], runtime: Any, options: Any, check: Callable[[], None]) -> RunOutput:
+    def run(self, c: dict[str, list[Any]], runtime: Any, options: Any, check: Callable[[], None],
+            split: Callable[[], bool] | None = None) -> RunOutput:
         from batchinf.runtime.classifier import activate
 
         valid = ok_rows(c)

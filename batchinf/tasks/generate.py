@@ -160,11 +160,14 @@ class Generate(Task):
     def result_schema(self, meta: dict[str, Any], options: Any = None) -> pa.Schema:
         return GENERATION_SCHEMA
 
-    def run(self, c: dict[str, list[Any]], runtime: Any, options: Any, check: Callable[[], None]) -> RunOutput:
+    def run(self, c: dict[str, list[Any]], runtime: Any, options: Any, check: Callable[[], None],
+            split: Callable[[], bool] | None = None) -> RunOutput:
         """One continuous batch over all of the shard's records in staged order (by prompt
         length), so slots freed by short answers are refilled from the whole shard; rows are
         written in staged order, whatever order sequences finish in. Each record samples with its
-        own staged seed: a retry is identical."""
+        own staged seed (its own generator), so its answer depends on nothing else in the batch:
+        a retry, or a split shard's children, give identical bytes. Once `split()` says so, no
+        more records are admitted; those in flight finish, the others come back `deferred`."""
         from batchinf.runtime.generate import GenRequest, GenStats, SamplingParams
 
         valid = ok_rows(c)
@@ -177,7 +180,7 @@ class Generate(Task):
 
         def generate(reqs: list[Any]) -> Any:
             return runtime.generate(reqs, max_batch_tokens=options.max_batch_tokens, max_slots=options.max_slots,
-                                    stats=stats)
+                                    stats=stats, stop_admitting=split)
 
         if requests:
             generate_isolating(generate, requests, c["record_id"], out, check)
@@ -192,7 +195,8 @@ class Generate(Task):
         }, schema=GENERATION_SCHEMA)
         tokens = {"input": sum(r.input_tokens for r in res), "output": sum(r.output_tokens for r in res),
                   "real": stats.real_positions, "padded": stats.computed_positions}
-        return RunOutput(table, out.failures, tokens)
+        deferred = [i for i in valid if i not in out.results and i not in out.failures]
+        return RunOutput(table, out.failures, tokens, deferred)
 
     def summarize(self, tables: Any) -> dict[str, Any]:
         """How many answers ended on a stop condition and how many ran into max_tokens."""

@@ -1,11 +1,13 @@
 """Chaos at every step of a dynamic split: a job planned as one shard runs on two workers, so the
 idle one gets the running shard split, again and again; the split attempt's worker crashes before
 or after its split commit (`split.before_commit`, `split.after_commit`). Embedded (a LocalPool of
-two processes) and distributed (a controller and two Celery workers). The job must end
-`succeeded` with exactly-once coverage."""
+two processes; embed, and generate, whose continuous batch splits between admissions) and
+distributed (a controller and two Celery workers). The job must end `succeeded` with
+exactly-once coverage; a generate job's sampled answers are those of a run without crashes."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -83,6 +85,61 @@ def test_split_chaos(scenario: str, seed: int, tmp_path: Path, tiny_bundle: str,
         results = pq.read_table(out, ignore_prefixes=["_", "errors"]).column("record_id").to_pylist()
         assert sorted(results) == sorted(good)
         _coverage(job_id, 240)
+        if _crashed(job_id):
+            return
+    pytest.fail(f"no worker crashed in {RUNS} jobs; the scenario tested nothing")
+
+
+GENERATE_RECORDS = 96
+GENERATE_SLOW = ";".join(f"execute.record[g{i}]=sleep(0.05)" for i in range(GENERATE_RECORDS))   # per attempt,
+GENERATE_SCENARIOS = {k: SCENARIOS[k] for k in ("crash-before-split-commit", "crash-after-split-commit")}  # upfront
+
+
+@pytest.fixture
+def tiny_llama(bi_home: Path, tmp_path: Path) -> str:
+    from batchinf.bundles import import_bundle
+    from tests.helpers.tiny_llama import make_tiny_llama
+
+    return import_bundle(make_tiny_llama(tmp_path / "tiny-llama"), "tinyllama", alias="prod").digest
+
+
+def _generate(tmp_path: Path, out: Path) -> str:
+    """A sampled generate job over `GENERATE_RECORDS` prompts, planned as one shard; its id."""
+    inp = tmp_path / "prompts.jsonl"
+    if not inp.exists():
+        words = "the people of the world make water and light every day of the year".split()
+        inp.write_text("".join(json.dumps({"id": f"g{i}", "prompt": " ".join(words[: 1 + i % 13]) + f" {i}"}) + "\n"
+                               for i in range(GENERATE_RECORDS)))
+    raw = {"name": "split-generate", "task": "generate", "bundle": "tinyllama@prod",
+           "input": {"uri": str(inp), "format": "jsonl"}, "output": {"uri": str(out)},
+           "shards": {"max_records": 4096, "target_workers": 1},
+           "options": {"temperature": 0.9, "top_p": 0.95, "seed": 3, "max_tokens": 10, "max_slots": 4}}
+    return submit(parse_manifest(raw))[0]
+
+
+def _answers(out: Path) -> dict[str, tuple[str, list[int]]]:
+    t = pq.read_table(out, columns=["record_id", "text", "output_ids"], ignore_prefixes=["_", "errors"]).to_pylist()
+    return {r["record_id"]: (r["text"], r["output_ids"]) for r in t}
+
+
+@pytest.mark.parametrize("scenario", sorted(GENERATE_SCENARIOS))
+def test_split_chaos_generate(scenario: str, tmp_path: Path, tiny_llama: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    for k, v in {**FINE, "BATCHINF_MAX_ATTEMPTS": "20", "BATCHINF_JOB_RETRY_BUDGET": "1000"}.items():
+        monkeypatch.setenv(k, v)
+    settings.cache_clear()
+    clean_id = _generate(tmp_path, tmp_path / "clean")
+    assert drive(clean_id, workers=1, threads=1, tick=0.2) == "succeeded"
+    want = _answers(tmp_path / "clean")
+    assert len(want) == GENERATE_RECORDS and len({t for t, _ in want.values()}) > GENERATE_RECORDS // 2
+    monkeypatch.setenv("BATCHINF_FAILPOINTS", f"{GENERATE_SCENARIOS[scenario]};{GENERATE_SLOW}")
+    settings.cache_clear()
+    for run in range(RUNS):
+        out = tmp_path / f"out{run}"
+        job_id = _generate(tmp_path, out)
+        assert drive(job_id, workers=2, threads=1, tick=0.2) == "succeeded"
+        assert verify_output(str(out))["ok"]
+        assert _answers(out) == want            # split (and crashed) or not, the same sampled bytes
+        _coverage(job_id, GENERATE_RECORDS)
         if _crashed(job_id):
             return
     pytest.fail(f"no worker crashed in {RUNS} jobs; the scenario tested nothing")

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from batchinf.dispatch import Dispatcher, plan_objects_here, run_shard
-from batchinf.ledger import jobs
-from batchinf.ledger.models import Job
+from batchinf.ledger import jobs, leases, shards
+from batchinf.ledger.models import Job, Lease
 from batchinf.ledger.states import JobStatus
 from batchinf.plan import finish_plan, pin_job
 from batchinf.verify import publish
@@ -22,6 +22,16 @@ def plan_job(job_id: str, processes: int = 1, workers: int | None = None) -> Non
         return
     plan_objects_here(job, [o.idx for o in jobs.inputs(job_id) if o.records is None], processes)
     finish_plan(jobs.get(job_id), workers)
+
+
+def lease_one_shard(job_id: str, worker: str = "w:1") -> Lease:
+    """Plan a job meant to be one shard (asserted) and lease that shard to `worker`."""
+    plan_job(job_id)
+    assert len(shards.of_job(job_id)) == 1
+    shards.dispatch_ready(job_id)
+    lease = leases.claim_next([job_id], worker, 30)
+    assert lease is not None
+    return lease
 
 
 def publish_job(job_id: str) -> dict[str, Any]:

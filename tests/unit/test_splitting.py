@@ -22,7 +22,7 @@ from batchinf.manifest import parse_manifest
 from batchinf.submit import submit
 from batchinf.verify import verify_output
 from tests.helpers.corpus import manifest, write_jsonl
-from tests.helpers.stages import InProcess, plan_job
+from tests.helpers.stages import InProcess, lease_one_shard
 
 RECORDS = 60
 
@@ -51,12 +51,7 @@ def _one_shard_job(tmp_path: Path, name: str = "s") -> tuple[str, Lease]:
     raw = manifest(str(tmp_path / name / "in.jsonl"), str(tmp_path / name / "out"),
                    shards={"max_records": 4096}, options={"max_batch_tokens": 64})
     job_id, _ = submit(parse_manifest(dict(raw, name=name)))
-    plan_job(job_id)
-    assert len(shards.of_job(job_id)) == 1
-    shards.dispatch_ready(job_id)
-    lease = leases.claim_next([job_id], "w:1", 30)
-    assert lease is not None
-    return job_id, lease
+    return job_id, lease_one_shard(job_id)
 
 
 def _finish(tmp_path: Path, job_id: str, name: str = "s") -> None:
