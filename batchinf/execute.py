@@ -62,6 +62,9 @@ class Heartbeat(threading.Thread):
         self._stop.set()
 
 
+SPLIT_POLL_SECONDS = 0.5    # a split request waits at most this long (one indexed read per poll)
+
+
 class SplitWatch:
     """Whether the lifecycle asked this attempt to split (`splits.split_wanted`), read from the
     ledger at most every `every` seconds (the first time when first asked), so a loop may ask
@@ -184,9 +187,9 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
     failures = PartWriter(ERROR_SCHEMA)
     done = done_tokens = 0          # records (and their staged tokens) computed so far
     rest: np.ndarray | None = None  # when splitting: staged positions of the records left to children
-    chunk = sizing.split_chunk_work()         # 0: no splitting; else at least 4 batches a chunk
-    chunk = chunk and max(chunk, 4 * int(getattr(m.options, "max_batch_tokens", 0) or 0))
-    wanted = SplitWatch(lease, settings().heartbeat_seconds) if chunk else None
+    chunk = sizing.split_chunk_work()         # 0: no splitting; else at least 2 batches a chunk
+    chunk = chunk and max(chunk, 2 * int(getattr(m.options, "max_batch_tokens", 0) or 0))
+    wanted = SplitWatch(lease, min(SPLIT_POLL_SECONDS, settings().heartbeat_seconds)) if chunk else None
     try:
         for staged in _staged_chunks(shard.input_uri, task.streams, chunk):
             if done and done < shard.num_records and wanted is not None and wanted():

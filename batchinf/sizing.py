@@ -36,7 +36,7 @@ def min_split_work() -> int:
 
 
 def split_chunk_work() -> int:
-    """BATCHINF_SPLIT_CHUNK_TOKENS (default 8192; 0: no splitting): a streaming attempt computes
+    """BATCHINF_SPLIT_CHUNK_TOKENS (default 4096; 0: no splitting): a streaming attempt computes
     its shard in chunks of this much work and may split at a chunk's end."""
     return settings().split_chunk_tokens
 
