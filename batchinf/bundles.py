@@ -32,9 +32,9 @@ def import_bundle(src: str | Path, name: str, *, alias: str | None = None,
         raise BundleError(f"precision {precision!r} is not supported; use float32 or int8")
     meta = build_meta(src, max_length=max_length, dtype=dtype)
     if precision == "int8":
-        from batchinf.runtime.int8 import gate
+        from batchinf.runtime import int8
 
-        meta = gate(src, meta)
+        meta = int8.gate(rb.EmbedRuntime(src, int8.int8_meta(meta), device="cpu"))
     if matryoshka_dims:
         meta["matryoshka_dims"] = check_matryoshka_dims(matryoshka_dims, meta)
     digest = rb.digest_of(meta)

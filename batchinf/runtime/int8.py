@@ -17,7 +17,6 @@ every load, or it is refused.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -97,20 +96,22 @@ def cosines(got: np.ndarray, want: np.ndarray) -> np.ndarray:
     return (got * want).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1) + 1e-12)
 
 
-def gate(src: Path, meta: dict[str, Any]) -> dict[str, Any]:
-    """bundle.json for the int8 variant of a float32 embed bundle `meta`: its fixtures (the float32
-    reference) embedded by the int8 model must reach `MIN_COSINE`, or the import is refused."""
-    from batchinf.runtime.bundle import EmbedRuntime
-
+def int8_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    """bundle.json of the int8 variant of a float32 embed bundle `meta` (before its gate)."""
     check_supported(meta, "cpu")
-    out = {**meta, "precision": "int8", "precision_gate": {"min_cosine": MIN_COSINE}}
-    runtime = EmbedRuntime(src, out, device="cpu")
+    return {**meta, "precision": "int8", "precision_gate": {"min_cosine": MIN_COSINE}}
+
+
+def gate(runtime: Any) -> dict[str, Any]:
+    """The import gate: an EmbedRuntime over `int8_meta(...)` must embed every fixture (the float32
+    reference) within `MIN_COSINE`, or the import is refused; returns its meta with the measure."""
+    meta = runtime.meta
     got, _ = runtime.embed([fx["token_ids"] for fx in meta["fixtures"]])
     cos = cosines(got, np.asarray([fx["embedding"] for fx in meta["fixtures"]], dtype=np.float32))
     worst = int(cos.argmin())
     if cos[worst] < MIN_COSINE:
-        raise BundleError(f"{src}: refusing the int8 import: fixture {worst} ({meta['fixtures'][worst]['text'][:40]!r}) "
-                          f"reaches minimum cosine {cos[worst]:.6f} against float32, below the bound {MIN_COSINE}; "
-                          "this model does not quantise well: import it in float32")
-    out["precision_gate"]["measured"] = round(float(cos[worst]), 4)
-    return out
+        raise BundleError(f"{runtime.root}: refusing the int8 import: fixture {worst} "
+                          f"({meta['fixtures'][worst]['text'][:40]!r}) reaches minimum cosine {cos[worst]:.6f} "
+                          f"against float32, below the bound {MIN_COSINE}; this model does not quantise well: "
+                          "import it in float32")
+    return {**meta, "precision_gate": {**meta["precision_gate"], "measured": round(float(cos[worst]), 4)}}
