@@ -145,6 +145,16 @@ def _implementation(digest: str) -> dict[str, str]:
     return meta.get("implementation") or {"name": "batchinf", "version": __version__}
 
 
+def _precision(job: Job) -> str:
+    """The numeric precision that computed the results: int8 for an int8 bundle (CPU only); else
+    float32 on CPU, the bundle's dtype on CUDA."""
+    meta = registry.meta(job.bundle_digest)
+    dtype, device = str(meta.get("dtype", "float32")), getattr(job.manifest.options, "device", "auto")
+    if meta.get("precision") == "int8" or dtype == "float32" or device == "cpu":
+        return str(meta.get("precision", "float32"))
+    return dtype if device == "cuda" else f"{dtype} on CUDA, float32 on CPU"
+
+
 def _not_done(rows: list[Shard]) -> list[Shard]:
     """Shards whose records have no committed row: neither done nor split into children."""
     parents = {r.parent_id for r in rows if r.parent_id}
@@ -192,7 +202,7 @@ def publish_partial(job: Job) -> dict[str, Any]:
     done = [r for r in rows if r.status == ShardStatus.COMMITTED]
     partial = {
         "job_id": job.id, "status": (JobStatus.EXPIRED if expired else JobStatus.CANCELLED).value, "reason": job.error,
-        "bundle_digest": job.bundle_digest, "output_uri": job.output_uri,
+        "bundle_digest": job.bundle_digest, "precision": _precision(job), "output_uri": job.output_uri,
         "inputs": _inputs(job),
         "parts": parts,
         "counts": {"records_total": job.records_total,
@@ -243,6 +253,7 @@ def publish(job: Job) -> dict[str, Any]:
     manifest = {
         "job_id": job.id, "name": job.name, "task": job.task, "bundle": job.bundle_ref,
         "bundle_digest": job.bundle_digest, "implementation": _implementation(job.bundle_digest),
+        "precision": _precision(job),
         "input_uri": job.input_uri, "output_uri": out, "inputs": inputs, "parts": parts,
         "counts": {"records_total": job.records_total, "records_succeeded": sums["output_rows"],
                    "records_failed": sums["error_rows"], "records_truncated": plan.get("truncated", 0)},

@@ -12,6 +12,7 @@ contender, each in its own process:
     python benchmarks/embed_throughput.py            # full: 20,000 records
     python benchmarks/embed_throughput.py --short    # CI: small corpus, correctness only
     python benchmarks/embed_throughput.py --sizes 1000,3000,20000   # batchinf's worker layouts
+    python benchmarks/embed_throughput.py --int8-model --threads 2  # the encoder alone: float32 vs int8
 
 Every batchinf run also reports, from its ledger, how busy its workers were: parallel efficiency
 (summed attempt seconds / (workers x execute wall), the execute wall running from the first
@@ -21,8 +22,12 @@ start, planning, bundle load before the first attempt, verification). `--sizes` 
 batchinf, in both layouts (one one-thread process per core; one process with every thread) on
 each job size, against sentence-transformers at batch size 32.
 
-The short mode checks that every contender's embeddings agree with batchinf's (cosine >= 0.9999);
-it makes no claim about speed.
+A second `batchinf run` embeds the same corpus with the bundle imported `--precision int8`: its
+row gives tokens/s, and the report its minimum cosine against batchinf's float32 vectors and
+against sentence-transformers' (and the speed-up, whole command and execution alone).
+
+The short mode checks that every contender's embeddings agree with batchinf's (cosine >= 0.9999)
+and the int8 ones within 0.995; it makes no claim about speed.
 """
 
 from __future__ import annotations
@@ -145,12 +150,14 @@ def child(name: str, corpus: Path, threads: int, batch_size: int, out: Path | No
     return result
 
 
-def run_batchinf(corpus: Path, work: Path, threads: int, workers: int) -> dict:
-    """`batchinf run` end to end, its wall time from process start to exit."""
+def run_batchinf(corpus: Path, work: Path, threads: int, workers: int, precision: str = "float32") -> dict:
+    """`batchinf run` end to end, its wall time from process start to exit; `precision` int8:
+    the bundle imported with `--precision int8`."""
     home, out = work / "home", work / "out"
     env = dict(os.environ, BATCHINF_HOME=str(home))
     subprocess.run([sys.executable, "-m", "batchinf.cli", "bundle", "import", str(minilm_dir()),
-                    "--name", "minilm", "--alias", "bench"], env=env, check=True, capture_output=True)
+                    "--name", "minilm", "--alias", "bench", "--precision", precision],
+                   env=env, check=True, capture_output=True)
     manifest = work / "job.json"
     manifest.write_text(json.dumps({
         "name": "bench", "task": "embed", "bundle": "minilm@bench",
@@ -231,6 +238,39 @@ def min_cosine(a, b) -> float:  # noqa: ANN001
     return float(cos.min())
 
 
+def int8_model(args: argparse.Namespace) -> None:
+    """`--int8-model`: the encoder alone, float32 and int8 side by side in one process on one
+    batch (64 x 128 real tokens), interleaved repetitions at 1 thread and at `--threads`."""
+    import torch
+
+    from batchinf.runtime.encoder import load_encoder
+    from batchinf.runtime.int8 import quantize_encoder
+
+    B, S = 64, 128
+    ids = torch.randint(1000, 30000, (B, S), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(B, S, dtype=torch.long)
+    models = {"float32": load_encoder(minilm_dir()), "int8": quantize_encoder(load_encoder(minilm_dir()))}
+    report: dict = {"batch": [B, S], "repeats": args.repeats}
+    for threads in sorted({1, args.threads}):
+        torch.set_num_threads(threads)
+        times: dict[str, list[float]] = {k: [] for k in models}
+        with torch.inference_mode():
+            for m in models.values():
+                m(ids, mask)
+            for _ in range(args.repeats):
+                for k, m in models.items():
+                    t0 = time.perf_counter()
+                    m(ids, mask)
+                    times[k].append(time.perf_counter() - t0)
+        med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+        best = {k: min(v) for k, v in times.items()}
+        report[f"{threads} threads"] = {
+            "tokens_per_s_median": {k: B * S / v for k, v in med.items()},
+            "tokens_per_s_best": {k: B * S / v for k, v in best.items()},
+            "int8_speedup_median": med["float32"] / med["int8"], "int8_speedup_best": best["float32"] / best["int8"]}
+    print(json.dumps(report, indent=None if args.json else 2))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--short", action="store_true", help="small corpus; correctness check only")
@@ -240,6 +280,9 @@ def main() -> None:
     ap.add_argument("--sweep", default="16,32,64,128,256", help="sentence-transformers batch sizes to try")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--sizes", help="comma-separated job sizes: compare batchinf's worker layouts only")
+    ap.add_argument("--int8-model", action="store_true",
+                    help="the encoder alone: float32 vs int8 tokens/s on one 64 x 128 batch")
+    ap.add_argument("--repeats", type=int, default=8, help="--int8-model: timed repetitions of each")
     ap.add_argument("--contender", help=argparse.SUPPRESS)
     ap.add_argument("--corpus", help=argparse.SUPPRESS)
     ap.add_argument("--batch-size", type=int, default=32, help=argparse.SUPPRESS)
@@ -254,6 +297,9 @@ def main() -> None:
 
     if args.sizes:
         layouts(args)
+        return
+    if args.int8_model:
+        int8_model(args)
         return
     n = args.records or (400 if args.short else 20000)
     workers = args.workers or args.threads
@@ -274,6 +320,7 @@ def main() -> None:
                    "tokens_after_truncation": real_tokens}
 
     a = run_batchinf(corpus, work / "batchinf", args.threads, workers)
+    q = run_batchinf(corpus, work / "batchinf-int8", args.threads, workers, precision="int8")
     sizes = [int(s) for s in args.sweep.split(",")] if not args.short else [32]
     best_bs = 32
     sweep = {}
@@ -292,9 +339,15 @@ def main() -> None:
     ours = batchinf_embeddings(a["out"], n)
     agree = {"st": min_cosine(ours, np.load(work / "st32.npy")),
              "naive": min_cosine(ours, np.load(work / "naive.npy"))}
+    ours_int8 = batchinf_embeddings(q["out"], n)
+    int8 = {"min_cosine_vs_float32": min_cosine(ours_int8, ours),
+            "min_cosine_vs_st": min_cosine(ours_int8, np.load(work / "st32.npy")),
+            "precision": q["manifest"]["precision"], "speedup_vs_float32": a["seconds"] / q["seconds"],
+            "execute_speedup_vs_float32": a["busy"]["execute_wall_s"] / q["busy"]["execute_wall_s"]}
     m = a["manifest"]
     rows = {
         "batchinf run (end to end)": a["seconds"],
+        "batchinf run, int8 bundle (end to end)": q["seconds"],
         "sentence-transformers encode bs=32": st_default["seconds"],
         f"sentence-transformers encode bs={best_bs} (best)": st_best["seconds"],
         "naive loop bs=32 (file order)": naive["seconds"],
@@ -311,7 +364,7 @@ def main() -> None:
         "batchinf_busy": a["busy"],
         "peak_rss_mib": {"batchinf (largest process)": a["rss_mib"], "st": st_default["rss_mib"],
                          "naive": naive["rss_mib"]},
-        "st_batch_sweep_seconds": sweep, "min_cosine_vs_batchinf": agree,
+        "st_batch_sweep_seconds": sweep, "min_cosine_vs_batchinf": agree, "int8": int8,
     }
     if args.json:
         print(json.dumps(report, indent=1))
@@ -329,8 +382,11 @@ def main() -> None:
         print(f"planning share of batchinf wall time: {report['planning_share']:.1%}")
         print(f"peak RSS MiB: {report['peak_rss_mib']}")
         print(f"min cosine vs batchinf: {agree}")
+        print(f"int8: {int8}")
     if min(agree.values()) < 0.9999:
         raise SystemExit(f"embeddings disagree: {agree}")
+    if int8["precision"] != "int8" or min(int8["min_cosine_vs_float32"], int8["min_cosine_vs_st"]) < 0.995:
+        raise SystemExit(f"int8 embeddings drift past the bound 0.995: {int8}")
 
 
 if __name__ == "__main__":

@@ -22,13 +22,16 @@ def bundle() -> None:
 @click.option("--max-length", type=int, default=None, help="Default: the model's own setting.")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32",
               show_default=True, help="Compute dtype on CUDA (CPU always runs float32).")
+@click.option("--precision", type=click.Choice(["float32", "int8"]), default="float32", show_default=True,
+              help="int8: int8 linear layers on CPU (BERT-family embedding models), refused unless the fixtures "
+                   "stay within cosine 0.995 of float32.")
 @click.option("--matryoshka-dims", default=None, metavar="N,N,...",
               help="Embedding models trained for truncation (Matryoshka): the vector sizes they may be cut to, "
                    "e.g. 256,128,64; requests may then ask for `dimensions`.")
 @json_option
 @friendly
 def bundle_import(directory: str, name: str, alias: str | None, max_length: int | None, dtype: str,
-                  matryoshka_dims: str | None, as_json: bool) -> None:
+                  precision: str, matryoshka_dims: str | None, as_json: bool) -> None:
     """Import a model directory as a bundle; prints its digest."""
     from batchinf.bundles import import_bundle
 
@@ -37,7 +40,8 @@ def bundle_import(directory: str, name: str, alias: str | None, max_length: int 
     except ValueError:
         raise click.BadParameter(f"{matryoshka_dims!r} is not a comma-separated list of sizes",
                                  param_hint="--matryoshka-dims") from None
-    info = import_bundle(directory, name, alias=alias, max_length=max_length, dtype=dtype, matryoshka_dims=dims)
+    info = import_bundle(directory, name, alias=alias, max_length=max_length, dtype=dtype, matryoshka_dims=dims,
+                         precision=precision)
     emit(info.to_dict(), as_json, lambda i: click.echo(i["digest"]))
 
 

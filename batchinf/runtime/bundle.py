@@ -208,6 +208,11 @@ class EmbedRuntime:
             self.model = load_transformers_encoder(self.root, device=self.device, dtype=getattr(torch, dtype))
         else:
             self.model = load_encoder(self.root, device=self.device, dtype=getattr(torch, dtype))
+        if self.meta.get("precision") == "int8":
+            from batchinf.runtime import int8
+
+            int8.check_supported(self.meta, self.device)
+            int8.quantize_encoder(self.model)
         self.dense = load_dense(self.root, self.meta, self.device, getattr(torch, dtype))
 
     def encode_fixture(self, text: str) -> list[int]:
@@ -367,11 +372,14 @@ def verify_model_fixtures(runtime: Any) -> None:
     import torch
 
     floor = 0.9999 if next(runtime.model.parameters()).dtype == torch.float32 else 0.99
+    if runtime.meta.get("precision") == "int8":     # runtime/int8.py: the bound its import was gated on
+        floor = float(runtime.meta["precision_gate"]["min_cosine"])
     bad = np.flatnonzero(cos < floor)
     if bad.size:
         i = int(bad[0])
         raise BundleError(f"model fixture {i} of bundle {runtime.root} gives cosine {cos[i]:.6f} < "
-                          f"{floor} against its recorded embedding: weights or runtime changed")
+                          f"{floor} against its recorded embedding: weights or runtime changed"
+                          f"{' (int8, against the float32 reference)' if 'precision_gate' in runtime.meta else ''}")
 
 
 def verify_generate_fixtures(runtime: Any) -> None:

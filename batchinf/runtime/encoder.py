@@ -64,6 +64,7 @@ class SelfAttention(nn.Module):
         self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self._fused: tuple[tuple[int, ...], Tensor, Tensor] | None = None
+        self.int8: nn.Module | None = None     # runtime/int8.py: the fused projection in int8
 
     def qkv_weights(self) -> tuple[Tensor, Tensor]:
         """Query, key and value stacked into one [3D, D] projection: one GEMM and one output
@@ -81,9 +82,9 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
         B, S, D = x.shape
-        w, b = self.qkv_weights()
+        qkv = self.int8(x) if self.int8 is not None else F.linear(x, *self.qkv_weights())
         # [B, S, 3, H, Dh] -> q, k, v views [B, H, S, Dh]
-        qkv = F.linear(x, w, b).view(B, S, 3, self.n_head, D // self.n_head)
+        qkv = qkv.view(B, S, 3, self.n_head, D // self.n_head)
         q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # mask: [B, 1, 1, S]
         return y.transpose(1, 2).reshape(B, S, D)
@@ -96,8 +97,11 @@ class ResidualOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(d_in, d_out)
         self.LayerNorm = nn.LayerNorm(d_out, eps=eps)
+        self.int8: nn.Module | None = None     # runtime/int8.py: dense in int8
 
     def forward(self, h: Tensor, residual: Tensor) -> Tensor:
+        if self.int8 is not None:
+            return self.LayerNorm(self.int8(h).add_(residual))
         # residual + bias, then the GEMM accumulates into it: one pass and one allocation fewer
         # than dense(h) + residual
         y = (residual + self.dense.bias).view(-1, residual.shape[-1])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import string
 from pathlib import Path
 
@@ -188,4 +189,24 @@ def with_fixed_padding(src: Path, dst: Path) -> Path:
         "pad_id": 0, "pad_type_id": 0, "pad_token": "[PAD]",
     }
     dst.write_text(json.dumps(tj))
+    return dst
+
+
+def with_activation_outlier(src: Path, dst: Path, factor: float = 1000.0) -> Path:
+    """A copy of a tiny BERT whose attention output projections read one outlier channel: in every
+    layer the value projection's channel 0 is `factor` times larger and the attention output
+    weights reading it `factor` times smaller. In float32 the model computes the same; quantised
+    per token, every other channel of that input collapses onto a few levels (the int8 gate must
+    refuse it)."""
+    from safetensors.torch import load_file
+
+    shutil.copytree(src, dst)
+    w = load_file(str(dst / "model.safetensors"))
+    layers = json.loads((dst / "config.json").read_text())["num_hidden_layers"]
+    for i in range(layers):
+        p = f"encoder.layer.{i}.attention"
+        w[f"{p}.self.value.weight"][0] *= factor
+        w[f"{p}.self.value.bias"][0] *= factor
+        w[f"{p}.output.dense.weight"][:, 0] /= factor
+    save_file(w, str(dst / "model.safetensors"), metadata={"format": "pt"})
     return dst

@@ -21,7 +21,10 @@ def test_embed_throughput_short_mode(minilm_dir: Path, tmp_path: Path) -> None:
     assert report["corpus"]["records"] == 400
     assert min(report["min_cosine_vs_batchinf"].values()) >= 0.9999
     assert report["padding_efficiency"]["batchinf"] >= 0.95
-    assert set(report["records_per_s"]) >= {"batchinf run (end to end)", "naive loop bs=32 (file order)"}
+    assert set(report["records_per_s"]) >= {"batchinf run (end to end)", "naive loop bs=32 (file order)",
+                                            "batchinf run, int8 bundle (end to end)"}
+    assert report["int8"]["precision"] == "int8"
+    assert min(report["int8"]["min_cosine_vs_float32"], report["int8"]["min_cosine_vs_st"]) >= 0.995
 
 
 def test_api_under_attack_short_mode(tmp_path: Path) -> None:
