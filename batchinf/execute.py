@@ -124,8 +124,8 @@ def _chunks(staged: pa.Table | pa.RecordBatch, work: int) -> Iterator[pa.Table |
 def _split_children(job_work_uri: str, shard: Shard, lease: Lease, rest: np.ndarray) -> list[dict[str, Any]]:
     """Stage the shard's records at staged positions `rest` (ascending: those it has not done;
     a tail for a streaming task, any subset for generate, whose admission is not in staged
-    order) as its children, in staged order: two of equal work (one when the rest is small),
-    under names unique to this attempt."""
+    order) as its children, in staged order: two of equal work (one for a single record; one
+    child alone would only move the work to another worker), under names unique to this attempt."""
     staged = read_table(shard.input_uri)
     tail = int(rest[0]) + len(rest) == staged.num_rows and bool((np.diff(rest) == 1).all())
     left = staged.slice(int(rest[0])) if tail else staged.take(pa.array(rest, type=pa.int64()))
@@ -134,7 +134,7 @@ def _split_children(job_work_uri: str, shard: Shard, lease: Lease, rest: np.ndar
     tokens = left.column("n_tokens").to_numpy(zero_copy_only=False).astype(np.int64)
     work = tokens + (left.column("max_tokens").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
                      if "max_tokens" in left.schema.names else 0)    # generate: as planned, its decoding too
-    halves = 2 if int(work.sum()) >= sizing.min_shard_work() and left.num_rows > 1 else 1
+    halves = 2 if left.num_rows > 1 else 1
     runs = sizing.cut_balanced(np.arange(left.num_rows), work, -(-int(work.sum()) // halves), left.num_rows,
                                1 << 62, min_work=1)
     children = []
@@ -192,7 +192,9 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
     wanted = SplitWatch(lease, min(SPLIT_POLL_SECONDS, settings().heartbeat_seconds)) if chunk else None
     try:
         for staged in _staged_chunks(shard.input_uri, task.streams, chunk):
-            if done and done < shard.num_records and wanted is not None and wanted():
+            # split only while the rest is worth handing over (the request may be a chunk old)
+            if (done and done < shard.num_records and wanted is not None
+                    and shard.num_tokens - done_tokens >= sizing.min_split_work() and wanted()):
                 rest = np.arange(done, shard.num_records)
                 break
             check()
