@@ -40,10 +40,7 @@ def statuses(rows: list[Any]) -> list[dict[str, Any]]:
     ids = [r.id for r in rows]
     with tx() as conn:
         totals = tallies.read(conn, ids)
-        running = dict(conn.execute(   # records finished inside running shards (their heartbeats)
-            select(shards.c.job_id, func.coalesce(func.sum(shards.c.progress_records), 0))
-            .where(shards.c.job_id.in_(ids), shards.c.status == ShardStatus.RUNNING.value)
-            .group_by(shards.c.job_id)).all())
+        running = _in_running(conn, ids)
         live = dict(conn.execute(      # attempts still running count up to their last heartbeat
             select(shards.c.job_id, func.coalesce(func.sum(
                 func.coalesce(attempts.c.heartbeat_at, attempts.c.started_at) - attempts.c.started_at), 0.0))
@@ -56,6 +53,14 @@ def statuses(rows: list[Any]) -> list[dict[str, Any]]:
     return [{**_status(r, totals[r.id], totals[r.id].worker_seconds + float(live.get(r.id, 0.0)),
                        int(running.get(r.id, 0))),
              "retry_of": r.retry_of, "retries": retries[r.id]} for r in rows]
+
+
+def _in_running(conn: Connection, ids: list[str]) -> dict[str, int]:
+    """Records finished inside each job's running shards (their heartbeats' progress)."""
+    return dict(conn.execute(
+        select(shards.c.job_id, func.coalesce(func.sum(shards.c.progress_records), 0))
+        .where(shards.c.job_id.in_(ids), shards.c.status == ShardStatus.RUNNING.value)
+        .group_by(shards.c.job_id)).all())
 
 
 def _status(row: Any, totals: tallies.JobTallies, worker_seconds: float, in_running: int = 0) -> dict[str, Any]:
@@ -262,8 +267,7 @@ def metrics_snapshot(window_seconds: float) -> dict[str, Any]:
             "retries": conn.execute(select(func.count()).where(attempts.c.number > 1)).scalar(),
             "quarantined": conn.execute(select(func.count()).where(
                 s.status == ShardStatus.QUARANTINED.value)).scalar(),
-            "errors": conn.execute(select(record_errors.c.error, func.count())
-                                   .group_by(record_errors.c.error)).all(),
+            "errors": tallies.errors_by_code(conn),
             "schedule_runs": conn.execute(select(schedule_runs.c.schedule, func.count())
                                           .group_by(schedule_runs.c.schedule)).all(),
         }
@@ -285,10 +289,7 @@ class ShardSums(NamedTuple):
 
 
 def _per_job(conn: Connection, ids: list[str]) -> list[ShardSums]:
-    progress = dict(conn.execute(
-        select(shards.c.job_id, func.coalesce(func.sum(shards.c.progress_records), 0))
-        .where(shards.c.job_id.in_(ids), shards.c.status == ShardStatus.RUNNING.value)
-        .group_by(shards.c.job_id)).all()) if ids else {}
+    progress = _in_running(conn, ids) if ids else {}
     return [ShardSums(job_id, st, t.n, t.records, t.output_rows, t.error_rows, t.tokens_input, t.tokens_real,
                       t.tokens_padded, t.execute_seconds,
                       int(progress.get(job_id, 0)) if st == ShardStatus.RUNNING.value else 0)

@@ -85,6 +85,14 @@ def committed_by_job(conn: Connection) -> dict[str, Tally]:
             for job_id, *sums in rows}
 
 
+def errors_by_code(conn: Connection) -> list[tuple[str, int]]:
+    """Record errors of every job by code, (code, count) sorted by code."""
+    parts = [select(t.c.key, t.c.n).where(t.c.key.like("e:%")) for t in (job_tallies, job_tally_deltas)]
+    both = union_all(*parts).subquery()
+    rows = conn.execute(select(both.c.key, func.sum(both.c.n)).group_by(both.c.key)).all()
+    return sorted((key[2:], int(n)) for key, n in rows if n)
+
+
 def of_job(job_id: str) -> JobTallies:
     with tx() as conn:
         return read(conn, [job_id])[job_id]
