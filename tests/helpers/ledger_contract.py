@@ -424,6 +424,8 @@ def test_tallies_equal_a_recount_through_every_kind_of_transition(ledger: str) -
     check()
     final = _recount(job_id)
     assert final["codes"] == {"inference_error": 1, "too_long": 1, "poison": 1}
+    with tx() as conn:          # what /metrics reads: every job's errors by code
+        assert dict(tallies.errors_by_code(conn)) == final["codes"]
     assert final["shards"]["committed"] == 3 and final["committed"][2] == 2
 
 
