@@ -10,7 +10,7 @@ statement, so it is exact whether or not a fold ran. On SQLite the triggers upda
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Iterable
+from typing import Any, Iterable
 
 from sqlalchemy import Connection, func, select, text, union_all
 
@@ -49,20 +49,27 @@ class JobTallies:
         return self.shards.get(status, Tally())
 
 
+def _summed(conn: Connection, by: tuple[str, ...], where: Any) -> list[Any]:
+    """Totals plus pending deltas where `where` holds, summed per `by` columns, in one statement
+    (a concurrent fold moves rows between the two tables atomically, so nothing counts twice)."""
+    both = union_all(*(select(*(t.c[c] for c in by), *(t.c[s] for s in TALLY_SUMS)).where(where(t))
+                       for t in (job_tallies, job_tally_deltas))).subquery()
+    return conn.execute(select(*(both.c[c] for c in by), *(func.sum(both.c[s]) for s in TALLY_SUMS))
+                        .group_by(*(both.c[c] for c in by))).all()
+
+
+def _tally(sums: Iterable[Any]) -> Tally:
+    return Tally(*(float(v) if s.endswith("seconds") else int(v) for s, v in zip(TALLY_SUMS, sums)))
+
+
 def read(conn: Connection, job_ids: Iterable[str]) -> dict[str, JobTallies]:
     """Every given job's totals (jobs without any: empty ones), in one statement."""
     ids = list(job_ids)
     out = {i: JobTallies({}, 0, {}, 0.0) for i in ids}
     if not ids:
         return out
-    parts = [select(t.c.job_id, t.c.key, *(t.c[s] for s in TALLY_SUMS)).where(t.c.job_id.in_(ids))
-             for t in (job_tallies, job_tally_deltas)]
-    both = union_all(*parts).subquery()
-    rows = conn.execute(select(both.c.job_id, both.c.key, *(func.sum(both.c[s]) for s in TALLY_SUMS))
-                        .group_by(both.c.job_id, both.c.key)).all()
-    for job_id, key, *sums in rows:
-        t, kind, name = out[job_id], key[:1], key[2:]
-        tally = Tally(*(float(v) if s.endswith("seconds") else int(v) for s, v in zip(TALLY_SUMS, sums)))
+    for job_id, key, *sums in _summed(conn, ("job_id", "key"), lambda t: t.c.job_id.in_(ids)):
+        t, kind, name, tally = out[job_id], key[:1], key[2:], _tally(sums)
         if kind in "sv":
             t.shards.setdefault(name, Tally()).add(tally)
             if kind == "s":
@@ -77,20 +84,13 @@ def read(conn: Connection, job_ids: Iterable[str]) -> dict[str, JobTallies]:
 def committed_by_job(conn: Connection) -> dict[str, Tally]:
     """Every job's committed shards, summed (computed and validation-error ones alike)."""
     keys = [f"{kind}:{ShardStatus.COMMITTED.value}" for kind in "sv"]
-    parts = [select(t.c.job_id, *(t.c[s] for s in TALLY_SUMS)).where(t.c.key.in_(keys))
-             for t in (job_tallies, job_tally_deltas)]
-    both = union_all(*parts).subquery()
-    rows = conn.execute(select(both.c.job_id, *(func.sum(both.c[s]) for s in TALLY_SUMS)).group_by(both.c.job_id))
-    return {job_id: Tally(*(float(v) if s.endswith("seconds") else int(v) for s, v in zip(TALLY_SUMS, sums)))
-            for job_id, *sums in rows}
+    return {job_id: _tally(sums) for job_id, *sums in _summed(conn, ("job_id",), lambda t: t.c.key.in_(keys))}
 
 
 def errors_by_code(conn: Connection) -> list[tuple[str, int]]:
     """Record errors of every job by code, (code, count) sorted by code."""
-    parts = [select(t.c.key, t.c.n).where(t.c.key.like("e:%")) for t in (job_tallies, job_tally_deltas)]
-    both = union_all(*parts).subquery()
-    rows = conn.execute(select(both.c.key, func.sum(both.c.n)).group_by(both.c.key)).all()
-    return sorted((key[2:], int(n)) for key, n in rows if n)
+    rows = _summed(conn, ("key",), lambda t: t.c.key.like("e:%"))
+    return sorted((key[2:], int(n)) for key, n, *_ in rows if n)
 
 
 def of_job(job_id: str) -> JobTallies:
