@@ -26,8 +26,9 @@ log = logging.getLogger("batchinf.controller")
 
 
 def drive(job_id: str, *, workers: int = 1, device: str = "auto", threads: int | None = None,
-          on_tick: Callable[[], object] | None = None, tick: float = 0.5) -> str:
-    """Run a job to a terminal state in this machine's processes; returns the final status."""
+          on_tick: Callable[[], object] | None = None, tick: float = 1.0) -> str:
+    """Run a job to a terminal state in this machine's processes; returns the final status. A
+    running job is stepped every `tick` seconds and whenever a worker ends an attempt or idles."""
     pool = LocalPool(job_id, workers=workers, device=device, threads=threads)
     failures = 0
     try:
@@ -43,13 +44,12 @@ def drive(job_id: str, *, workers: int = 1, device: str = "auto", threads: int |
             if not ok:
                 time.sleep(compute_backoff(failures, base=0.2, cap=5.0))
             elif status == JobStatus.RUNNING:
-                time.sleep(tick)
+                pool.wait(tick)
+        pool.stop(timeout=0)        # the job is over: its workers hold no lease and have nothing to do
         return status
     except BaseException:
         pool.stop(timeout=0)
         raise
-    finally:
-        pool.stop()
 
 
 def cancel(job_id: str, reason: str = "cancelled by request", *, finish: bool = True) -> str:

@@ -19,6 +19,7 @@ import os
 import queue
 import socket
 import time
+from multiprocessing.synchronize import Event as EventType
 
 from batchinf import logs, metrics
 from batchinf.config import settings
@@ -87,6 +88,10 @@ class Dispatcher:
         """True when no worker of this dispatcher can still commit for the (stopped) job."""
         return leases.leases_held(job.id) == 0
 
+    def wait(self, seconds: float) -> None:
+        """Between two steps of a running job: at most `seconds`, less when a worker reports."""
+        time.sleep(seconds)
+
 
 def run_lease(lease: Lease, device: str, parent_pid: int | None = None) -> None:
     """Execute one leased shard; what a failure means is `retry.classify`'s to say. Its log lines
@@ -140,10 +145,13 @@ def plan_objects_here(job: Job, idxs: list[int], processes: int) -> None:
     plan_objects(job.id, idxs, processes)
 
 
-def worker_main(job_id: str, device: str, threads: int, parent_pid: int, twins: mp.Queue) -> None:
+def worker_main(job_id: str, device: str, threads: int, parent_pid: int, twins: mp.Queue,
+                wake: EventType | None = None) -> None:
     """Entry point of an embedded worker process: lease shards of one job until none are left;
     when idle, run a straggler's twin the driver asked for. Started while the job is still
-    planning, it loads the bundle meanwhile."""
+    planning, it loads the bundle meanwhile. It sets `wake` when it ends an attempt or first
+    finds nothing to do, so the driver steps the job at once (dispatch a split's halves, ask a
+    running shard to split, verify) instead of at its next tick."""
     import signal
 
     import torch
@@ -162,6 +170,7 @@ def worker_main(job_id: str, device: str, threads: int, parent_pid: int, twins: 
     except Exception:  # noqa: BLE001 -- reported (and counted) by the first shard that needs it
         pass
     waiting = {JobStatus.RUNNING, JobStatus.PLANNED, *JOB_PLANNING}
+    idle = False
     while os.getppid() == parent_pid:
         lease = retrying(leases.claim_next, [job_id], me, settings().lease_seconds)
         while lease is None:
@@ -171,9 +180,15 @@ def worker_main(job_id: str, device: str, threads: int, parent_pid: int, twins: 
                 break
         if lease is not None:
             run_lease(lease, device, parent_pid)
+            idle = False
+            if wake is not None:
+                wake.set()
         elif retrying(job_repo.get, job_id).status not in waiting:
             return
         else:
+            if not idle and wake is not None:
+                wake.set()
+            idle = True
             time.sleep(0.1)
 
 
@@ -201,13 +216,14 @@ class LocalPool(Dispatcher):
         self.ctx = mp.get_context("spawn")
         self.procs: list[mp.process.BaseProcess] = []
         self.twins: mp.Queue = self.ctx.Queue()
+        self.wake = self.ctx.Event()     # set by a worker: step the job now (see worker_main)
         self._checked_leftovers = False
 
     def start(self, n: int | None = None) -> None:
         """Start workers now (e.g. while the job plans), so their start-up overlaps planning."""
         while len(self.procs) < min(self.n, self.n if n is None else n):
             p = self.ctx.Process(target=worker_main, name="batchinf-worker", daemon=True,
-                                 args=(self.job_id, self.device, self.threads, os.getpid(), self.twins))
+                                 args=(self.job_id, self.device, self.threads, os.getpid(), self.twins, self.wake))
             p.start()
             self.procs.append(p)
 
@@ -245,10 +261,17 @@ class LocalPool(Dispatcher):
         self.stop()      # our workers stop at their next heartbeat once the job has stopped
         return True
 
+    def wait(self, seconds: float) -> None:
+        self.wake.wait(seconds)
+        self.wake.clear()
+
     def stop(self, timeout: float = 10.0) -> None:
         """Wait for workers to finish (they exit once the job leaves running), then kill stragglers.
-        Their leases, if any, expire and are taken over by the next driver."""
+        Their leases, if any, expire and are taken over by the next driver. `timeout` 0: stop them
+        now (SIGTERM), e.g. once their job is over and they hold nothing."""
         for p in self.procs:
+            if timeout <= 0:
+                p.terminate()
             p.join(timeout)
             if p.is_alive():
                 p.kill()

@@ -53,7 +53,8 @@ def run(manifest: str, workers: int | None, threads: int | None, device: str, as
     with progress(as_json) as bar:
         tick = ticker(bar, job_id)
         try:
-            final = drive(job_id, workers=workers or default_workers(), device=device, threads=threads, on_tick=tick)
+            final = drive(job_id, workers=workers or default_workers(), device=device, threads=threads,
+                          on_tick=None if bar.disable else tick)
         except KeyboardInterrupt:
             bar.stop()
             console.print(f"interrupted; committed shards are kept. Run `batchinf run {manifest}` "

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from batchinf.errors import BatchinfError, BundleError
+from batchinf.runtime.empty import empty_weights
 from batchinf.runtime.encoder import _TANH_GELUS, BertLayer, EncoderConfig, attention_bias
 
 FAMILIES = {"bert": "bert", "xlm-roberta": "roberta", "roberta": "roberta"}   # model_type -> weight prefix
@@ -139,7 +140,7 @@ def assign_weights(model_dir: Path, build: Callable[[], M], state: dict[str, Ten
                    dtype: torch.dtype) -> M:
     """The module `build` makes on the meta device, given `state` as its weights (every key it
     has must be there), on `device` in `dtype`, in eval mode."""
-    with torch.device("meta"):
+    with empty_weights():
         model = build()
     missing = sorted(set(model.state_dict()) - set(state))
     if missing:

@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from batchinf.errors import BatchinfError, BundleError
+from batchinf.runtime.empty import empty_weights
 
 _TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh")
 # Checkpoint keys the encoder has no use for.
@@ -219,7 +220,7 @@ def load_encoder(
             if not key.startswith(_IGNORED_PREFIXES):
                 state[key] = tensor
 
-    with torch.device("meta"):
+    with empty_weights():
         model = BertEncoder(cfg)
     missing = sorted(set(model.state_dict()) - set(state))
     if missing:

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from batchinf.config import settings
 from batchinf.errors import BundleError
 from batchinf.runtime.decoder_config import LLAMA_TYPES, LlamaConfig, rope_inv_freq
+from batchinf.runtime.empty import empty_weights
 from batchinf.runtime.gemma import GEMMA_TYPES, gemma_config
 
 __all__ = ["LlamaConfig", "rope_inv_freq", "MODEL_TYPES", "load_llama", "config_of"]
@@ -384,7 +385,7 @@ def load_llama(model_dir: Path, device: str | torch.device = "cpu", dtype: torch
         if not cfg.tie_word_embeddings:
             raise BundleError(f"weights in {model_dir} lack lm_head.weight and config.json does not tie embeddings")
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
-    with torch.device("meta"):
+    with empty_weights():
         model = LlamaForCausalLM(cfg)
     want = set(model.state_dict())
     missing, extra = sorted(want - set(state)), sorted(k for k in set(state) - want if "rotary_emb" not in k)

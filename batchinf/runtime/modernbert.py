@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from batchinf.errors import BatchinfError, BundleError
 from batchinf.runtime.decoder_config import FULL, SLIDING
+from batchinf.runtime.empty import empty_weights
 
 _ACTS = {"gelu": "none", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh"}
 
@@ -161,7 +162,7 @@ def load_modernbert(model_dir: Path, device: str | torch.device = "cpu",
     for f in files:
         for key, t in load_file(f, device=str(torch.device(device))).items():
             state[key.removeprefix("model.")] = t
-    with torch.device("meta"):
+    with empty_weights():
         model = ModernBertEncoder(cfg)
     want = set(model.state_dict())
     missing = sorted(want - set(state))

@@ -116,21 +116,6 @@ def read_prompts(root: Path) -> dict[str, Any]:
     return {"prompts": dict(sorted(prompts.items())), "default_prompt_name": default} if prompts else {}
 
 
-def prompt_for(meta: dict[str, Any], prompt_name: str | None, prompt: str | None) -> str:
-    """The text prepended to every record: `prompt` verbatim, else the bundle's prompt named
-    `prompt_name`, else its default prompt, else none."""
-    prompts = meta.get("prompts") or {}
-    if prompt is not None:
-        return prompt
-    name = prompt_name if prompt_name is not None else meta.get("default_prompt_name")
-    if name is None:
-        return ""
-    if name not in prompts:
-        raise BatchinfError(f"options.prompt_name {name!r} is not a prompt of this bundle; its prompts: "
-                            f"{', '.join(prompts) or 'none'} (or give options.prompt verbatim)")
-    return prompts[name]
-
-
 def load_dense(root: Path, meta: dict[str, Any], device: Any, dtype: torch.dtype) -> list[tuple[Tensor, Tensor | None, Any]]:
     layers = []
     for d in meta.get("dense") or ():

@@ -20,6 +20,7 @@ from batchinf.tasks.embed_request import (
     EMBED_STAGE_FIELDS,
     dimensions_problem,
     embedding_size,
+    prompt_for,
     shorten,
     token_array_problem,
 )
@@ -174,8 +175,6 @@ class Embed(Task):
         return super().limits(runtime, options)
 
     def stage(self, obj: Any, runtime: Any, records: Iterator[Any]) -> pa.Table:
-        from batchinf.runtime.st_modules import prompt_for
-
         try:
             prefix = prompt_for(runtime.meta, obj.options.prompt_name, obj.options.prompt)
         except BatchinfError as e:

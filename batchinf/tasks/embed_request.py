@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from batchinf.errors import BundleError
+from batchinf.errors import BatchinfError, BundleError
 
 # Staged beside STAGE_SCHEMA's columns by task embed: a list input's token lists (input_ids is
 # null then), the record's dimensions (null: the job's size) and its response encoding.
@@ -78,3 +78,18 @@ def token_array_problem(ids: tuple[int, ...], vocab: int) -> str | None:
         return None
     return (f"holds token id {bad}, outside this bundle's vocabulary of {vocab} ids; send ids from the bundle's "
             "own tokenizer, or send the text")
+
+
+def prompt_for(meta: dict[str, Any], prompt_name: str | None, prompt: str | None) -> str:
+    """The text prepended to every record: `prompt` verbatim, else the bundle's prompt named
+    `prompt_name`, else its default prompt, else none."""
+    prompts = meta.get("prompts") or {}
+    if prompt is not None:
+        return prompt
+    name = prompt_name if prompt_name is not None else meta.get("default_prompt_name")
+    if name is None:
+        return ""
+    if name not in prompts:
+        raise BatchinfError(f"options.prompt_name {name!r} is not a prompt of this bundle; its prompts: "
+                            f"{', '.join(prompts) or 'none'} (or give options.prompt verbatim)")
+    return prompts[name]

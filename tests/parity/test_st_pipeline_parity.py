@@ -14,8 +14,9 @@ import pytest
 
 from batchinf.errors import BundleError
 from batchinf.runtime import bundle as rb
-from batchinf.runtime.st_modules import POOLING_MODES, prompt_for
+from batchinf.runtime.st_modules import POOLING_MODES
 from batchinf.tasks import build_meta
+from batchinf.tasks.embed_request import prompt_for
 from tests.helpers.tiny_decoders import WINDOW
 from tests.helpers.tiny_models import ENCODER_TEXTS
 from tests.helpers.tiny_st import (PROMPTS, make_st_bert, make_st_embeddinggemma, make_st_modernbert, make_st_qwen3,
