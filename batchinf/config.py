@@ -202,7 +202,7 @@ def load_settings() -> Settings:
         speculate_factor=_float("BATCHINF_SPECULATE_FACTOR", 3.0),
         speculate_min_seconds=_float("BATCHINF_SPECULATE_MIN_SECONDS", 30.0),
         min_shard_tokens=max(1, _int("BATCHINF_MIN_SHARD_TOKENS", 10_000)),
-        split_chunk_tokens=max(0, _int("BATCHINF_SPLIT_CHUNK_TOKENS", 4096)),
+        split_chunk_tokens=max(0, _int("BATCHINF_SPLIT_CHUNK_TOKENS", 2048)),
         max_step_failures=_int("BATCHINF_MAX_STEP_FAILURES", 10),
         plan_time_limit=_float("BATCHINF_PLAN_TIME_LIMIT", 3600.0),
         price_per_worker_hour=_optional_float("BATCHINF_PRICE_PER_WORKER_HOUR"),

@@ -187,8 +187,8 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
     failures = PartWriter(ERROR_SCHEMA)
     done = done_tokens = 0          # records (and their staged tokens) computed so far
     rest: np.ndarray | None = None  # when splitting: staged positions of the records left to children
-    chunk = sizing.split_chunk_work()         # 0: no splitting; else at least 2 batches a chunk
-    chunk = chunk and max(chunk, 2 * int(getattr(m.options, "max_batch_tokens", 0) or 0))
+    chunk = sizing.split_chunk_work()         # 0: no splitting; else at least a batch a chunk
+    chunk = chunk and max(chunk, int(getattr(m.options, "max_batch_tokens", 0) or 0))
     wanted = SplitWatch(lease, min(SPLIT_POLL_SECONDS, settings().heartbeat_seconds)) if chunk else None
     try:
         for staged in _staged_chunks(shard.input_uri, task.streams, chunk):

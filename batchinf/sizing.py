@@ -28,16 +28,16 @@ def min_shard_work() -> int:
 
 
 def min_split_work() -> int:
-    """The least remaining work for which an idle worker asks a running shard to split: a quarter
+    """The least remaining work for which an idle worker asks a running shard to split: a sixth
     of `min_shard_work()`. At the end of a job the choice is splitting or idling, so a split pays
-    once the half it hands over computes longer than a shard's fixed cost (~0.2 s, ~1k tokens
-    on one thread): twice that, with margin."""
-    return max(1, min_shard_work() // 4)
+    once the half it hands over computes longer than a shard's fixed cost (~0.2 s, under 1k
+    tokens on one thread)."""
+    return max(1, min_shard_work() // 6)
 
 
 def split_chunk_work() -> int:
-    """BATCHINF_SPLIT_CHUNK_TOKENS (default 4096; 0: no splitting): a streaming attempt computes
-    its shard in chunks of this much work and may split at a chunk's end."""
+    """BATCHINF_SPLIT_CHUNK_TOKENS (default 2048; 0: no splitting): a streaming attempt computes
+    its shard in chunks of this much work (at least one batch) and may split at a chunk's end."""
     return settings().split_chunk_tokens
 
 

@@ -12,6 +12,7 @@ contender, each in its own process:
     python benchmarks/embed_throughput.py            # full: 20,000 records
     python benchmarks/embed_throughput.py --short    # CI: small corpus, correctness only
     python benchmarks/embed_throughput.py --sizes 1000,3000,20000   # batchinf's worker layouts
+    python benchmarks/embed_throughput.py --sizes 3000 --corpus-kind docstrings   # on real text
     python benchmarks/embed_throughput.py --int8-model --threads 2  # the encoder alone: float32 vs int8
 
 Every batchinf run also reports, from its ledger, how busy its workers were: parallel efficiency
@@ -75,6 +76,36 @@ def make_corpus(path: Path, n: int, seed: int = 0) -> None:
             f.write(json.dumps({"id": f"r{i}", "text": text}) + "\n")
 
 
+def make_docstring_corpus(path: Path, n: int, seed: int = 0) -> None:
+    """Real text with real length skew: `n` docstrings, as written in the source (indentation
+    kept), sampled with a fixed seed from this Python's standard library (the same corpus for
+    the same Python version). Their character counts predict token counts loosely (code,
+    whitespace, tables), unlike the generated corpus' words."""
+    import ast
+    import sysconfig
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    docs: list[str] = []
+    for f in sorted(stdlib.rglob("*.py")):
+        rel = f.relative_to(stdlib).parts
+        if rel[0] in ("site-packages", "test", "idlelib", "lib2to3") or "tests" in rel:
+            continue
+        try:
+            tree = ast.parse(f.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                if (doc := ast.get_docstring(node, clean=False)) and doc.strip():
+                    docs.append(doc)
+    with open(path, "w") as out:
+        for i, doc in enumerate(random.Random(seed).sample(docs, min(n, len(docs)))):
+            out.write(json.dumps({"id": f"d{i}", "text": doc}) + "\n")
+
+
+CORPORA = {"words": make_corpus, "docstrings": make_docstring_corpus}
+
+
 def read_texts(path: Path) -> list[str]:
     with open(path) as f:
         return [json.loads(line)["text"] for line in f]
@@ -94,11 +125,19 @@ def run_st(corpus: Path, threads: int, batch_size: int, out: Path | None) -> dic
 
     model = SentenceTransformer(str(minilm_dir()), device="cpu")
     model.max_seq_length = 256
-    texts = read_texts(corpus)
+    with open(corpus) as f:
+        rows = [json.loads(line) for line in f]
+    texts = [r["text"] for r in rows]
     t0 = time.perf_counter()
     emb = model.encode(texts, batch_size=batch_size, convert_to_numpy=True)
     seconds = time.perf_counter() - t0
-    if out:
+    if out and out.suffix == ".parquet":      # the plain script's output: ids and vectors
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        vectors = pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), emb.shape[1])
+        pq.write_table(pa.table({"id": [r["id"] for r in rows], "embedding": vectors}), out)
+    elif out:
         import numpy as np
         np.save(out, emb)
     return {"seconds": seconds}
@@ -138,14 +177,19 @@ def minilm_dir() -> Path:
 
 
 def child(name: str, corpus: Path, threads: int, batch_size: int, out: Path | None) -> dict:
-    """Run one contender in a fresh process; returns its result plus peak RSS (MiB)."""
+    """Run one contender in a fresh process; returns its result plus peak RSS (MiB) and the
+    whole process's wall time (`wall_s`: interpreter start, imports, model load, reading,
+    encoding and writing, as `batchinf run` is timed)."""
     cmd = [sys.executable, __file__, "--contender", name, "--corpus", str(corpus), "--threads",
            str(threads), "--batch-size", str(batch_size)] + (["--out", str(out)] if out else [])
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
     if r.returncode != 0:
         raise SystemExit(f"{name} failed:\n{r.stderr[-3000:]}")
     result = json.loads(r.stdout.strip().splitlines()[-1])
+    result["wall_s"] = wall
     result["rss_mib"] = max(before, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
     return result
 
@@ -177,6 +221,55 @@ def run_batchinf(corpus: Path, work: Path, threads: int, workers: int, precision
             "rss_mib": max(before, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024}
 
 
+def run_distributed(corpus: Path, work: Path, workers: int, database: str, broker: str) -> dict:
+    """Distributed mode on this machine: a fresh database `bench_…` on the PostgreSQL server of
+    `database` (an admin url), a controller and `workers` one-process one-thread Celery workers,
+    started and warm before the job; `batchinf submit --wait` timed from submission to the
+    published result (a fleet's workers outlive jobs, so their start-up is not the job's)."""
+    import signal
+    import uuid
+
+    import psycopg
+
+    name = f"bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    home, out = work / "home", work / "out"
+    env = dict(os.environ, BATCHINF_HOME=str(home), BATCHINF_DATABASE_URL=database.rsplit("/", 1)[0] + "/" + name,
+               BATCHINF_BROKER_URL=broker)
+    cli = [sys.executable, "-m", "batchinf.cli"]
+    subprocess.run(cli + ["db", "upgrade"], env=env, check=True, capture_output=True)
+    subprocess.run(cli + ["bundle", "import", str(minilm_dir()), "--name", "minilm", "--alias", "bench"],
+                   env=env, check=True, capture_output=True)
+    manifest = work / "job.json"
+    manifest.write_text(json.dumps({
+        "name": "bench", "task": "embed", "bundle": "minilm@bench",
+        "input": {"uri": str(corpus), "format": "jsonl"}, "output": {"uri": str(out)},
+        "options": {"max_length": 256}}))
+    logs = open(work / "fleet.log", "ab")
+    fleet = [subprocess.Popen(cli + ["controller", "--tick", "0.5"], env=env, stdout=logs, stderr=subprocess.STDOUT,
+                              start_new_session=True)]
+    fleet += [subprocess.Popen(cli + ["worker", "--concurrency", "1", "--threads", "1", "--device", "cpu",
+                                      "--hostname", f"bench-{k}@%h"], env=env, stdout=logs,
+                               stderr=subprocess.STDOUT, start_new_session=True) for k in range(workers)]
+    try:
+        time.sleep(15)      # the workers' Celery start-up and bundle load, before the job
+        t0 = time.perf_counter()
+        r = subprocess.run(cli + ["submit", str(manifest), "--wait", "--json"], env=env, capture_output=True,
+                           text=True, timeout=3600)
+        seconds = time.perf_counter() - t0
+        if r.returncode != 0:
+            raise SystemExit(f"distributed job failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
+        m = json.loads((out / "_MANIFEST.json").read_text())
+        return {"seconds": seconds, "manifest": m, "busy": busy(env, m["job_id"], workers, seconds)}
+    finally:
+        for p in fleet:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        with psycopg.connect(database, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 ATTEMPTS = """
 import json, sys
 from batchinf.ledger.lineage import page_attempts
@@ -203,20 +296,44 @@ def busy(env: dict, job_id: str, workers: int, wall: float) -> dict:
             "fixed_s": wall - execute}
 
 
+def st_padding(corpus: Path, batch_size: int = 32) -> dict:
+    """Tokens of the corpus and the padding efficiency sentence-transformers' `encode` gets: it
+    sorts a call's texts by character count, then batches `batch_size` of them."""
+    from batchinf.runtime.tokenizer import TextTokenizer
+
+    texts = read_texts(corpus)
+    lengths = [len(e.ids) for e in TextTokenizer.from_file(minilm_dir() / "tokenizer.json", 256).encode_batch(texts)]
+    order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+    padded = sum(max(lengths[i] for i in order[k:k + batch_size]) * len(order[k:k + batch_size])
+                 for k in range(0, len(order), batch_size))
+    return {"tokens": sum(lengths), "st_padding_efficiency": sum(lengths) / padded}
+
+
+def _layout_row(a: dict, st: dict) -> dict:
+    return {"seconds": a["seconds"], "vs_st_script": st["wall_s"] / a["seconds"],
+            "vs_st_encode": st["seconds"] / a["seconds"], "shards": a["manifest"]["shards"]["total"],
+            "padding_efficiency": a["manifest"]["tokens"]["real"] / a["manifest"]["tokens"]["padded"], **a["busy"]}
+
+
 def layouts(args: argparse.Namespace) -> None:
-    """`--sizes`: batchinf in both worker layouts per job size, beside sentence-transformers."""
+    """`--sizes`: batchinf in both worker layouts per job size, beside a plain
+    sentence-transformers script (read the JSONL, `encode` at batch size 32, write Parquet),
+    timed as a whole process like `batchinf run`, and its `encode` call alone."""
     cores = args.threads
-    report = {"threads": cores, "sizes": {}}
+    report = {"threads": cores, "corpus": args.corpus_kind, "sizes": {}}
     for n in (int(x) for x in args.sizes.split(",")):
         work = Path(tempfile.mkdtemp(prefix=f"bench-layout-{n}-"))
         corpus = work / "corpus.jsonl"
-        make_corpus(corpus, n)
-        st = child("st", corpus, cores, 32, None)["seconds"]
-        row = {"st_bs32_s": st}
+        CORPORA[args.corpus_kind](corpus, n)
+        st = child("st", corpus, cores, 32, work / "st.parquet")
+        row = {"st_script_s": st["wall_s"], "st_encode_s": st["seconds"], **st_padding(corpus)}
         for name, workers in ((f"{cores} x 1 thread", cores), (f"1 x {cores} threads", 1)):
             a = run_batchinf(corpus, work / f"w{workers}", cores, workers)
-            row[name] = {"seconds": a["seconds"], "vs_st": st / a["seconds"], "shards": a["manifest"]["shards"]["total"],
-                         **a["busy"]}
+            row[name] = _layout_row(a, st)
+        if args.distributed:
+            database, broker = args.distributed.split(",")
+            row[f"distributed, {cores} workers x 1 thread"] = _layout_row(
+                run_distributed(corpus, work / "distributed", cores, database, broker), st)
         report["sizes"][n] = row
     print(json.dumps(report, indent=None if args.json else 2))
 
@@ -280,6 +397,10 @@ def main() -> None:
     ap.add_argument("--sweep", default="16,32,64,128,256", help="sentence-transformers batch sizes to try")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--sizes", help="comma-separated job sizes: compare batchinf's worker layouts only")
+    ap.add_argument("--distributed", metavar="POSTGRES_ADMIN_URL,BROKER_URL",
+                    help="--sizes: also run each size on a local distributed fleet (controller and Celery workers)")
+    ap.add_argument("--corpus-kind", choices=sorted(CORPORA), default="words",
+                    help="generated heavy-tailed words (default), or standard-library docstrings")
     ap.add_argument("--int8-model", action="store_true",
                     help="the encoder alone: float32 vs int8 tokens/s on one 64 x 128 batch")
     ap.add_argument("--repeats", type=int, default=8, help="--int8-model: timed repetitions of each")
@@ -305,7 +426,7 @@ def main() -> None:
     workers = args.workers or args.threads
     work = Path(tempfile.mkdtemp(prefix="bench-embed-"))
     corpus = work / "corpus.jsonl"
-    make_corpus(corpus, n)
+    CORPORA[args.corpus_kind](corpus, n)
 
     from batchinf.runtime.tokenizer import TextTokenizer
 

@@ -4,7 +4,8 @@ Planning: a synthetic JSONL job (heavy-tailed lengths, 8 objects) planned with t
 tokenizer only (no model): the planning tasks (one per object, or per part of an object above
 `--range-bytes`) in a pool of processes, then the global step in a
 process of its own. Prints wall time, records/s per planning process beside the tokenizer's own
-batch-encode rate on the same text, and the peak RSS of each process class.
+batch-encode rate on the same text, measured right after in the same process (so under the same
+load), and the peak RSS of each process class.
 
 Ledger: a job of N shards in PostgreSQL driven by W simulated worker processes (lease, heartbeat,
 commit, no model) while this process runs controller ticks; prints commits/s, tick time, `status`
@@ -51,9 +52,9 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def write_corpus(root: Path, records: int, objects: int, seed: int = 0) -> list[str]:
-    """`objects` JSONL files; log-normal word counts around 38 words. Returns a sample of texts."""
-    rng, sample = random.Random(seed), []
+def write_corpus(root: Path, records: int, objects: int, seed: int = 0) -> None:
+    """`objects` JSONL files; log-normal word counts around 38 words."""
+    rng = random.Random(seed)
     root.mkdir(parents=True, exist_ok=True)
     for k in range(objects):
         n = records // objects + (1 if k < records % objects else 0)
@@ -62,19 +63,24 @@ def write_corpus(root: Path, records: int, objects: int, seed: int = 0) -> list[
                 words = max(1, int(rng.lognormvariate(math.log(38), 1.0)))
                 text = " ".join(rng.choice(WORDS) for _ in range(min(words, 600)))
                 f.write(json.dumps({"id": f"{k}-{i}", "text": text}) + "\n")
-                if len(sample) < 20000 and rng.random() < 0.05:
-                    sample.append(text)
-    return sample
 
 
-def _plan_task(job_id: str, idx: int, part: int) -> tuple[int, float, float]:
+def _plan_task(job_id: str, idx: int, part: int) -> tuple[int, float, float, float]:
     """One planning task: part `part` of object `idx` (an object under BATCHINF_PLAN_RANGE_BYTES
-    is one part)."""
+    is one part); then, in the same process and so under the same load, the tokenizer's own
+    batch-encode rate on the object's first TOKENIZER_SAMPLE texts."""
+    from batchinf.ledger import jobs
     from batchinf.plan import plan_part
 
     t0 = time.perf_counter()
     n = plan_part(job_id, idx, part)
-    return n, time.perf_counter() - t0, peak_rss_mib()
+    seconds = time.perf_counter() - t0
+    with open(jobs.inputs(job_id)[idx].uri.removeprefix("file://")) as f:
+        texts = [json.loads(line)["text"] for line, _ in zip(f, range(TOKENIZER_SAMPLE))]
+    return n, seconds, peak_rss_mib(), tokenizer_rate(texts)
+
+
+TOKENIZER_SAMPLE = 20000
 
 
 def _global_step(job_id: str) -> None:
@@ -103,7 +109,7 @@ def plan_bench(records: int, objects: int, processes: int, work: Path) -> dict:
     from batchinf.config import settings
 
     settings.cache_clear()
-    sample = write_corpus(work / "in", records, objects)
+    write_corpus(work / "in", records, objects)
     subprocess.run([sys.executable, "-m", "batchinf.cli", "bundle", "import", str(minilm_dir()), "--name", "minilm",
                     "--alias", "bench"], check=True, capture_output=True)
     from batchinf.ledger import jobs
@@ -131,11 +137,14 @@ def plan_bench(records: int, objects: int, processes: int, work: Path) -> dict:
     step = json.loads(r.stdout.strip().splitlines()[-1])
     busy = sum(d[1] for d in done)
     per_process = records / busy if busy else None
-    tok = tokenizer_rate(sample)
+    # like for like: each task's planning rate against the tokenizer's rate measured in its process
+    ratios = sorted(d[3] / (d[0] / d[1]) for d in done if d[0])
     return {"records": records, "objects": objects, "planning_tasks": len(tasks), "processes": processes,
             "wall_seconds": tasks_wall + step["seconds"], "plan_tasks_wall_seconds": tasks_wall,
             "global_step_seconds": step["seconds"], "records_per_s_per_planning_process": per_process,
-            "tokenizer_records_per_s": tok, "planning_vs_tokenizer": tok / per_process if per_process else None,
+            "tokenizer_records_per_s": statistics.median(d[3] for d in done),
+            "planning_vs_tokenizer": statistics.median(ratios) if ratios else None,
+            "planning_vs_tokenizer_range": [ratios[0], ratios[-1]] if ratios else None,
             "peak_rss_mib": {"plan_task": max(d[2] for d in done), "global_step": step["peak_rss_mib"]},
             "status": step["status"]}
 

@@ -147,18 +147,18 @@ class Idle(Dispatcher):
 def test_the_lifecycle_sizes_a_generate_split_by_its_decode_work(tmp_path: Path, tiny_llama: str,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """A generate shard's num_tokens counts its prompts only; the tokens its records may decode
-    are work too, so a shard whose prompts alone are under the split minimum (a quarter of
+    are work too, so a shard whose prompts alone are under the split minimum (a sixth of
     BATCHINF_MIN_SHARD_TOKENS, `sizing.min_split_work`) is split."""
     job_id, lease = _leased_job(_lines(tmp_path / "in" / "batch.jsonl"), tmp_path / "out")
     prompts = shards.get(lease.shard_id).num_tokens
     decode = sum(4 + i for i in range(RECORDS))
     assert jobs.get(job_id).plan["work_per_token"] == round((prompts + decode) / prompts, 4)
-    monkeypatch.setenv("BATCHINF_MIN_SHARD_TOKENS", str(4 * int((prompts + decode) * 1.05)))
+    monkeypatch.setenv("BATCHINF_MIN_SHARD_TOKENS", str(6 * int((prompts + decode) * 1.05)))
     settings.cache_clear()
     assert step(job_id, Idle()) and not splits.split_wanted(lease)        # too little work left
     least = int((prompts + decode) * 0.95)
     assert least > prompts
-    monkeypatch.setenv("BATCHINF_MIN_SHARD_TOKENS", str(4 * least))
+    monkeypatch.setenv("BATCHINF_MIN_SHARD_TOKENS", str(6 * least))
     settings.cache_clear()
     assert step(job_id, Idle()) and splits.split_wanted(lease)            # more than its prompts alone
 
