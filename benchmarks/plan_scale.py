@@ -75,7 +75,7 @@ def _plan_task(job_id: str, idx: int, part: int) -> tuple[int, float, float, flo
     t0 = time.perf_counter()
     n = plan_part(job_id, idx, part)
     seconds = time.perf_counter() - t0
-    with open(jobs.inputs(job_id)[idx].uri.removeprefix("file://")) as f:
+    with open(jobs.inputs(job_id)[idx].pin.uri.removeprefix("file://")) as f:
         texts = [json.loads(line)["text"] for line, _ in zip(f, range(TOKENIZER_SAMPLE))]
     return n, seconds, peak_rss_mib(), tokenizer_rate(texts)
 
