@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections import Counter
 from contextlib import ExitStack
 from concurrent.futures import Future
@@ -238,7 +239,9 @@ def plan_objects(job_id: str, idxs: list[int], processes: int) -> None:
             end_object(job_id, i, lambda i=i, n=n: sum(plan_part(job_id, i, k) for k in range(n)))
         return
     errors = []
-    with ProcessPoolExecutor(min(total, processes), mp_context=mp.get_context("spawn")) as pool:
+    n = min(total, processes)
+    with ProcessPoolExecutor(n, mp_context=mp.get_context("spawn"), initializer=tokenizer_threads,
+                             initargs=(max(1, (os.cpu_count() or 1) // n),)) as pool:
         futures = [(i, [pool.submit(plan_part, job_id, i, k) for k in range(n)]) for i, n in begun]
         for i, fs in futures:
             try:
@@ -247,6 +250,13 @@ def plan_objects(job_id: str, idxs: list[int], processes: int) -> None:
                 errors.append(exc)
     if errors:
         raise errors[0]
+
+
+def tokenizer_threads(threads: int) -> None:
+    """A planning pool process's initializer: the tokenizer's thread pool (built at its first
+    batch, from RAYON_NUM_THREADS) gets this process's share of the cores, so that N planning
+    processes do not each start one thread per core."""
+    os.environ["RAYON_NUM_THREADS"] = str(threads)
 
 
 def _results(futures: list[Future]) -> int:

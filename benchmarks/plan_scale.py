@@ -103,7 +103,8 @@ def tokenizer_rate(texts: list[str]) -> float:
     return len(texts) / (time.perf_counter() - t0)
 
 
-def plan_bench(records: int, objects: int, processes: int, work: Path) -> dict:
+def plan_bench(records: int, objects: int, processes: int, work: Path,
+               tokenizer_threads_per_process: int | None = None) -> dict:
     os.environ["BATCHINF_HOME"] = str(work / "home")
     os.environ.pop("BATCHINF_DATABASE_URL", None)
     from batchinf.config import settings
@@ -127,7 +128,11 @@ def plan_bench(records: int, objects: int, processes: int, work: Path) -> dict:
 
     parts = {o.idx: begin_object(job_id, o.idx) or 0 for o in jobs.inputs(job_id)}
     tasks = [(i, k) for i, n in parts.items() for k in range(n)]
-    with ProcessPoolExecutor(processes, mp_context=mp.get_context("spawn")) as pool:
+    from batchinf.plan import tokenizer_threads
+
+    threads = tokenizer_threads_per_process or max(1, (os.cpu_count() or 1) // processes)
+    with ProcessPoolExecutor(processes, mp_context=mp.get_context("spawn"), initializer=tokenizer_threads,
+                             initargs=(threads,)) as pool:
         done = list(pool.map(_plan_task, [job_id] * len(tasks), *zip(*tasks)))
     for i in parts:
         end_object(job_id, i, lambda i=i: sum(d[0] for (o, _), d in zip(tasks, done) if o == i))
@@ -140,6 +145,7 @@ def plan_bench(records: int, objects: int, processes: int, work: Path) -> dict:
     # like for like: each task's planning rate against the tokenizer's rate measured in its process
     ratios = sorted(d[3] / (d[0] / d[1]) for d in done if d[0])
     return {"records": records, "objects": objects, "planning_tasks": len(tasks), "processes": processes,
+            "tokenizer_threads_per_process": threads,
             "wall_seconds": tasks_wall + step["seconds"], "plan_tasks_wall_seconds": tasks_wall,
             "global_step_seconds": step["seconds"], "records_per_s_per_planning_process": per_process,
             "tokenizer_records_per_s": statistics.median(d[3] for d in done),
@@ -284,6 +290,9 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--objects", type=int, default=8)
     ap.add_argument("--processes", type=int, default=2)
+    ap.add_argument("--tokenizer-threads", type=int, default=None,
+                    help="tokenizer threads per planning process (default: cores / processes; 1 emulates "
+                         "one-core workers)")
     ap.add_argument("--range-bytes", type=int, help="BATCHINF_PLAN_RANGE_BYTES: objects above it are planned "
                                                     "in parts of this size, in parallel")
     ap.add_argument("--ledger", action="store_true", help="only the ledger simulation")
@@ -306,7 +315,7 @@ def main() -> None:
     report = {}
     with tempfile.TemporaryDirectory() as work:
         if not a.ledger:
-            report["planning"] = plan_bench(a.records, a.objects, a.processes, Path(work))
+            report["planning"] = plan_bench(a.records, a.objects, a.processes, Path(work), a.tokenizer_threads)
         if not a.plan:
             if not a.database_url or not a.database_url.startswith("postgresql"):
                 sys.exit("the ledger simulation needs --database-url postgresql://... (an empty database)")
