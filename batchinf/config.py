@@ -87,8 +87,8 @@ class Settings:
     log_level: str | None           # BATCHINF_LOG_LEVEL: DEBUG | INFO | WARNING | ERROR (`batchinf --log-level`);
                                     # unset: INFO for long-running processes, WARNING for other commands
     # --- model runtime
-    pack_weights: bool              # BATCHINF_PACK_WEIGHTS: CPU generation keeps an MKL-prepacked copy of the
-                                    # weights; 0 saves that memory
+    pack_weights: bool              # BATCHINF_PACK_WEIGHTS: CPU float32 models keep a prepacked copy of their
+                                    # projections (generation: MKL; BERT-family encoders: oneDNN); 0 saves that memory
     # --- bounds (see LIMITS)
     limits: dict[str, int]          # LIMITS' variables: the operator's default of each tenant-overridable bound
     max_kv_cache_bytes: int         # BATCHINF_MAX_KV_CACHE_BYTES: a worker's KV-cache budget per generate call

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from batchinf.errors import BatchinfError, BundleError
 from batchinf.runtime.empty import empty_weights
-from batchinf.runtime.encoder import _TANH_GELUS, BertLayer, EncoderConfig, attention_bias
+from batchinf.runtime.encoder import _TANH_GELUS, BertLayer, EncoderConfig, attention_bias, pack_encoder
 
 FAMILIES = {"bert": "bert", "xlm-roberta": "roberta", "roberta": "roberta"}   # model_type -> weight prefix
 M = TypeVar("M", bound=nn.Module)
@@ -133,7 +133,9 @@ def load_classifier(model_dir: Path, device: str = "cpu", dtype: torch.dtype = t
             key = key.removeprefix(prefix)
             if not key.endswith("position_ids") and not key.startswith("lm_head."):
                 state[key] = tensor
-    return assign_weights(model_dir, lambda: SequenceClassifier(cfg), state, device, dtype)
+    model = assign_weights(model_dir, lambda: SequenceClassifier(cfg), state, device, dtype)
+    pack_encoder(model)
+    return model
 
 
 def assign_weights(model_dir: Path, build: Callable[[], M], state: dict[str, Tensor], device: str,

@@ -64,8 +64,10 @@ class Int8Linear(nn.Module):
 
 def quantize_encoder(model: nn.Module) -> nn.Module:
     """Switch a BertEncoder's linear layers to int8 in place (see the module docstring for which);
-    their float32 weights are dropped."""
+    their float32 weights, and prepacked copies of them, are dropped."""
     for layer in model.encoder.layer:
+        for m in (layer.attention.self, layer.attention.output, layer.intermediate):
+            m.packed = None
         sa = layer.attention.self
         sa.int8 = Int8Linear(*sa.qkv_weights())
         sa.query = sa.key = sa.value = None

@@ -186,3 +186,29 @@ def test_fused_layer_matches_unfused_reference_and_follows_weight_writes() -> No
         assert (got - reference()).abs().max() < 1e-5
         with torch.no_grad():
             layer.attention.self.value.weight.mul_(3)   # the second pass must see this
+
+
+def test_prepacked_layer_matches_the_plain_one_and_follows_weight_writes() -> None:
+    """With oneDNN-prepacked projections (GELU and the residual add fused into their GEMMs) a layer
+    gives what the plain path gives; a weight written in place makes its packed copy stale, and the
+    layer follows the write."""
+    import copy
+
+    from batchinf.runtime.encoder import BertLayer, attention_bias, pack_encoder
+
+    torch.manual_seed(0)
+    layer = BertLayer(EncoderConfig(10, 16, 1, 4, 32, 20)).eval()
+    plain = copy.deepcopy(layer)
+    assert pack_encoder(torch.nn.ModuleList([layer]))       # every x86 CPU build of torch has oneDNN
+    assert layer.intermediate.packed is not None and plain.intermediate.packed is None
+    x = torch.randn(3, 5, 16)
+    bias = attention_bias(torch.tensor([[1] * 5, [1] * 3 + [0] * 2, [1] + [0] * 4]), torch.float32)
+    for _ in range(2):
+        with torch.inference_mode():
+            assert (layer(x, bias) - plain(x, bias)).abs().max() < 1e-5
+        with torch.no_grad():                   # the second pass must see these
+            for m in (layer, plain):
+                m.intermediate.dense.weight.mul_(3)
+                m.output.dense.bias.add_(1)
+                m.attention.self.key.weight.mul_(2)
+    assert not layer.intermediate.packed.fresh(layer.intermediate.dense.weight, layer.intermediate.dense.bias)
