@@ -283,26 +283,24 @@ def pack_encoder(model: nn.Module) -> bool:
             or not hasattr(torch.ops.mkldnn, "_linear_pointwise")
             or any(t.device.type != "cpu" or t.dtype != torch.float32 for t in weights)):
         return False
+    projections: list[tuple[nn.Module, Tensor, Tensor]] = []     # (module that owns it, weight, bias)
+    for layer in layers:
+        projections.append((layer.attention.self, *layer.attention.self.qkv_weights()))
+        projections += [(m, m.dense.weight, m.dense.bias)
+                        for m in (layer.intermediate, layer.attention.output, layer.output)]
     gen = torch.Generator().manual_seed(0)
     checked: set[tuple[int, ...]] = set()
     with torch.no_grad():
-        for layer in layers:
-            attn, inter, outs = layer.attention.self, layer.intermediate, (layer.attention.output, layer.output)
-            attn.packed = Prepacked(*attn.qkv_weights())
-            inter.packed = Prepacked(inter.dense.weight, inter.dense.bias)
-            for o in outs:
-                o.packed = Prepacked(o.dense.weight, o.dense.bias)
-            for w, b, packed in [(*attn.qkv_weights(), attn.packed), (inter.dense.weight, inter.dense.bias, inter.packed),
-                                 *((o.dense.weight, o.dense.bias, o.packed) for o in outs)]:
-                if tuple(w.shape) in checked:
-                    continue
-                x = torch.randn(2, 3, w.shape[1], generator=gen)
-                if not torch.allclose(packed(x), F.linear(x, w, b), rtol=1e-4, atol=1e-4):
-                    for m in model.modules():
-                        if hasattr(m, "packed"):
-                            m.packed = None
-                    return False
-                checked.add(tuple(w.shape))
+        for module, w, b in projections:
+            module.packed = Prepacked(w, b)
+            if tuple(w.shape) in checked:
+                continue
+            x = torch.randn(2, 3, w.shape[1], generator=gen)
+            if not torch.allclose(module.packed(x), F.linear(x, w, b), rtol=1e-4, atol=1e-4):
+                for m, _, _ in projections:
+                    m.packed = None
+                return False
+            checked.add(tuple(w.shape))
     return True
 
 
