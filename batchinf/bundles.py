@@ -13,6 +13,7 @@ from batchinf.errors import BundleError, DeviceUnavailableError
 from batchinf.ledger import registry
 from batchinf.ledger.models import BundleInfo
 from batchinf.runtime import bundle as rb
+from batchinf.runtime.malloc import keep_freed_memory
 from batchinf.store import get_store, join, split_uri
 from batchinf.tasks import build_meta, get_task
 from batchinf.tasks.embed_request import check_matryoshka_dims
@@ -131,6 +132,7 @@ def open_runtime(digest: str, *, device: str = "cpu", with_model: bool = True) -
         runtime = task.open_runtime(root, meta, device)
         task.verify_inputs(runtime)
         if with_model:
+            keep_freed_memory(settings().malloc_keep_bytes)
             runtime.load_model()
             task.verify_model(runtime)
         _loaded[key] = runtime

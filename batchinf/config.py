@@ -89,6 +89,9 @@ class Settings:
     # --- model runtime
     pack_weights: bool              # BATCHINF_PACK_WEIGHTS: CPU float32 models keep a prepacked copy of their
                                     # projections (generation: MKL; BERT-family encoders: oneDNN); 0 saves that memory
+    malloc_keep_bytes: int          # BATCHINF_MALLOC_KEEP_BYTES: a process that loads a model serves allocations up
+                                    # to this size from the heap and keeps this much freed memory (runtime/malloc.py);
+                                    # 0 leaves glibc's defaults
     # --- bounds (see LIMITS)
     limits: dict[str, int]          # LIMITS' variables: the operator's default of each tenant-overridable bound
     max_kv_cache_bytes: int         # BATCHINF_MAX_KV_CACHE_BYTES: a worker's KV-cache budget per generate call
@@ -222,6 +225,7 @@ def load_settings() -> Settings:
         metrics_job_window=_float("BATCHINF_METRICS_JOB_WINDOW", 86400.0),
         prometheus_multiproc_dir=_text("PROMETHEUS_MULTIPROC_DIR"),
         pack_weights=_flag("BATCHINF_PACK_WEIGHTS", True),
+        malloc_keep_bytes=_int("BATCHINF_MALLOC_KEEP_BYTES", 1 << 30),
         limits={name: _int(var, default) for name, (var, default, _) in LIMITS.items()},
         max_kv_cache_bytes=_int("BATCHINF_MAX_KV_CACHE_BYTES", LIMITS["kv_cache_bytes"][1]),
         max_error_rows=_int("BATCHINF_MAX_ERROR_ROWS", 1_000_000),

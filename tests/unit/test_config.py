@@ -85,14 +85,14 @@ def test_defaults_and_types(env: pytest.MonkeyPatch) -> None:
     for name in ("BATCHINF_QUEUE", "BATCHINF_VISIBILITY_TIMEOUT", "BATCHINF_DEVICE", "BATCHINF_S3_ENDPOINT_URL",
                  "AWS_DEFAULT_REGION", "AWS_REGION", "BATCHINF_S3_REGION", "BATCHINF_METRICS_TOKEN",
                  "BATCHINF_METRICS_JOB_WINDOW",
-                 "PROMETHEUS_MULTIPROC_DIR", "BATCHINF_PACK_WEIGHTS", "BATCHINF_FAILPOINTS", "BATCHINF_FAILPOINTS_SEED"):
+                 "PROMETHEUS_MULTIPROC_DIR", "BATCHINF_PACK_WEIGHTS", "BATCHINF_MALLOC_KEEP_BYTES", "BATCHINF_FAILPOINTS", "BATCHINF_FAILPOINTS_SEED"):
         env.delenv(name, raising=False)
     env.setenv("BATCHINF_DEVICE", "")                 # empty counts as unset
     s = settings()
     assert (s.queue, s.visibility_timeout, s.device, s.s3_endpoint_url, s.s3_region) == \
         ("batchinf", 6 * 3600, "auto", None, None)        # the region: boto3's chain, see test_s3_conventions
     assert (s.metrics_token, s.metrics_job_window, s.prometheus_multiproc_dir) == (None, 86400.0, None)
-    assert (s.pack_weights, s.failpoints, s.failpoints_seed) == (True, "", None)
+    assert (s.pack_weights, s.malloc_keep_bytes, s.failpoints, s.failpoints_seed) == (True, 1 << 30, "", None)
 
 
 def test_values_are_read_when_settings_are_loaded(env: pytest.MonkeyPatch) -> None:
