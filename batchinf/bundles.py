@@ -21,11 +21,12 @@ from batchinf.tasks.embed_request import check_matryoshka_dims
 
 def import_bundle(src: str | Path, name: str, *, alias: str | None = None,
                   max_length: int | None = None, dtype: str = "float32",
-                  matryoshka_dims: list[int] | None = None, precision: str = "float32") -> BundleInfo:
+                  matryoshka_dims: list[int] | None = None, precision: str = "float32",
+                  int8_scheme: str | None = None) -> BundleInfo:
     """Compute bundle.json for a model directory, copy it into the bundle store, register it.
     `matryoshka_dims`: an embedding model's declared truncation sizes (part of its identity).
     `precision` int8: the int8 CPU variant (runtime/int8.py), refused unless it matches the
-    float32 fixtures within the declared bound."""
+    float32 fixtures within the declared bound; `int8_scheme` vnni or avx2 (default: this CPU's best)."""
     src = Path(src)
     if not src.is_dir():
         raise BundleError(f"{src} is not a directory of model files")
@@ -35,7 +36,7 @@ def import_bundle(src: str | Path, name: str, *, alias: str | None = None,
     if precision == "int8":
         from batchinf.runtime import int8
 
-        meta = int8.gate(rb.EmbedRuntime(src, int8.int8_meta(meta), device="cpu"))
+        meta = int8.gate(rb.EmbedRuntime(src, int8.int8_meta(meta, int8_scheme), device="cpu"))
     if matryoshka_dims:
         meta["matryoshka_dims"] = check_matryoshka_dims(matryoshka_dims, meta)
     digest = rb.digest_of(meta)

@@ -356,18 +356,24 @@ def min_cosine(a, b) -> float:  # noqa: ANN001
 
 
 def int8_model(args: argparse.Namespace) -> None:
-    """`--int8-model`: the encoder alone, float32 and int8 side by side in one process on one
-    batch (64 x 128 real tokens), interleaved repetitions at 1 thread and at `--threads`."""
+    """`--int8-model`: the encoder alone, float32 and int8 (each scheme this CPU runs) side by side
+    in one process on one batch (64 x 128 real tokens), interleaved repetitions at 1 thread and at
+    `--threads`, the allocator set as in a worker (BATCHINF_MALLOC_KEEP_BYTES)."""
     import torch
 
+    from batchinf.config import settings
+    from batchinf.runtime import int8
     from batchinf.runtime.encoder import load_encoder
-    from batchinf.runtime.int8 import quantize_encoder
+    from batchinf.runtime.malloc import keep_freed_memory
 
+    keep_freed_memory(settings().malloc_keep_bytes)
     B, S = 64, 128
     ids = torch.randint(1000, 30000, (B, S), generator=torch.Generator().manual_seed(0))
     mask = torch.ones(B, S, dtype=torch.long)
-    models = {"float32": load_encoder(minilm_dir()), "int8": quantize_encoder(load_encoder(minilm_dir()))}
-    report: dict = {"batch": [B, S], "repeats": args.repeats}
+    schemes = [s for s, v in int8.SCHEMES.items() if int8.has_vnni() or not v.needs_vnni]
+    models = {"float32": load_encoder(minilm_dir()),
+              **{f"int8 {s}": int8.quantize_encoder(load_encoder(minilm_dir()), s) for s in schemes}}
+    report: dict = {"batch": [B, S], "repeats": args.repeats, "cpu_has_vnni": int8.has_vnni()}
     for threads in sorted({1, args.threads}):
         torch.set_num_threads(threads)
         times: dict[str, list[float]] = {k: [] for k in models}
@@ -384,7 +390,8 @@ def int8_model(args: argparse.Namespace) -> None:
         report[f"{threads} threads"] = {
             "tokens_per_s_median": {k: B * S / v for k, v in med.items()},
             "tokens_per_s_best": {k: B * S / v for k, v in best.items()},
-            "int8_speedup_median": med["float32"] / med["int8"], "int8_speedup_best": best["float32"] / best["int8"]}
+            **{f"{k} speedup median": med["float32"] / med[k] for k in models if k != "float32"},
+            **{f"{k} speedup best": best["float32"] / best[k] for k in models if k != "float32"}}
     print(json.dumps(report, indent=None if args.json else 2))
 
 

@@ -25,13 +25,17 @@ def bundle() -> None:
 @click.option("--precision", type=click.Choice(["float32", "int8"]), default="float32", show_default=True,
               help="int8: int8 linear layers on CPU (BERT-family embedding models), refused unless the fixtures "
                    "stay within cosine 0.995 of float32.")
+@click.option("--int8-scheme", type=click.Choice(["vnni", "avx2"]), default=None,
+              help="--precision int8: vnni (8-bit weights, every projection int8; runs only on CPUs with AVX-512 "
+                   "VNNI or AVX-VNNI) or avx2 (7-bit weights, the FFN output in float32; runs on any x86-64). "
+                   "Default: vnni where this CPU has VNNI.")
 @click.option("--matryoshka-dims", default=None, metavar="N,N,...",
               help="Embedding models trained for truncation (Matryoshka): the vector sizes they may be cut to, "
                    "e.g. 256,128,64; requests may then ask for `dimensions`.")
 @json_option
 @friendly
 def bundle_import(directory: str, name: str, alias: str | None, max_length: int | None, dtype: str,
-                  precision: str, matryoshka_dims: str | None, as_json: bool) -> None:
+                  precision: str, int8_scheme: str | None, matryoshka_dims: str | None, as_json: bool) -> None:
     """Import a model directory as a bundle; prints its digest."""
     from batchinf.bundles import import_bundle
 
@@ -40,8 +44,10 @@ def bundle_import(directory: str, name: str, alias: str | None, max_length: int 
     except ValueError:
         raise click.BadParameter(f"{matryoshka_dims!r} is not a comma-separated list of sizes",
                                  param_hint="--matryoshka-dims") from None
+    if int8_scheme and precision != "int8":
+        raise click.BadParameter("only with --precision int8", param_hint="--int8-scheme")
     info = import_bundle(directory, name, alias=alias, max_length=max_length, dtype=dtype, matryoshka_dims=dims,
-                         precision=precision)
+                         precision=precision, int8_scheme=int8_scheme)
     emit(info.to_dict(), as_json, lambda i: click.echo(i["digest"]))
 
 

@@ -212,7 +212,7 @@ class EmbedRuntime:
             from batchinf.runtime import int8
 
             int8.check_supported(self.meta, self.device)
-            int8.quantize_encoder(self.model)
+            int8.quantize_encoder(self.model, int8.scheme_of(self.meta))
         self.dense = load_dense(self.root, self.meta, self.device, getattr(torch, dtype))
 
     def encode_fixture(self, text: str) -> list[int]:

@@ -135,7 +135,7 @@ class ResidualOutput(nn.Module):
 
     def forward(self, h: Tensor, residual: Tensor) -> Tensor:
         if self.int8 is not None:
-            return self.LayerNorm(self.int8(h).add_(residual))
+            return self.LayerNorm(self.int8(h, residual))
         if self.packed is not None and self.packed.fresh(self.dense.weight, self.dense.bias):
             return self.LayerNorm(self.packed.add(h, residual))
         # residual + bias, then the GEMM accumulates into it: one pass and one allocation fewer

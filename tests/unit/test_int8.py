@@ -64,7 +64,8 @@ def test_int8_import_refused_when_it_drifts_past_the_bound(bi_home: Path, tiny_m
 def test_int8_load_checks_the_declared_bound(bi_home: Path, tiny_model_dir: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     q = import_bundle(tiny_model_dir, "tiny", precision="int8").digest
-    monkeypatch.setattr(int8, "_WMAX", 1)     # a runtime that quantises far worse than the import did
+    coarse = int8.Scheme(wmax=1, ffn_output=True, needs_vnni=False)     # far worse than the import's
+    monkeypatch.setattr(int8, "SCHEMES", {s: coarse for s in int8.SCHEMES})
     bundles._loaded.clear()
     with pytest.raises(BundleError, match=r"model fixture \d .* cosine .* < 0\.995 .*int8, against the float32"):
         open_runtime(q)
@@ -89,11 +90,47 @@ def test_int8_linear_matches_float_linear() -> None:
     g = torch.Generator().manual_seed(0)
     w, b, x = torch.randn(48, 40, generator=g), torch.randn(48, generator=g), torch.randn(3, 7, 40, generator=g)
     x[0, 0] *= 50                                  # one loud token: only its own row's scale grows
-    got = int8.Int8Linear(w, b)(x)
+    r = torch.randn(3, 7, 48, generator=g)
     want = torch.nn.functional.linear(x, w, b)
-    assert got.shape == want.shape
-    rel = (got - want).norm(dim=-1) / want.norm(dim=-1)
-    assert float(rel.max()) < 0.03, rel
+    for scheme in int8.SCHEMES.values():
+        lin = int8.Int8Linear(w, b, scheme.wmax)
+        for got, ref in ((lin(x), want), (lin(x, r), want + r)):   # the residual add fused or not
+            assert got.shape == ref.shape
+            rel = (got - ref).norm(dim=-1) / ref.norm(dim=-1)
+            assert float(rel.max()) < 0.03, rel
+    # 254 steps between a row's extremes: both map inside u8, exactly onto its ends
+    lin = int8.Int8Linear(torch.eye(40), None, 127)
+    rows = torch.stack([torch.linspace(-3, 5, 40), torch.linspace(0, 1e-3, 40), torch.full((40,), 7.0)])
+    assert torch.allclose(lin(rows), rows, atol=float((rows.amax(1) - rows.amin(1)).max()) / 254)
+
+
+def _layers_in_int8(digest: str) -> list[bool]:
+    layer = open_runtime(digest).model.encoder.layer[0]
+    return [isinstance(m, int8.Int8Linear) for m in (layer.attention.self.int8, layer.attention.output.int8,
+                                                      layer.intermediate.dense, layer.output.int8)]
+
+
+def test_int8_schemes_recorded_and_pinned(bi_home: Path, tiny_model_dir: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    portable = import_bundle(tiny_model_dir, "tiny", alias="avx2", precision="int8", int8_scheme="avx2").digest
+    assert read_meta(bundles.local_dir(portable))["int8_scheme"] == "avx2"
+    assert _layers_in_int8(portable) == [True, True, True, False]     # the FFN output stays float32
+    default = import_bundle(tiny_model_dir, "tiny", alias="best", precision="int8").digest
+    assert read_meta(bundles.local_dir(default))["int8_scheme"] == int8.best_scheme()
+    if int8.has_vnni():                        # this CPU can run the 8-bit scheme: every projection int8
+        vnni = import_bundle(tiny_model_dir, "tiny", alias="vnni", precision="int8", int8_scheme="vnni").digest
+        assert vnni == default != portable
+        assert _layers_in_int8(vnni) == [True, True, True, True]
+        monkeypatch.setattr(int8, "has_vnni", lambda: False)            # a worker without VNNI ...
+        bundles._loaded.clear()
+        with pytest.raises(BundleError, match="'vnni' scheme .* needs a CPU with AVX-512 VNNI or AVX-VNNI"):
+            open_runtime(vnni)                                          # ... refuses it
+        assert _layers_in_int8(portable) == [True, True, True, False]  # and runs the portable one
+    else:                                      # this CPU would saturate: the import is refused
+        with pytest.raises(BundleError, match="needs a CPU with AVX-512 VNNI or AVX-VNNI.*--int8-scheme avx2"):
+            import_bundle(tiny_model_dir, "tiny", alias="vnni", precision="int8", int8_scheme="vnni")
+    # bundles from before schemes existed are avx2
+    assert int8.scheme_of({"precision": "int8"}) == "avx2"
 
 
 def test_cli_import_precision(bi_home: Path, tiny_model_dir: Path) -> None:
@@ -105,5 +142,10 @@ def test_cli_import_precision(bi_home: Path, tiny_model_dir: Path) -> None:
     assert read_meta(bundles.local_dir(json.loads(r.stdout)["digest"]))["precision"] == "int8"
     r = runner.invoke(main, ["bundle", "import", str(tiny_model_dir), "--name", "t", "--precision", "int4"])
     assert r.exit_code == 2 and "int4" in r.output
+    r = runner.invoke(main, ["bundle", "import", str(tiny_model_dir), "--name", "t", "--int8-scheme", "avx2"])
+    assert r.exit_code == 2 and "only with --precision int8" in r.output
+    r = runner.invoke(main, ["bundle", "import", str(tiny_model_dir), "--name", "t", "--precision", "int8",
+                             "--int8-scheme", "avx2", "--json"])
+    assert read_meta(bundles.local_dir(json.loads(r.stdout)["digest"]))["int8_scheme"] == "avx2"
     assert len(FIXTURE_TEXTS) == len(read_meta(bundles.local_dir(json.loads(
         runner.invoke(main, ["bundle", "list", "--json"]).stdout)[0]["digest"]))["fixtures"])
