@@ -20,6 +20,7 @@ import queue
 import socket
 import time
 from multiprocessing.synchronize import Event as EventType
+from typing import Callable
 
 from batchinf import logs, metrics
 from batchinf.config import settings
@@ -93,17 +94,18 @@ class Dispatcher:
         time.sleep(seconds)
 
 
-def run_lease(lease: Lease, device: str, parent_pid: int | None = None) -> None:
+def run_lease(lease: Lease, device: str, parent_pid: int | None = None,
+              nearly_done: Callable[[], None] | None = None) -> None:
     """Execute one leased shard; what a failure means is `retry.classify`'s to say. Its log lines
-    carry job_id, shard_id and attempt."""
+    carry job_id, shard_id and attempt. `nearly_done`: called as it starts the shard's last chunk."""
     with logs.context(job_id=lease.job_id, shard_id=lease.shard_id, attempt=lease.attempt):
-        _run_lease(lease, device, parent_pid)
+        _run_lease(lease, device, parent_pid, nearly_done)
 
 
-def _run_lease(lease: Lease, device: str, parent_pid: int | None) -> None:
+def _run_lease(lease: Lease, device: str, parent_pid: int | None, nearly_done: Callable[[], None] | None) -> None:
     from batchinf.execute import Heartbeat, execute_shard
 
-    hb = Heartbeat(lease, parent_pid)
+    hb = Heartbeat(lease, parent_pid, nearly_done)
     hb.start()
     try:
         log.info("shard %s attempt %d started", lease.shard_id, lease.attempt)
@@ -150,8 +152,8 @@ def worker_main(job_id: str, device: str, threads: int, parent_pid: int, twins: 
     """Entry point of an embedded worker process: lease shards of one job until none are left;
     when idle, run a straggler's twin the driver asked for. Started while the job is still
     planning, it loads the bundle meanwhile. It sets `wake` when it ends an attempt or first
-    finds nothing to do, so the driver steps the job at once (dispatch a split's halves, ask a
-    running shard to split, verify) instead of at its next tick."""
+    finds nothing to do, or starts the last chunk of its shard, so the driver steps the job at once
+    (dispatch a split's halves, ask a running shard to split, verify) instead of at its next tick."""
     import signal
 
     import torch
@@ -179,7 +181,7 @@ def worker_main(job_id: str, device: str, threads: int, parent_pid: int, twins: 
             except queue.Empty:
                 break
         if lease is not None:
-            run_lease(lease, device, parent_pid)
+            run_lease(lease, device, parent_pid, None if wake is None else wake.set)
             idle = False
             if wake is not None:
                 wake.set()

@@ -10,7 +10,7 @@ import hashlib
 import os
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -37,14 +37,27 @@ from batchinf.tasks.batching import (  # noqa: F401 -- re-exported: the batching
 )
 
 class Heartbeat(threading.Thread):
-    """Extends the lease while the attempt runs; flags `lost` when the fencing token is gone."""
+    """Extends the lease while the attempt runs; flags `lost` when the fencing token is gone.
+    `on_nearly_done` is called once the attempt starts its shard's last chunk (`nearly_done`)."""
 
-    def __init__(self, lease: Lease, parent_pid: int | None = None) -> None:
+    def __init__(self, lease: Lease, parent_pid: int | None = None,
+                 on_nearly_done: Callable[[], None] | None = None) -> None:
         super().__init__(daemon=True)
-        self.lease, self.parent_pid = lease, parent_pid
+        self.lease, self.parent_pid, self.on_nearly_done = lease, parent_pid, on_nearly_done
         self.lost = threading.Event()
         self.records_done = 0       # records of the shard finished so far, sent with each heartbeat
         self._stop = threading.Event()
+
+    def nearly_done(self) -> None:
+        """The attempt starts its shard's last chunk: report its progress now rather than at the
+        next beat, so the lifecycle counts this worker as about to idle and has a running shard
+        split for it meanwhile (`splits.request_split`), then call `on_nearly_done`."""
+        try:
+            leases.heartbeat(self.lease, settings().lease_seconds, self.records_done)
+        except Exception:  # noqa: BLE001 -- only the split comes later; the next beat reports it
+            pass
+        if self.on_nearly_done is not None:
+            self.on_nearly_done()
 
     def run(self) -> None:
         s = settings()
@@ -62,7 +75,7 @@ class Heartbeat(threading.Thread):
         self._stop.set()
 
 
-SPLIT_POLL_SECONDS = 0.5    # a split request waits at most this long (one indexed read per poll)
+SPLIT_POLL_SECONDS = 0.25   # a split request waits at most this long (one indexed read per poll)
 
 
 class SplitWatch:
@@ -198,6 +211,8 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
                 rest = np.arange(done, shard.num_records)
                 break
             check()
+            if chunk and task.streams and heartbeat is not None and done + staged.num_rows >= shard.num_records:
+                heartbeat.nearly_done()
             c = _columns(staged)
             # a streaming task reports progress per staged batch; a whole-shard one (generate)
             # per finished record, through the callback it calls as each one finishes, and

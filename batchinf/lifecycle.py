@@ -103,8 +103,9 @@ def _run(job: Job, d: Dispatcher, slots: int | None) -> None:
         d.speculate(shard_id)
     if (workers := d.workers()) and s.split_chunk_tokens:   # idle workers: split the largest
         # shards count staged tokens; a generate record's work adds the tokens it may decode
-        min_tokens = sizing.min_split_work() / float(job.plan.get("work_per_token", 1.0))
-        splits.request_split(job.id, workers, max(1, math.ceil(min_tokens)))
+        per_token = float(job.plan.get("work_per_token", 1.0))
+        splits.request_split(job.id, workers, max(1, math.ceil(sizing.min_split_work() / per_token)),
+                             soon_work=int(sizing.split_chunk_work() / per_token))
     d.keep_up(job, shard_repo.open_count(job.id))
     if d.sweeps:
         _sweep(job)

@@ -22,7 +22,7 @@ from batchinf.manifest import parse_manifest
 from batchinf.submit import submit
 from batchinf.verify import verify_output
 from tests.helpers.corpus import manifest, write_jsonl
-from tests.helpers.stages import InProcess, lease_one_shard
+from tests.helpers.stages import InProcess, lease_one_shard, plan_job
 
 RECORDS = 60
 
@@ -122,4 +122,44 @@ def test_a_split_racing_a_speculative_twin_keeps_coverage_exactly_once(first: st
     assert parent.status == ShardStatus.COMMITTED and parent.attempt == winner.attempt
     children = [s for s in shards.of_job(job_id) if s.parent_id == parent.id]
     assert (len(children) == 2) == (first == "holder")
+    _finish(tmp_path, job_id)
+
+
+def test_a_worker_starting_its_last_chunk_counts_as_idle(tmp_path: Path, tiny_bundle: str) -> None:
+    """One worker per running shard, nothing waiting: no split while every shard has work; once
+    one reports it is in its last chunk (its heartbeat's progress), the shard with the most work
+    left is asked, and never the nearly done one itself."""
+    write_jsonl(tmp_path / "in.jsonl", RECORDS, seed=5, bad=False)
+    raw = manifest(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), shards={"max_records": RECORDS // 2},
+                   options={"max_batch_tokens": 64})
+    job_id, _ = submit(parse_manifest(dict(raw, name="many")))
+    plan_job(job_id)
+    shards.dispatch_ready(job_id)
+    held = [leases.claim_next([job_id], f"w:{i}", 60.0) for i in range(len(shards.of_job(job_id)))]
+    assert len(held) >= 2 and all(held)
+    work = {lease.shard_id: shards.get(lease.shard_id).num_tokens for lease in held}
+    nearly = max(held, key=lambda lease: shards.get(lease.shard_id).num_records)
+    records = shards.get(nearly.shard_id).num_records
+    chunk = -(-work[nearly.shard_id] // records)          # about its last record's work
+    assert records > 1 and min(work.values()) > chunk
+    n = len(held)
+    assert splits.request_split(job_id, n, 1, soon_work=chunk) == []           # every worker busy
+    assert leases.heartbeat(nearly, 60.0, records - 1)                        # its last record left
+    assert splits.request_split(job_id, n, 1, soon_work=0) == []              # not counted without the lead
+    asked = splits.request_split(job_id, n, 1, soon_work=chunk)
+    others = {sid: w for sid, w in work.items() if sid != nearly.shard_id}
+    assert asked == [max(others, key=lambda sid: (others[sid], sid))]
+    assert not splits.split_wanted(nearly)
+
+
+def test_execute_reports_progress_as_it_starts_the_last_chunk(tmp_path: Path, tiny_bundle: str) -> None:
+    from batchinf.execute import Heartbeat
+    from batchinf.ledger.status import status
+
+    job_id, lease = _one_shard_job(tmp_path)
+    seen: list[int] = []
+    hb = Heartbeat(lease, on_nearly_done=lambda: seen.append(status(job_id)["counts"]["records_done"]))
+    execute_shard(lease, heartbeat=hb)                    # the heartbeat thread itself never started
+    total = shards.get(lease.shard_id).num_records
+    assert len(seen) == 1 and 0 < seen[0] < total          # once, with the records done before it
     _finish(tmp_path, job_id)
