@@ -48,13 +48,15 @@ class Heartbeat(threading.Thread):
         self.records_done = 0       # records of the shard finished so far, sent with each heartbeat
         self._stop = threading.Event()
 
-    def nearly_done(self) -> None:
+    def nearly_done(self, least: int, soon: int) -> None:
         """The attempt starts its shard's last chunk: report its progress now rather than at the
-        next beat, so the lifecycle counts this worker as about to idle and has a running shard
-        split for it meanwhile (`splits.request_split`), then call `on_nearly_done`."""
+        next beat, and ask for a running shard of the job to split for this worker meanwhile
+        (`splits.request_split`, with the job's `sizing.split_bounds`), then call
+        `on_nearly_done`; the driver also counts this worker as about to idle from then on."""
         try:
             leases.heartbeat(self.lease, settings().lease_seconds, self.records_done)
-        except Exception:  # noqa: BLE001 -- only the split comes later; the next beat reports it
+            splits.request_split(self.lease.job_id, None, least, soon_work=soon)
+        except Exception:  # noqa: BLE001 -- only the split comes later: the driver asks when idle
             pass
         if self.on_nearly_done is not None:
             self.on_nearly_done()
@@ -212,7 +214,7 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
                 break
             check()
             if chunk and task.streams and heartbeat is not None and done + staged.num_rows >= shard.num_records:
-                heartbeat.nearly_done()
+                heartbeat.nearly_done(*sizing.split_bounds(float(job.plan.get("work_per_token", 1.0))))
             c = _columns(staged)
             # a streaming task reports progress per staged batch; a whole-shard one (generate)
             # per finished record, through the callback it calls as each one finishes, and

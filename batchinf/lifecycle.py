@@ -11,7 +11,6 @@ and fail the job after `BATCHINF_MAX_STEP_FAILURES` consecutive failures.
 from __future__ import annotations
 
 import logging
-import math
 from typing import Callable
 
 from batchinf import logs, metrics, sizing
@@ -102,10 +101,8 @@ def _run(job: Job, d: Dispatcher, slots: int | None) -> None:
     for shard_id in shard_repo.stragglers(job.id, s.speculate_factor, s.speculate_min_seconds):
         d.speculate(shard_id)
     if (workers := d.workers()) and s.split_chunk_tokens:   # idle workers: split the largest
-        # shards count staged tokens; a generate record's work adds the tokens it may decode
-        per_token = float(job.plan.get("work_per_token", 1.0))
-        splits.request_split(job.id, workers, max(1, math.ceil(sizing.min_split_work() / per_token)),
-                             soon_work=int(sizing.split_chunk_work() / per_token))
+        least, soon = sizing.split_bounds(float(job.plan.get("work_per_token", 1.0)))
+        splits.request_split(job.id, workers, least, soon_work=soon)
     d.keep_up(job, shard_repo.open_count(job.id))
     if d.sweeps:
         _sweep(job)

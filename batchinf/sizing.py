@@ -12,6 +12,8 @@ one length (`cut_groups_balanced`), a split cuts a shard's records (`cut_balance
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from batchinf.config import settings
@@ -33,6 +35,14 @@ def min_split_work() -> int:
     once the half it hands over computes longer than a shard's fixed cost (~0.2 s, under 1k
     tokens on one thread)."""
     return max(1, min_shard_work() // 6)
+
+
+def split_bounds(work_per_token: float) -> tuple[int, int]:
+    """In a shard's staged tokens (`work_per_token` from the job's plan: a generate record's work
+    adds the tokens it may decode): the least remaining work worth a split, and the work left at
+    which a worker counts as about to idle. The latter is two chunks: the ledger estimates what is
+    left from a shard's mean tokens per record, and a last chunk may run a record past its cut."""
+    return max(1, math.ceil(min_split_work() / work_per_token)), int(2 * split_chunk_work() / work_per_token)
 
 
 def split_chunk_work() -> int:

@@ -25,29 +25,34 @@ from batchinf.ledger.tables import shards
 SPLIT_COMMIT_TRIES = 3      # a concurrent split in the same bucket took the ordinal: try again
 
 
-def request_split(job_id: str, workers: int, min_work: int, soon_work: int = 0) -> list[str]:
+def request_split(job_id: str, workers: int | None, min_work: int, soon_work: int = 0) -> list[str]:
     """With `workers` in the fleet: when the job has nothing waiting to run and workers idle
     (fewer running or queued shards, over every job, than workers, less the splits already
     asked), ask that many of its running shards, those with the most remaining work (at least
     `min_work`), to split. A running shard of the job with at most `soon_work` left (its worker
     reported starting its last chunk) counts as an idle worker already: the split it gets lands
-    about when that worker frees, not a chunk and a poll later. Returns the shards asked."""
+    about when that worker frees, not a chunk and a poll later. `workers` None: the caller is
+    such a worker (work stealing, whatever the driver's tick) and counts only those shards,
+    less the job's splits already asked. Returns the shards asked."""
     running = ShardStatus.RUNNING.value
     with tx() as conn:
         if conn.execute(select(shards.c.id).where(shards.c.job_id == job_id,
                                                   shards.c.status.in_(values(SHARD_WAITING))).limit(1)).first():
             return []
-        busy = conn.execute(select(func.count()).select_from(shards).where(
-            shards.c.status.in_([running, ShardStatus.QUEUED.value]))).scalar()
-        asked = conn.execute(select(func.count()).select_from(shards).where(
-            shards.c.status == running, shards.c.split_requested_at.is_not(None))).scalar()
         rows = conn.execute(select(shards.c.id, shards.c.num_records, shards.c.num_tokens, shards.c.progress_records,
                                    shards.c.split_requested_at)
                             .where(shards.c.job_id == job_id, shards.c.status == running, shards.c.bucket >= 0)).all()
         left = sorted(((r.num_tokens * (r.num_records - min(r.progress_records, r.num_records)) / max(1, r.num_records),
                         r.id, r.split_requested_at is None) for r in rows), reverse=True)
         soon = sum(1 for work, _, _ in left if work <= soon_work)
-        idle = workers - busy - asked + soon
+        if workers is None:
+            idle = soon - sum(1 for _, _, unasked in left if not unasked)
+        else:
+            busy = conn.execute(select(func.count()).select_from(shards).where(
+                shards.c.status.in_([running, ShardStatus.QUEUED.value]))).scalar()
+            asked = conn.execute(select(func.count()).select_from(shards).where(
+                shards.c.status == running, shards.c.split_requested_at.is_not(None))).scalar()
+            idle = workers - busy - asked + soon
         if idle <= 0:
             return []
         chosen = [sid for work, sid, unasked in left if unasked and work >= min_work and work > soon_work][:idle]

@@ -85,7 +85,8 @@ def test_defaults_and_types(env: pytest.MonkeyPatch) -> None:
     for name in ("BATCHINF_QUEUE", "BATCHINF_VISIBILITY_TIMEOUT", "BATCHINF_DEVICE", "BATCHINF_S3_ENDPOINT_URL",
                  "AWS_DEFAULT_REGION", "AWS_REGION", "BATCHINF_S3_REGION", "BATCHINF_METRICS_TOKEN",
                  "BATCHINF_METRICS_JOB_WINDOW",
-                 "PROMETHEUS_MULTIPROC_DIR", "BATCHINF_PACK_WEIGHTS", "BATCHINF_MALLOC_KEEP_BYTES", "BATCHINF_FAILPOINTS", "BATCHINF_FAILPOINTS_SEED"):
+                 "PROMETHEUS_MULTIPROC_DIR", "BATCHINF_PACK_WEIGHTS", "BATCHINF_MALLOC_KEEP_BYTES",
+                 "BATCHINF_FAILPOINTS", "BATCHINF_FAILPOINTS_SEED"):
         env.delenv(name, raising=False)
     env.setenv("BATCHINF_DEVICE", "")                 # empty counts as unset
     s = settings()

@@ -125,10 +125,12 @@ def test_a_split_racing_a_speculative_twin_keeps_coverage_exactly_once(first: st
     _finish(tmp_path, job_id)
 
 
-def test_a_worker_starting_its_last_chunk_counts_as_idle(tmp_path: Path, tiny_bundle: str) -> None:
+@pytest.mark.parametrize("asker", ["driver", "worker"])
+def test_a_worker_starting_its_last_chunk_counts_as_idle(asker: str, tmp_path: Path, tiny_bundle: str) -> None:
     """One worker per running shard, nothing waiting: no split while every shard has work; once
     one reports it is in its last chunk (its heartbeat's progress), the shard with the most work
-    left is asked, and never the nearly done one itself."""
+    left is asked, never the nearly done one itself, by the driver (it knows the fleet) or by that
+    worker (work stealing: it does not), and only once whoever asks next."""
     write_jsonl(tmp_path / "in.jsonl", RECORDS, seed=5, bad=False)
     raw = manifest(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), shards={"max_records": RECORDS // 2},
                    options={"max_batch_tokens": 64})
@@ -146,10 +148,12 @@ def test_a_worker_starting_its_last_chunk_counts_as_idle(tmp_path: Path, tiny_bu
     assert splits.request_split(job_id, n, 1, soon_work=chunk) == []           # every worker busy
     assert leases.heartbeat(nearly, 60.0, records - 1)                        # its last record left
     assert splits.request_split(job_id, n, 1, soon_work=0) == []              # not counted without the lead
-    asked = splits.request_split(job_id, n, 1, soon_work=chunk)
+    asked = splits.request_split(job_id, n if asker == "driver" else None, 1, soon_work=chunk)
     others = {sid: w for sid, w in work.items() if sid != nearly.shard_id}
     assert asked == [max(others, key=lambda sid: (others[sid], sid))]
     assert not splits.split_wanted(nearly)
+    assert splits.request_split(job_id, n, 1, soon_work=chunk) == []          # one idle worker, one split
+    assert splits.request_split(job_id, None, 1, soon_work=chunk) == []
 
 
 def test_execute_reports_progress_as_it_starts_the_last_chunk(tmp_path: Path, tiny_bundle: str) -> None:
