@@ -46,16 +46,18 @@ def request_split(job_id: str, workers: int | None, min_work: int, soon_work: in
                         r.id, r.split_requested_at is None) for r in rows), reverse=True)
         soon = sum(1 for work, _, _ in left if work <= soon_work)
         if workers is None:
-            idle = soon - sum(1 for _, _, unasked in left if not unasked)
+            idle, soon = 0, soon - sum(1 for _, _, unasked in left if not unasked)
         else:
             busy = conn.execute(select(func.count()).select_from(shards).where(
                 shards.c.status.in_([running, ShardStatus.QUEUED.value]))).scalar()
             asked = conn.execute(select(func.count()).select_from(shards).where(
                 shards.c.status == running, shards.c.split_requested_at.is_not(None))).scalar()
-            idle = workers - busy - asked + soon
-        if idle <= 0:
-            return []
-        chosen = [sid for work, sid, unasked in left if unasked and work >= min_work and work > soon_work][:idle]
+            idle = workers - busy - asked
+        eligible = [(work, sid) for work, sid, unasked in left if unasked and work >= min_work]
+        # an idle worker takes any split worth its fixed cost; one about to idle, only a shard
+        # that is not itself about to finish
+        chosen = [sid for _, sid in eligible[:max(0, idle)]]
+        chosen += [sid for work, sid in eligible[max(0, idle):] if work > soon_work][:max(0, idle + soon) - len(chosen)]
         for sid in chosen:
             if conn.execute(update(shards).where(shards.c.id == sid, shards.c.status == running,
                                                  shards.c.split_requested_at.is_(None))
