@@ -44,8 +44,8 @@ def request_split(job_id: str, workers: int | None, min_work: int, soon_work: in
                             .where(shards.c.job_id == job_id, shards.c.status == running, shards.c.bucket >= 0)).all()
         left = sorted(((r.num_tokens * (r.num_records - min(r.progress_records, r.num_records)) / max(1, r.num_records),
                         r.id, r.split_requested_at is None) for r in rows), reverse=True)
-        soon = sum(1 for work, _, _ in left if work <= soon_work)
-        if workers is None:
+        soon = sum(1 for work, _, _ in left if work <= soon_work)     # workers about to idle
+        if workers is None:     # one of them asks: only they count, less the job's splits asked
             idle, soon = 0, soon - sum(1 for _, _, unasked in left if not unasked)
         else:
             busy = conn.execute(select(func.count()).select_from(shards).where(
@@ -53,11 +53,12 @@ def request_split(job_id: str, workers: int | None, min_work: int, soon_work: in
             asked = conn.execute(select(func.count()).select_from(shards).where(
                 shards.c.status == running, shards.c.split_requested_at.is_not(None))).scalar()
             idle = workers - busy - asked
+        free = max(0, idle)
         eligible = [(work, sid) for work, sid, unasked in left if unasked and work >= min_work]
         # an idle worker takes any split worth its fixed cost; one about to idle, only a shard
-        # that is not itself about to finish
-        chosen = [sid for _, sid in eligible[:max(0, idle)]]
-        chosen += [sid for work, sid in eligible[max(0, idle):] if work > soon_work][:max(0, idle + soon) - len(chosen)]
+        # that is not about to finish itself
+        chosen = [sid for _, sid in eligible[:free]]
+        chosen += [sid for work, sid in eligible[free:] if work > soon_work][:max(0, idle + soon) - free]
         for sid in chosen:
             if conn.execute(update(shards).where(shards.c.id == sid, shards.c.status == running,
                                                  shards.c.split_requested_at.is_(None))
