@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import Counter
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from batchinf.errors import BatchinfError
-from batchinf.parts import STAGE_ROW_GROUP, local_copy
+from batchinf.parts import local_copy
 from batchinf.plan_summary import ids_uri
 from batchinf.sizing import cut_groups_balanced
 
@@ -184,30 +184,37 @@ def extra_work(summaries: list[dict[str, Any]], valid: list[dict[int, int]]) -> 
 
 
 class Cursor:
-    """Forward reader of one staged object's rows of one kind (valid or invalid), kept ones only."""
+    """Forward reader of one staged object's rows of one kind (valid or invalid), kept ones only.
+    Between takes it holds only the rows it has read and not given out (less than a row group),
+    not an open file: each take opens the file and reads on from the next row group, so the
+    step's memory does not grow with the number of staged parts it reads side by side."""
 
     def __init__(self, path: str, accept: Callable[[pa.Table], np.ndarray],
                  fix: Callable[[pa.Table], pa.Table] = lambda t: t,
                  shift: Callable[[pa.Table], pa.Table] = lambda t: t) -> None:
         self.path, self.accept, self.fix, self.shift = path, accept, fix, shift
-        self.batches: Iterator[pa.RecordBatch] | None = None
-        self.buffer: list[pa.Table] = []
-        self.buffered = 0
+        self.next_group = 0
+        self.left: pa.Table | None = None
 
     def take(self, k: int) -> pa.Table:
-        if self.batches is None:
-            self.batches = pq.ParquetFile(self.path).iter_batches(batch_size=STAGE_ROW_GROUP)
-        while self.buffered < k:
-            batch = next(self.batches, None)
-            if batch is None:
-                raise StagedMismatch(f"staged object {self.path} has fewer planned rows than its summary counts; "
-                                "plan the job again")
-            t = self.shift(pa.Table.from_batches([batch]))
-            t = self.fix(t.filter(pa.array(self.accept(t))))
-            self.buffer.append(t)
-            self.buffered += t.num_rows
-        rows = pa.concat_tables(self.buffer)
-        self.buffer, self.buffered = [rows.slice(k)], rows.num_rows - k
+        pieces = [] if self.left is None else [self.left]
+        have = sum(p.num_rows for p in pieces)
+        if have < k:
+            # without pre-buffering, reading a row group holds that row group, not the file's chunks
+            with pq.ParquetFile(self.path, pre_buffer=False) as pf:
+                while have < k:
+                    if self.next_group >= pf.num_row_groups:
+                        raise StagedMismatch(f"staged object {self.path} has fewer planned rows than its summary "
+                                             "counts; plan the job again")
+                    t = self.shift(pf.read_row_group(self.next_group))
+                    self.next_group += 1
+                    t = self.fix(t.filter(pa.array(self.accept(t))))
+                    pieces.append(t)
+                    have += t.num_rows
+        rows = pa.concat_tables(pieces)
+        rest = rows.num_rows - k
+        # a copy of the rows left, so the row group they came from is freed
+        self.left = rows.take(pa.array(np.arange(k, rows.num_rows))) if rest else None
         return rows.slice(0, k)
 
 

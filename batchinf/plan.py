@@ -94,7 +94,8 @@ def plan_object(task: ObjectTask, keep: set[int] | None = None) -> int:
         else:
             records = part_records(task, tally)
         table = in_stage_order(get_task(task.task).stage(task, runtime, records))
-    write_table(task.stage_uri, table)
+    # row groups of STAGE_ROW_GROUP: the global step's cursors hold one at a time, not the whole part
+    write_table(task.stage_uri, table, row_group_size=STAGE_ROW_GROUP)
     ids = valid_ids(table)
     write_table(ids_uri(task.stage_uri), ids, row_group_size=IDS_ROW_GROUP)
     summary = summarize(table, keep, ids)

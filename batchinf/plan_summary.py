@@ -12,7 +12,6 @@ Files beside plan/obj-00000.parquet:
 from __future__ import annotations
 
 import json
-from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -75,17 +74,19 @@ def summarize(table: pa.Table, keep: set[int] | None, ids: pa.Table) -> dict[str
     sorted valid ids with the number of ids each stands for."""
     kept = kept_mask(table, keep)
     n_tokens = table.column("n_tokens").to_numpy().astype(np.int64)
-    errors = np.asarray(table.column("error").to_pylist(), dtype=object)
-    valid = np.array([e is None for e in errors], dtype=bool)
+    errors = table.column("error")
+    valid = errors.is_null().to_numpy(zero_copy_only=False)
     truncated = np.asarray(table.column("truncated").to_numpy(zero_copy_only=False), dtype=bool)
     step = max(1, -(-ids.num_rows // ID_SAMPLES))
+    bad = errors.filter(pa.array(kept & ~valid)).value_counts()
     return {
         "rows": table.num_rows, "records": int(kept.sum()), "tokens": int(n_tokens[kept].sum()),
         "truncated": int(truncated[kept].sum()),
         "valid": _histogram(n_tokens[kept & valid]), "invalid": _histogram(n_tokens[kept & ~valid]),
-        "invalid_by_code": dict(Counter(str(e) for e in errors[kept & ~valid])),
+        "invalid_by_code": {str(v["values"]): int(v["counts"]) for v in bad.to_pylist()},
         "valid_extra": _extra(table, n_tokens, kept & valid),
-        "ids": ids.num_rows, "id_sample": ids.column("record_id").to_pylist()[::step], "id_step": step,
+        "ids": ids.num_rows, "id_step": step,
+        "id_sample": ids.column("record_id").take(pa.array(np.arange(0, ids.num_rows, step))).to_pylist(),
     }
 
 

@@ -15,6 +15,7 @@ A task
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterable, Iterator
 
@@ -141,11 +142,53 @@ def staged_row(r: Any) -> dict[str, Any]:
             "n_tokens": 0, "truncated": False}
 
 
-def usable_records(obj: Any, records: Iterator[Any], rows: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], Any, str]]:
+STAGE_CHUNK = 4096     # staged rows held as Python objects at once; the rest are already Arrow
+
+
+class StagedRows:
+    """An object's staged rows, turned into Arrow every STAGE_CHUNK rows, so planning a part holds
+    one chunk of Python rows (a Python int costs 9 times its int32) besides its Arrow table."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self.rows: list[dict[str, Any]] = []
+        self.batches: list[pa.RecordBatch] = []
+
+    def append(self, row: dict[str, Any]) -> None:
+        """Add a row; the rows before it must be final (they may be turned into Arrow now)."""
+        if len(self.rows) >= STAGE_CHUNK:
+            self._spill()
+        self.rows.append(row)
+
+    def add_columns(self, cols: dict[str, list[Any]]) -> None:
+        """Add a chunk of final rows given as columns (the schema's names)."""
+        self._spill()
+        self.batches.append(pa.record_batch(cols, schema=self.schema))
+
+    def _spill(self) -> None:
+        if self.rows:
+            self.batches.append(pa.RecordBatch.from_pylist(self.rows, schema=self.schema))
+            self.rows = []
+
+    def table(self) -> pa.Table:
+        self._spill()
+        return pa.Table.from_batches(self.batches, schema=self.schema)
+
+
+def usable_records(obj: Any, records: Iterable[Any], rows: StagedRows | list[dict[str, Any]]
+                   ) -> Iterator[tuple[dict[str, Any], Any, str]]:
     """Append every record's staged row to `rows`; yield (row, record, where) for each record
-    without an error, `where` naming it in messages."""
+    without an error, `where` naming it in messages. The caller finishes each row before the
+    next record (the rows before it may already be Arrow)."""
     for r in records:
         row = staged_row(r)
         rows.append(row)
         if r.error is None:
             yield row, r, f"{obj.pin.uri} record {r.record_id!r}"
+
+
+def chunks(records: Iterable[Any]) -> Iterator[list[Any]]:
+    """Records in lists of STAGE_CHUNK (the last shorter)."""
+    it = iter(records)
+    while chunk := list(islice(it, STAGE_CHUNK)):
+        yield chunk

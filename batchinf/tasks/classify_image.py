@@ -19,7 +19,7 @@ from pydantic import Field
 
 from batchinf.errors import BatchinfError, InputError, ManifestError
 from batchinf.manifest_rules import POSITIVE, Part, choice
-from batchinf.tasks.base import RECORD_FIELDS, STAGE_FIELDS, RunOutput, Task, ok_rows, record_columns, usable_records
+from batchinf.tasks.base import RECORD_FIELDS, STAGE_FIELDS, RunOutput, StagedRows, Task, ok_rows, record_columns, usable_records
 from batchinf.tasks.batching import run_units
 from batchinf.tasks.classify import TOP, Classify, top_labels
 from batchinf.tasks.embed import DEVICES
@@ -97,7 +97,7 @@ class ClassifyImage(Task):
 
         name = obj.input.image_field or "image"
         max_pixels = obj.options.max_pixels
-        rows: list[dict[str, Any]] = []
+        rows = StagedRows(IMAGE_STAGE_SCHEMA)
         staged = 0
         for row, r, where in usable_records(obj, records, rows):
             value = (r.fields or {}).get(name)
@@ -119,7 +119,7 @@ class ClassifyImage(Task):
             row.update(pixels=px.tobytes(), height=px.shape[0], width=px.shape[1], n_tokens=px.shape[0] * px.shape[1],
                        image_sha256=hashlib.sha256(data).hexdigest(), image_width=img.size[0],
                        image_height=img.size[1])
-        return pa.Table.from_pylist(rows, schema=IMAGE_STAGE_SCHEMA)
+        return rows.table()
 
     def result_schema(self, meta: dict[str, Any], options: Any = None) -> pa.Schema:
         return CLASSIFY_IMAGE_SCHEMA

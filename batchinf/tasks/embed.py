@@ -13,7 +13,8 @@ from pydantic import Field
 
 from batchinf.errors import BatchinfError, ManifestError
 from batchinf.manifest_rules import BOOLEAN, POSITIVE, Part, choice, nullable
-from batchinf.tasks.base import RECORD_FIELDS, STAGE_SCHEMA, RunOutput, Task, ok_rows, record_columns, staged_row
+from batchinf.tasks.base import (RECORD_FIELDS, STAGE_SCHEMA, RunOutput, StagedRows, Task, chunks, ok_rows,
+                                 record_columns, staged_row)
 from batchinf.tasks.batching import EmbedOutcome, embed_isolating, run_units, token_budget_batches
 from batchinf.tasks.embed_request import (
     EMBED_RESULT_FIELDS,
@@ -26,7 +27,6 @@ from batchinf.tasks.embed_request import (
 )
 
 DEVICES = ("auto", "cpu", "cuda")
-TOKENIZE_CHUNK = 4096
 
 
 class EmbedOptions(Part):
@@ -75,11 +75,11 @@ def stage_texts(obj: Any, tok: Any, records: Iterator[Any], what: str = "embed",
     prompt). With the bundle's `meta` (task embed) records
     may also carry several inputs, token arrays, dimensions and an encoding (embed_request)."""
     schema = STAGE_SCHEMA if meta is None else EMBED_STAGE_SCHEMA
-    cols: dict[str, list[Any]] = {name: [] for name in schema.names}
-
-    def flush(batch: list) -> None:
+    staged = StagedRows(schema)
+    for batch in chunks(records):
         texts = [prefix + x for r in batch if r.error is None for x in (r.items or (r.text,)) if isinstance(x, str)]
         encoded = iter(tok.encode_batch(texts) if texts else ())
+        cols: dict[str, list[Any]] = {name: [] for name in schema.names}
         for r in batch:
             row = {**staged_row(r), "input_ids": None}
             if r.error is None:
@@ -87,15 +87,8 @@ def stage_texts(obj: Any, tok: Any, records: Iterator[Any], what: str = "embed",
                 row.update(_staged_inputs(obj, tok, meta, r, inputs))
             for name in schema.names:
                 cols[name].append(row.get(name))
-
-    batch: list = []
-    for rec in records:
-        batch.append(rec)
-        if len(batch) >= TOKENIZE_CHUNK:
-            flush(batch)
-            batch = []
-    flush(batch)
-    return pa.table(cols, schema=schema)
+        staged.add_columns(cols)
+    return staged.table()
 
 
 def _staged_inputs(obj: Any, tok: Any, meta: dict[str, Any] | None, r: Any, inputs: list[Any]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from pydantic import Field
 
 from batchinf.checks import MAX_TOP_LOGPROBS, canonical_response_format, integer_problem, response_format_problem
 from batchinf.manifest_rules import BOOLEAN, POSITIVE, STOP, TOKEN_IDS, Part, Rule, choice, integer, nullable, number
-from batchinf.tasks.base import RECORD_FIELDS, STAGE_SCHEMA, RunOutput, Task, ok_rows, record_columns, usable_records
+from batchinf.tasks.base import RECORD_FIELDS, STAGE_SCHEMA, RunOutput, StagedRows, Task, ok_rows, record_columns, usable_records
 from batchinf.tasks.batching import GenOutcome, generate_isolating
 from batchinf.tasks.embed import DEVICES
 
@@ -119,7 +119,7 @@ class Generate(Task):
         """Tokenize prompts (chat messages through the bundle's chat template) and resolve each
         record's sampling params; a prompt that cannot fit becomes a `prompt_too_long` error row."""
         opts = obj.options or GenerateOptions()
-        rows: list[dict[str, Any]] = []
+        rows = StagedRows(GENERATE_STAGE_SCHEMA)
         schema_problems: dict[str, str | None] = {}     # each distinct schema compiled once
         for row, r, where in usable_records(obj, records, rows):
             try:
@@ -155,7 +155,7 @@ class Generate(Task):
                 continue
             kind = "chat" if r.messages is not None else "completion"
             row.update(n_tokens=len(ids), input_ids=ids, kind=kind, **params)
-        return pa.Table.from_pylist(rows, schema=GENERATE_STAGE_SCHEMA)
+        return rows.table()
 
     def result_schema(self, meta: dict[str, Any], options: Any = None) -> pa.Schema:
         return GENERATION_SCHEMA

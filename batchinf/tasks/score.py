@@ -15,7 +15,8 @@ from pydantic import Field
 
 from batchinf.formats.openai_batch import RERANK
 from batchinf.manifest_rules import BOOLEAN, POSITIVE, Part, choice, nullable
-from batchinf.tasks.base import RECORD_FIELDS, STAGE_FIELDS, RunOutput, Task, ok_rows, record_columns, usable_records
+from batchinf.tasks.base import (RECORD_FIELDS, STAGE_FIELDS, RunOutput, StagedRows, Task, chunks, ok_rows,
+                                 record_columns, usable_records)
 from batchinf.tasks.batching import run_units
 from batchinf.tasks.embed import DEVICES
 
@@ -92,38 +93,41 @@ class Score(Task):
     def stage(self, obj: Any, runtime: Any, records: Iterator[Any]) -> pa.Table:
         inp = obj.input
         qf, df, lf = inp.query_field or "query", inp.document_field or "document", inp.documents_field
-        rows: list[dict[str, Any]] = []
-        pairs: list[tuple[int, list[tuple[str, str]]]] = []
-        for row, r, where in usable_records(obj, records, rows):
-            fields = r.fields or {}
-            listed = "documents" if r.endpoint == RERANK else lf     # a rerank line: one query, its documents
-            query, (code, msg) = _text(fields, qf, "query", where, "query_field")
-            docs: list[str] | None = None
-            if query is not None:
-                if listed:
-                    docs, (code, msg) = _documents(fields, listed, where)
-                else:
-                    doc, (code, msg) = _text(fields, df, "document", where, "document_field")
-                    docs = None if doc is None else [doc]
-            if docs is None:
-                row.update(error=code, message=msg)
-                continue
-            row.update(form="list" if listed else "pair", top_n=(r.params or {}).get("top_n"))
-            pairs.append((len(rows) - 1, [(query, d) for d in docs]))
-        flat = [p for _, ps in pairs for p in ps]
-        encoded = iter(runtime.encode(flat, obj.max_length)) if flat else iter(())
-        for pos, ps in pairs:
-            enc = [next(encoded) for _ in ps]
-            row = rows[pos]
-            truncated = any(e[2] for e in enc)
-            if truncated and not obj.truncate:
-                row.update(error="too_long", message=(
-                    f"{obj.pin.uri} record {row['record_id']!r}: a query + document pair is longer than max_length "
-                    f"{obj.max_length} tokens; shorten it or set options.truncate: true"), form=None)
-                continue
-            row.update(n_tokens=sum(len(e[0]) for e in enc), truncated=truncated,
-                       pair_ids=[e[0] for e in enc], pair_types=[e[1] for e in enc])
-        return pa.Table.from_pylist(rows, schema=SCORE_STAGE_SCHEMA)
+        staged = StagedRows(SCORE_STAGE_SCHEMA)
+        for chunk in chunks(records):     # pairs are encoded a chunk of records at a time
+            rows: list[dict[str, Any]] = []
+            pairs: list[tuple[dict[str, Any], list[tuple[str, str]]]] = []
+            for row, r, where in usable_records(obj, chunk, rows):
+                fields = r.fields or {}
+                listed = "documents" if r.endpoint == RERANK else lf     # a rerank line: one query, its documents
+                query, (code, msg) = _text(fields, qf, "query", where, "query_field")
+                docs: list[str] | None = None
+                if query is not None:
+                    if listed:
+                        docs, (code, msg) = _documents(fields, listed, where)
+                    else:
+                        doc, (code, msg) = _text(fields, df, "document", where, "document_field")
+                        docs = None if doc is None else [doc]
+                if docs is None:
+                    row.update(error=code, message=msg)
+                    continue
+                row.update(form="list" if listed else "pair", top_n=(r.params or {}).get("top_n"))
+                pairs.append((row, [(query, d) for d in docs]))
+            flat = [p for _, ps in pairs for p in ps]
+            encoded = iter(runtime.encode(flat, obj.max_length)) if flat else iter(())
+            for row, ps in pairs:
+                enc = [next(encoded) for _ in ps]
+                truncated = any(e[2] for e in enc)
+                if truncated and not obj.truncate:
+                    row.update(error="too_long", message=(
+                        f"{obj.pin.uri} record {row['record_id']!r}: a query + document pair is longer than max_length "
+                        f"{obj.max_length} tokens; shorten it or set options.truncate: true"), form=None)
+                    continue
+                row.update(n_tokens=sum(len(e[0]) for e in enc), truncated=truncated,
+                           pair_ids=[e[0] for e in enc], pair_types=[e[1] for e in enc])
+            for row in rows:
+                staged.append(row)
+        return staged.table()
 
     def result_schema(self, meta: dict[str, Any], options: Any = None) -> pa.Schema:
         return SCORE_SCHEMA

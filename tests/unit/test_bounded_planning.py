@@ -19,9 +19,10 @@ from batchinf import bucketing
 from batchinf.ledger import jobs, lineage, shards
 from batchinf.manifest import parse_manifest
 from batchinf.parts import STAGE_ROW_GROUP, read_table, write_table
-from batchinf.plan import bucket_bounds, cut, finish_plan, object_tasks
+from batchinf.plan import bucket_bounds, cut, finish_plan, object_tasks, plan_object
+from batchinf.tasks import base
 from batchinf.submit import submit
-from tests.helpers.corpus import manifest, write_jsonl
+from tests.helpers.corpus import manifest, record_line, texts, write_jsonl
 from tests.helpers.reference_plan import reference_shards
 from tests.helpers.stages import plan_job
 
@@ -109,23 +110,59 @@ def test_a_retry_selection_plans_only_its_records_as_before(tmp_path: Path, tiny
     assert jobs.get(job_id).records_total == len(pick)
 
 
-def _planned_objects(tmp_path: Path, name: str, per_object: int) -> str:
-    """A job of 4 objects of `per_object` records each, its objects staged, the global step not run."""
+def _planned_objects(tmp_path: Path, name: str, per_object: int, objects: int = 4, stage: bool = True) -> str:
+    """A job of `objects` objects of `per_object` records each, pinned, its objects staged (unless
+    not `stage`), the global step not run."""
     from batchinf.dispatch import plan_objects_here
     from batchinf.plan import pin_job
 
     rng = random.Random(5)
     root = tmp_path / name / "in"
-    for k in range(4):
-        write_jsonl(root / f"o{k}.jsonl", per_object, seed=rng.randrange(1000), bad=False, prefix=f"o{k}-")
+    root.mkdir(parents=True)
+    for k in range(objects):  # long texts: a staged object's token ids outweigh the step's fixed costs
+        lines = [record_line(f"o{k}-{i}", t) for i, t in enumerate(texts(per_object, rng.randrange(1000), 40))]
+        (root / f"o{k}.jsonl").write_bytes(b"\n".join(lines) + b"\n")
     job_id, _ = submit(parse_manifest(manifest(str(root) + "/", str(tmp_path / name / "out"),
                                                shards={"max_records": 500})))
     pin_job(jobs.get(job_id))
-    plan_objects_here(jobs.get(job_id), [0, 1, 2, 3], processes=1)
+    if stage:
+        plan_objects_here(jobs.get(job_id), list(range(objects)), processes=1)
     return job_id
 
 
 def _peak(fn: Callable[[], object]) -> int:
+    """Peak bytes of Python objects (tracemalloc) plus Arrow buffers (which tracemalloc does not
+    see: Arrow allocates from its own pool) while `fn` runs."""
+    import pyarrow as pa
+
+    default, pool = pa.default_memory_pool(), pa.proxy_memory_pool(pa.default_memory_pool())
+    pa.set_memory_pool(pool)
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1] + pool.max_memory()
+    finally:
+        tracemalloc.stop()
+        pa.set_memory_pool(default)
+
+
+@pytest.mark.slow
+def test_the_global_steps_peak_memory_does_not_grow_with_the_job(tmp_path: Path, tiny_bundle: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bucketing, "DEDUP_RANGE_RECORDS", 1000)
+    finish_plan(jobs.get(_planned_objects(tmp_path, "warm-up", 100)))       # one-time imports and caches
+    peaks, reference = [], []
+    for name, n in (("small", 1000), ("large", 4000)):
+        job = jobs.get(_planned_objects(tmp_path, name, n))
+        tasks = object_tasks(job)
+        staged = [read_table(t.stage_uri) for t in tasks]
+        reference.append(_peak(lambda: reference_shards(job.id, [t.pin.uri for t in tasks], staged, 500, 10**9)))
+        peaks.append(_peak(lambda: finish_plan(job)))
+    assert reference[1] > 2.5 * reference[0]          # the whole-job step grows with the job ...
+    assert peaks[1] < 1.15 * peaks[0], f"global step peak {peaks[0]} B at 4,000 records, {peaks[1]} B at 16,000"
+
+
+def _python_peak(fn: Callable[[], object]) -> int:
     tracemalloc.start()
     try:
         fn()
@@ -135,16 +172,14 @@ def _peak(fn: Callable[[], object]) -> int:
 
 
 @pytest.mark.slow
-def test_the_global_steps_peak_memory_does_not_grow_with_the_job(tmp_path: Path, tiny_bundle: str,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bucketing, "DEDUP_RANGE_RECORDS", 1000)
-    finish_plan(jobs.get(_planned_objects(tmp_path, "warm-up", 100)))       # one-time imports and caches
-    peaks, reference = [], []
-    for name, n in (("small", 2000), ("large", 4000)):
-        job = jobs.get(_planned_objects(tmp_path, name, n))
-        tasks = object_tasks(job)
-        staged = [read_table(t.stage_uri) for t in tasks]
-        reference.append(_peak(lambda: reference_shards(job.id, [t.pin.uri for t in tasks], staged, 500, 10**9)))
-        peaks.append(_peak(lambda: finish_plan(job)))
-    assert reference[1] > 1.6 * reference[0]          # the whole-job step grows with the job ...
-    assert peaks[1] < 1.3 * peaks[0], f"global step peak {peaks[0]} B at 8,000 records, {peaks[1]} B at 16,000"
+def test_a_planning_task_holds_one_chunk_of_records_as_python_objects(tmp_path: Path, tiny_bundle: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Staging turns rows into Arrow a chunk at a time: the Python objects a planning task holds
+    (tracemalloc; Arrow's own buffers are the staged table) do not grow with its object."""
+    monkeypatch.setattr(base, "STAGE_CHUNK", 500)
+    peaks = []
+    for name, n in (("small", 2000), ("large", 8000)):
+        task = object_tasks(jobs.get(_planned_objects(tmp_path, name, n, objects=1, stage=False)))[0]
+        peaks.append(_python_peak(lambda: plan_object(task)))
+    assert peaks[1] < 1.3 * peaks[0], f"planning task: {peaks[0]} B of Python objects at 2,000 records, " \
+                                      f"{peaks[1]} B at 8,000"

@@ -92,7 +92,8 @@ def test_int8_linear_matches_float_linear() -> None:
     x[0, 0] *= 50                                  # one loud token: only its own row's scale grows
     r = torch.randn(3, 7, 48, generator=g)
     want = torch.nn.functional.linear(x, w, b)
-    for scheme in int8.SCHEMES.values():
+    # a CPU without VNNI saturates the 8-bit scheme's pair sums: it refuses those bundles (below)
+    for scheme in (s for s in int8.SCHEMES.values() if int8.has_vnni() or not s.needs_vnni):
         lin = int8.Int8Linear(w, b, scheme.wmax)
         for got, ref in ((lin(x), want), (lin(x, r), want + r)):   # the residual add fused or not
             assert got.shape == ref.shape
