@@ -20,8 +20,11 @@ def record(conn: Connection, job_id: str, kind: str, frm: str | None, to: str | 
     """kind: job | shard | attempt | note."""
     if detail is not None and not isinstance(detail, str):
         detail = json.dumps(detail, default=str)
-    conn.execute(insert(job_events).values(job_id=job_id, shard_id=shard_id, kind=kind,
-                                           from_status=frm, to_status=to, detail=detail, at=now()))
+    conn.execute(_INSERT, {"job_id": job_id, "shard_id": shard_id, "kind": kind, "from_status": frm,
+                           "to_status": to, "detail": detail, "at": now()})
+
+
+_INSERT = insert(job_events)     # built once: the hot paths' statements cost their execution only
 
 
 def record_shards(conn: Connection, job_id: str, moves: list[tuple[str, str, str]]) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from sqlalchemy import Connection, and_, func, insert, select, update
+from sqlalchemy import Connection, bindparam, func, insert, select, update
 
 from batchinf.config import settings
 from batchinf.errors import StaleAttemptError
@@ -24,12 +24,12 @@ from batchinf.ledger.db import tx
 from batchinf.ledger.events import now
 from batchinf.ledger.models import Lease, ShardResult, bounded_error
 from batchinf.ledger.shards import transition as transition_shard
-from batchinf.ledger.states import AttemptStatus, JobStatus, ShardStatus, values
+from batchinf.ledger.states import AttemptStatus, JobStatus, ShardStatus, attempt_sources, shard_sources, values
 from batchinf.ledger.tables import attempts, jobs, record_errors, shards
 from batchinf.retry import compute_backoff
 
 
-def _next_attempt(shard_id: str) -> Any:
+def _next_attempt(shard_id: Any) -> Any:
     """max(attempt number) + 1 over every attempt of the shard, speculative ones included."""
     return (select(func.coalesce(func.max(attempts.c.number), 0) + 1)
             .where(attempts.c.shard_id == shard_id).scalar_subquery())
@@ -37,19 +37,31 @@ def _next_attempt(shard_id: str) -> Any:
 
 def _take(conn: Connection, shard_id: str, job_id: str, worker: str, lease_seconds: float) -> Lease | None:
     t = now()
-    number = conn.execute(update(shards)
-                          .where(shards.c.id == shard_id, shards.c.status == ShardStatus.QUEUED.value)
-                          .values(status=ShardStatus.RUNNING.value, attempt=_next_attempt(shard_id),
-                                  lease_owner=worker, lease_expires_at=t + lease_seconds, updated_at=t,
-                                  progress_records=0, split_requested_at=None)
-                          .returning(shards.c.attempt)).scalar()
+    number = conn.execute(_TAKE, {"b_shard": shard_id, "lease_owner": worker, "lease_expires_at": t + lease_seconds,
+                                  "updated_at": t}).scalar()
     if number is None:
         return None
-    conn.execute(insert(attempts).values(shard_id=shard_id, number=number, worker=worker,
-                                         status=AttemptStatus.RUNNING.value, started_at=t, heartbeat_at=t))
+    conn.execute(_NEW_ATTEMPT, {"shard_id": shard_id, "number": number, "worker": worker,
+                                "status": AttemptStatus.RUNNING.value, "started_at": t, "heartbeat_at": t})
     events.record(conn, job_id, "shard", ShardStatus.QUEUED.value, ShardStatus.RUNNING.value,
                   shard_id=shard_id, detail={"attempt": number, "worker": worker})
     return Lease(shard_id, job_id, number, worker)
+
+
+# Built once with bind parameters (the values come with each execution): a statement costs more
+# CPU to build than to run, and claims, heartbeats and commits are the ledger's hot path.
+_TAKE = (update(shards).where(shards.c.id == bindparam("b_shard"), shards.c.status == ShardStatus.QUEUED.value)
+         .values(status=ShardStatus.RUNNING.value, attempt=_next_attempt(bindparam("b_shard")), progress_records=0,
+                 split_requested_at=None)
+         .returning(shards.c.attempt))
+_NEW_ATTEMPT = insert(attempts)
+_RUNNING_JOBS = select(jobs.c.id).where(jobs.c.status == JobStatus.RUNNING.value) \
+    .order_by(jobs.c.priority.desc(), jobs.c.created_at, jobs.c.id)
+_RUNNING_OF = _RUNNING_JOBS.where(jobs.c.id.in_(bindparam("b_jobs", expanding=True)))
+_NEXT_QUEUED = (select(shards.c.id).where(shards.c.job_id == bindparam("b_job"),
+                                          shards.c.status == ShardStatus.QUEUED.value)
+                .order_by(shards.c.bucket.desc(), shards.c.ordinal).limit(1))
+_NEXT_QUEUED_PG = _NEXT_QUEUED.with_for_update(skip_locked=True)
 
 
 def _claim(q: Any, worker: str, lease_seconds: float) -> Lease | None:
@@ -69,17 +81,11 @@ def claim_next(job_ids: Iterable[str] | None, worker: str, lease_seconds: float)
     """Lease the next queued shard (of the given jobs, or any running job), highest priority job
     first, then in the job's dispatch order: one probe of the dispatch-order index per running
     job, not a sort of every queued shard."""
-    order = select(jobs.c.id).where(jobs.c.status == JobStatus.RUNNING.value) \
-        .order_by(jobs.c.priority.desc(), jobs.c.created_at, jobs.c.id)
-    if job_ids is not None:
-        order = order.where(jobs.c.id.in_(list(job_ids)))
     with tx() as conn:
-        for job_id in conn.execute(order).scalars().all():
-            q = (select(shards.c.id).where(shards.c.job_id == job_id, shards.c.status == ShardStatus.QUEUED.value)
-                 .order_by(shards.c.bucket.desc(), shards.c.ordinal).limit(1))
-            if conn.dialect.name == "postgresql":
-                q = q.with_for_update(skip_locked=True)
-            if (shard_id := conn.execute(q).scalar()) is not None:
+        order = conn.execute(_RUNNING_JOBS) if job_ids is None else conn.execute(_RUNNING_OF, {"b_jobs": list(job_ids)})
+        probe = _NEXT_QUEUED_PG if conn.dialect.name == "postgresql" else _NEXT_QUEUED
+        for job_id in order.scalars().all():
+            if (shard_id := conn.execute(probe, {"b_job": job_id}).scalar()) is not None:
                 return _take(conn, shard_id, job_id, worker, lease_seconds)
     return None
 
@@ -115,36 +121,36 @@ def claim_speculative(shard_id: str, worker: str) -> Lease | None:
         return Lease(shard_id, job_id, number, worker)
 
 
-def _live(lease: Lease) -> Any:
-    """SQL condition: the shard is still running and this attempt may still commit it."""
-    return and_(shards.c.id == lease.shard_id, shards.c.status == ShardStatus.RUNNING.value,
-                select(attempts.c.number).where(
-                    attempts.c.shard_id == lease.shard_id, attempts.c.number == lease.attempt,
-                    attempts.c.status == AttemptStatus.RUNNING.value).exists())
-
-
 def heartbeat(lease: Lease, lease_seconds: float, progress_records: int | None = None) -> bool:
     """Extend the lease (and, from the attempt holding the shard, record how many of its records
     are done: the status counts them before the shard commits); False when the attempt can no
     longer commit (fenced off, superseded, or its job stopped): the worker then stops working on it."""
     t = now()
+    key = {"b_shard": lease.shard_id, "b_number": lease.attempt}
     with tx() as conn:
-        if conn.execute(select(jobs.c.status).where(jobs.c.id == lease.job_id)).scalar() != JobStatus.RUNNING:
+        if conn.execute(_BEAT_ATTEMPT, {**key, "b_job": lease.job_id, "heartbeat_at": t}).rowcount != 1:
             return False
-        if conn.execute(select(shards.c.id).where(_live(lease))).first() is None:
-            return False
-        conn.execute(update(shards).where(shards.c.id == lease.shard_id, shards.c.attempt == lease.attempt)
-                     .values(lease_expires_at=t + lease_seconds,
-                             **({} if progress_records is None else {"progress_records": progress_records})))
-        conn.execute(update(attempts)
-                     .where(attempts.c.shard_id == lease.shard_id, attempts.c.number == lease.attempt)
-                     .values(heartbeat_at=t))
+        extend = {"lease_expires_at": t + lease_seconds}
+        if progress_records is not None:
+            extend["progress_records"] = progress_records
+        conn.execute(_BEAT_SHARD, {**key, **extend})     # the holder's lease (a twin holds none)
         return True
+
+
+# Built once with bind parameters (the values come with each execution): heartbeats are the
+# ledger's most frequent writes, and building a statement costs more CPU than running it.
+_BEAT_ATTEMPT = update(attempts).where(      # the attempt runs, its shard runs, its job runs
+    attempts.c.shard_id == bindparam("b_shard"), attempts.c.number == bindparam("b_number"),
+    attempts.c.status == AttemptStatus.RUNNING.value,
+    select(shards.c.id).where(shards.c.id == bindparam("b_shard"),
+                              shards.c.status == ShardStatus.RUNNING.value).exists(),
+    select(jobs.c.id).where(jobs.c.id == bindparam("b_job"), jobs.c.status == JobStatus.RUNNING.value).exists())
+_BEAT_SHARD = update(shards).where(shards.c.id == bindparam("b_shard"), shards.c.attempt == bindparam("b_number"))
 
 
 def commit_attempt(lease: Lease, result: ShardResult) -> None:
     """Checkpoint: the shard becomes committed with this attempt's outputs, in one transaction,
-    only if the attempt may still commit it (see `_live`) and the job is still running (so
+    only if the attempt may still commit it (see `_COMMIT`) and the job is still running (so
     nothing commits after a cancel or deadline). The winner becomes the fencing token; a
     speculative twin still running is superseded. Raises StaleAttemptError otherwise."""
     with tx() as conn:
@@ -154,33 +160,47 @@ def commit_attempt(lease: Lease, result: ShardResult) -> None:
 def commit_in(conn: Connection, lease: Lease, result: ShardResult, **fields: Any) -> None:
     """`commit_attempt` inside the caller's transaction; `fields` are more shard columns to set
     (a split commit's shortened record count)."""
-    q = select(jobs.c.status).where(jobs.c.id == lease.job_id)
-    if conn.dialect.name == "postgresql":
-        # serializes with the job's cancel/expire transition (an UPDATE of the row) while commits
-        # run side by side: a commit writes nothing to the job's row (its totals are tallies)
-        q = q.with_for_update(read=True)
-    if conn.execute(q).scalar() != JobStatus.RUNNING:
+    # FOR SHARE (PostgreSQL) serializes with the job's cancel/expire transition (an UPDATE of the
+    # row) while commits run side by side: a commit writes nothing to the job's row (its totals are tallies)
+    q = _JOB_FOR_SHARE if conn.dialect.name == "postgresql" else _JOB_STATUS
+    if conn.execute(q, {"b_job": lease.job_id}).scalar() != JobStatus.RUNNING:
         raise StaleAttemptError(f"job {lease.job_id} is no longer running; attempt {lease.attempt} "
                                 f"of shard {lease.shard_id} is discarded")
-    ok = transition_shard(
-        conn, lease.shard_id, ShardStatus.COMMITTED, where=_live(lease),
-        detail={"attempt": lease.attempt, "rows": result.output_rows, "errors": result.error_rows},
-        attempt=lease.attempt, lease_owner=None, lease_expires_at=None, last_error=None,
-        output_uri=result.output_uri, output_sha256=result.output_sha256,
-        output_rows=result.output_rows, errors_uri=result.errors_uri,
-        errors_sha256=result.errors_sha256, error_rows=result.error_rows,
-        tokens_input=result.tokens_input, tokens_output=result.tokens_output,
-        tokens_real=result.tokens_real, tokens_padded=result.tokens_padded,
-        execute_seconds=result.execute_seconds, **fields)
-    if not ok:
+    t, key = now(), {"b_shard": lease.shard_id, "b_number": lease.attempt}
+    won = conn.execute(_COMMIT, {
+        **key, "status": ShardStatus.COMMITTED.value, "updated_at": t, "attempt": lease.attempt, "lease_owner": None,
+        "lease_expires_at": None, "last_error": None, "output_uri": result.output_uri,
+        "output_sha256": result.output_sha256, "output_rows": result.output_rows, "errors_uri": result.errors_uri,
+        "errors_sha256": result.errors_sha256, "error_rows": result.error_rows, "tokens_input": result.tokens_input,
+        "tokens_output": result.tokens_output, "tokens_real": result.tokens_real,
+        "tokens_padded": result.tokens_padded, "execute_seconds": result.execute_seconds, **fields})
+    if won.rowcount != 1:
         raise StaleAttemptError(f"attempt {lease.attempt} of shard {lease.shard_id} lost its lease; "
                                 "another attempt owns the shard")
-    end_attempt(conn, lease.shard_id, lease.attempt, AttemptStatus.COMMITTED)
-    end_attempt(conn, lease.shard_id, None, AttemptStatus.SUPERSEDED,   # a twin lost the race
-                error=f"attempt {lease.attempt} committed first")
+    events.record(conn, lease.job_id, "shard", _COMMIT_FROM, ShardStatus.COMMITTED.value, shard_id=lease.shard_id,
+                  detail={"attempt": lease.attempt, "rows": result.output_rows, "errors": result.error_rows})
+    # the winner's attempt row (no event of its own: the shard's names it), then any twin loses
+    conn.execute(_WINNER, {**key, "status": AttemptStatus.COMMITTED.value, "finished_at": t})
+    if conn.execute(_TWIN, key).first() is not None:
+        end_attempt(conn, lease.shard_id, None, AttemptStatus.SUPERSEDED, error=f"attempt {lease.attempt} committed first")
     if result.errors:
         conn.execute(insert(record_errors),
                      [bounded_error(dict(e, job_id=lease.job_id, shard_id=lease.shard_id)) for e in result.errors])
+
+
+_JOB_STATUS = select(jobs.c.status).where(jobs.c.id == bindparam("b_job"))
+_JOB_FOR_SHARE = _JOB_STATUS.with_for_update(read=True)
+_RUNNING_ATTEMPT = select(attempts.c.number).where(
+    attempts.c.shard_id == bindparam("b_shard"), attempts.c.number == bindparam("b_number"),
+    attempts.c.status == AttemptStatus.RUNNING.value).exists()
+(_COMMIT_FROM,) = shard_sources(ShardStatus.COMMITTED)      # the state table: a shard commits from running only
+# The fenced commit: the shard still runs and this attempt may still commit it (its row is running:
+# not lost, failed or superseded); the shard's `attempt` becomes the winner's.
+_COMMIT = update(shards).where(shards.c.id == bindparam("b_shard"), shards.c.status == _COMMIT_FROM, _RUNNING_ATTEMPT)
+_WINNER = update(attempts).where(attempts.c.shard_id == bindparam("b_shard"), attempts.c.number == bindparam("b_number"),
+                                 attempts.c.status.in_(attempt_sources(AttemptStatus.COMMITTED)))
+_TWIN = select(attempts.c.number).where(attempts.c.shard_id == bindparam("b_shard"),
+                                        attempts.c.status.in_(attempt_sources(AttemptStatus.SUPERSEDED)))
 
 
 def _retry_budget_spent(conn: Connection, job_id: str) -> int | None:
