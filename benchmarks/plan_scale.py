@@ -189,6 +189,7 @@ def _sim_worker(url: str, job_id: str, seconds: float, out: mp.Queue) -> None:
     whatever happens, so the driver never waits on a worker that died."""
     os.environ["BATCHINF_DATABASE_URL"] = url
     commits = errors = 0
+    cpu = time.process_time()
     try:
         from batchinf.errors import StaleAttemptError, TransientError
         from batchinf.ledger import leases
@@ -208,7 +209,24 @@ def _sim_worker(url: str, job_id: str, seconds: float, out: mp.Queue) -> None:
             except (TransientError, StaleAttemptError):
                 errors += 1
     finally:
-        out.put((commits, errors))
+        out.put((commits, errors, time.process_time() - cpu))
+
+
+def _postgres_cpu_seconds() -> float | None:
+    """CPU seconds of every PostgreSQL process on this machine so far (None where /proc does not
+    show them: a server elsewhere)."""
+    total, tick, seen = 0.0, os.sysconf("SC_CLK_TCK"), False
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        if name.startswith("postgres"):
+            seen = True
+            total += (int(fields[11]) + int(fields[12])) / tick      # utime + stime
+    return total if seen else None
 
 
 def _timed(fn, repeat: int = 5) -> float:
@@ -260,6 +278,7 @@ def ledger_bench(url: str, n_shards: int, workers: int, seconds: float) -> dict:
     q: mp.Queue = ctx.Queue()
     procs = [ctx.Process(target=_sim_worker, args=(url, job_id, seconds, q)) for _ in range(workers)]
     db.dispose_all()
+    server_cpu = _postgres_cpu_seconds()
     for p in procs:
         p.start()
     ticks, statuses, pages, end = [], [], [], time.monotonic() + seconds
@@ -273,11 +292,16 @@ def ledger_bench(url: str, n_shards: int, workers: int, seconds: float) -> dict:
             pages.append(_timed(lambda: page_shards(job_id, limit=100), 1))
             waits.update(_backend_states(url))
     done = [q.get(timeout=seconds + 120) for _ in procs]
-    commits, errors = sum(c for c, _ in done), sum(e for _, e in done)
+    server_cpu = None if server_cpu is None else (_postgres_cpu_seconds() or 0.0) - server_cpu
+    commits, errors, client_cpu = (sum(d[k] for d in done) for k in range(3))
     for p in procs:
         p.join(timeout=60)
     return {"shards": n_shards, "workers": workers, "seconds": seconds, "seed_seconds": seed_seconds,
             "commits": commits, "commits_per_s": commits / seconds, "ledger_errors": errors,
+            # CPU per lease-heartbeat-commit cycle: the simulated workers', and PostgreSQL's while
+            # they ran (with the controller's ticks and status reads; None: the server is elsewhere)
+            "cpu_ms_per_commit": {"workers": 1000 * client_cpu / max(1, commits),
+                                  "postgres": None if server_cpu is None else 1000 * server_cpu / max(1, commits)},
             "busy_backends": {k: v / max(1, sum(waits.values())) for k, v in sorted(waits.items())}, "idle": idle,
             "under_load": {"tick_ms_p50": statistics.median(ticks), "tick_ms_max": max(ticks),
                            "status_ms_p50": statistics.median(statuses) if statuses else None,
