@@ -225,7 +225,8 @@ def _postgres_cpu_seconds() -> float | None:
         name, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
         if name.startswith("postgres"):
             seen = True
-            total += (int(fields[11]) + int(fields[12])) / tick      # utime + stime
+            # utime + stime, and cutime + cstime: the postmaster's count of backends that exited
+            total += sum(int(x) for x in fields[11:15]) / tick
     return total if seen else None
 
 
