@@ -27,6 +27,9 @@ LIMITS: dict[str, tuple[str, int, str]] = {
     "max_tokens": ("BATCHINF_LIMIT_MAX_TOKENS", 32768, "options.max_tokens (generate)"),
     "shard_max_records": ("BATCHINF_LIMIT_SHARD_RECORDS", 100_000, "shards.max_records"),
     "shard_max_tokens": ("BATCHINF_LIMIT_SHARD_TOKENS", 50_000_000, "shards.max_tokens"),
+    "input_objects": ("BATCHINF_MAX_INPUT_OBJECTS", 100_000, "input objects a job pins (a prefix listed or an "
+                      "input manifest's entries)"),
+    "input_bytes": ("BATCHINF_MAX_INPUT_BYTES", 1 << 40, "bytes of the input objects a job pins, all together"),
     "kv_cache_bytes": ("BATCHINF_MAX_KV_CACHE_BYTES", 8 << 30, "the KV cache a generate job's options imply; "
                        "also each worker's budget per generate call"),
 }
@@ -41,6 +44,8 @@ class Settings:
     broker_url: str                 # BATCHINF_BROKER_URL (distributed mode)
     bundle_store: str               # BATCHINF_BUNDLE_STORE: where imported bundles live
     max_expansion: int              # BATCHINF_MAX_EXPANSION: a compressed input may expand this many times
+    max_manifest_bytes: int         # BATCHINF_MAX_INPUT_MANIFEST_BYTES: the largest input manifest, and S3
+                                    # Inventory data file, a job may name (64 MiB)
     plan_range_bytes: int           # BATCHINF_PLAN_RANGE_BYTES: a larger uncompressed JSONL / Parquet input
                                     # is planned in parts of about this size (plan_parts.py)
     # --- leases, retries, speculation
@@ -57,6 +62,8 @@ class Settings:
                                     # after each chunk of this much work; 0: dynamic splitting off
     max_step_failures: int          # BATCHINF_MAX_STEP_FAILURES: consecutive failed lifecycle steps of one job
                                     # before it fails (default 10)
+    pin_time_limit: float           # BATCHINF_PIN_TIME_LIMIT: seconds pinning a job's inputs (listing, HEAD,
+                                    # hashing) may take before the job fails (600)
     plan_time_limit: float          # BATCHINF_PLAN_TIME_LIMIT: seconds one planning task may run (distributed);
                                     # past it the task is stopped and counts as a failed attempt
     price_per_worker_hour: float | None  # BATCHINF_PRICE_PER_WORKER_HOUR: cost in status
@@ -197,6 +204,7 @@ def load_settings() -> Settings:
         broker_url=_text("BATCHINF_BROKER_URL") or "redis://127.0.0.1:6379/0",
         bundle_store=_text("BATCHINF_BUNDLE_STORE") or (home / "bundles").as_uri(),
         max_expansion=_int("BATCHINF_MAX_EXPANSION", 200),
+        max_manifest_bytes=_int("BATCHINF_MAX_INPUT_MANIFEST_BYTES", 64 << 20),
         plan_range_bytes=max(1, _int("BATCHINF_PLAN_RANGE_BYTES", 64 << 20)),
         lease_seconds=_float("BATCHINF_LEASE_SECONDS", 60.0),
         heartbeat_seconds=_float("BATCHINF_HEARTBEAT_SECONDS", 5.0),
@@ -207,6 +215,7 @@ def load_settings() -> Settings:
         min_shard_tokens=max(1, _int("BATCHINF_MIN_SHARD_TOKENS", 10_000)),
         split_chunk_tokens=max(0, _int("BATCHINF_SPLIT_CHUNK_TOKENS", 2048)),
         max_step_failures=_int("BATCHINF_MAX_STEP_FAILURES", 10),
+        pin_time_limit=_float("BATCHINF_PIN_TIME_LIMIT", 600.0),
         plan_time_limit=_float("BATCHINF_PLAN_TIME_LIMIT", 3600.0),
         price_per_worker_hour=_optional_float("BATCHINF_PRICE_PER_WORKER_HOUR"),
         queue=_text("BATCHINF_QUEUE") or "batchinf",

@@ -11,6 +11,7 @@ import os
 import socket
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 from batchinf.dispatch import Dispatcher, LocalPool
@@ -18,6 +19,7 @@ from batchinf.errors import LedgerError
 from batchinf.ledger import jobs as job_repo
 from batchinf.ledger import leases
 from batchinf.ledger import shards as shard_repo
+from batchinf.ledger.models import Job
 from batchinf.ledger.states import JOB_PLANNING, JOB_TERMINAL, JobStatus
 from batchinf.lifecycle import share_slots, step
 from batchinf.retry import compute_backoff
@@ -65,16 +67,26 @@ def cancel(job_id: str, reason: str = "cancelled by request", *, finish: bool = 
     return job_repo.get(job_id).status
 
 
+SIDE_THREADS = 4     # a controller's threads for the pinning and planning steps it runs itself
+
+
 class Controller:
     """Distributed mode's restartable loop over every active job in the ledger: per tick and job
     (under a controller lease, so two controllers never step one job at once), one lifecycle
-    step, with at most `max_in_flight` shards queued or running across all jobs (fair share)."""
+    step, with at most `max_in_flight` shards queued or running across all jobs (fair share).
+
+    Pinning and planning read what a tenant named, as much as it named: with a dispatcher that
+    does that work in this process (`Dispatcher.steps_beside_tick`: embedded `serve`) those steps run
+    beside the tick, one at a time per job and per tenant, so a slow or huge job delays only its
+    own tenant's planning, never the other jobs' ticks (a broker's dispatcher sends tasks instead)."""
 
     def __init__(self, dispatcher: Dispatcher, *, name: str | None = None, max_in_flight: int = 16,
                  tick_seconds: float = 1.0) -> None:
         self.dispatcher = dispatcher
         self.name = name or f"controller@{socket.gethostname()}:{os.getpid()}"
         self.max_in_flight, self.tick_seconds = max_in_flight, tick_seconds
+        self._side = ThreadPoolExecutor(SIDE_THREADS, thread_name_prefix="batchinf-step")
+        self._beside: dict[str, tuple[str, Future]] = {}      # job -> (tenant, its step running beside the tick)
 
     def run_forever(self, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -91,15 +103,30 @@ class Controller:
         """One step of every active job; True when one of them changed status."""
         shares = share_slots(self.max_in_flight, shard_repo.dispatch_demand(cap=max(1, self.max_in_flight)))
         moved = False
+        self._beside = {j: (t, f) for j, (t, f) in self._beside.items() if not f.done()}
         for job_id in job_repo.active_ids():
+            if job_id in self._beside:
+                continue
             try:
                 if job_repo.lock(job_id, self.name, max(30.0, 10 * self.tick_seconds)):
-                    before = job_repo.get(job_id).status
+                    job = job_repo.get(job_id)
+                    if job.status in JOB_PLANNING and self.dispatcher.steps_beside_tick:
+                        self._step_beside(job)
+                        continue
                     step(job_id, self.dispatcher, slots=shares.get(job_id, 0))
-                    moved = moved or job_repo.get(job_id).status not in (before, *JOB_TERMINAL)
+                    moved = moved or job_repo.get(job_id).status not in (job.status, *JOB_TERMINAL)
             except Exception as exc:  # noqa: BLE001 -- this job waits for the next tick; others go on
                 log.warning("job %s: %s: %s", job_id, type(exc).__name__, exc)
         return moved
+
+    def _step_beside(self, job: Job) -> None:
+        """Step a job that is pinning or planning in a side thread, unless its tenant has one there."""
+        if all(tenant != job.tenant for tenant, _ in self._beside.values()):
+            self._beside[job.id] = (job.tenant, self._side.submit(step, job.id, self.dispatcher))
+
+    def close(self) -> None:
+        """Wait for the steps running beside the tick."""
+        self._side.shutdown(wait=True, cancel_futures=True)
 
 
 def serve_embedded(stop: threading.Event, *, workers: int = 1, device: str = "auto", threads: int | None = None,
@@ -119,6 +146,7 @@ def serve_embedded(stop: threading.Event, *, workers: int = 1, device: str = "au
         try:
             controller.run_forever(stop)
         finally:
+            controller.close()
             pool.stop(timeout=5)
 
     def run_scheduler() -> None:

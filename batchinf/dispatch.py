@@ -52,11 +52,19 @@ class Dispatcher:
     workers poll the ledger."""
 
     resends_lost = False          # messages may be lost (a broker): re-send stale queued shards
+    steps_beside_tick = False     # a Controller runs pinning and planning steps beside its tick (SharedPool)
     sweeps = True                 # delete losing attempts' files as the job runs (see lifecycle._sweep)
     requeue_seconds = 30.0        # ... and planning tasks older than this
 
     def __init__(self) -> None:
         self._speculated: dict[str, float] = {}   # straggler shard -> when its twin was asked for
+
+    def pin(self, job: Job) -> None:
+        """Pin a submitted job's inputs: here, now (one job's driver), or by sending a pinning task
+        (a controller of many jobs, whose tick must not wait on one job's listing and hashing)."""
+        from batchinf.plan import pin_job
+
+        pin_job(job)
 
     def plan(self, job: Job, idxs: list[int]) -> None:
         """Stage these input objects of a planning job (now, or by sending planning tasks)."""
@@ -312,7 +320,9 @@ def pool_worker_main(device: str, threads: int, parent_pid: int, twins: mp.Queue
 class SharedPool(Dispatcher):
     """N long-lived worker processes on this machine that lease shards of every running job from
     the ledger (embedded `batchinf serve`, driven by `controller.Controller`). Planning runs in
-    the driver's process."""
+    the driver's process, beside the controller's tick (`steps_beside_tick`)."""
+
+    steps_beside_tick = True      # its pinning and planning read the tenants' objects in this process
 
     def __init__(self, *, workers: int = 1, device: str = "auto", threads: int | None = None) -> None:
         super().__init__()

@@ -24,6 +24,7 @@ from batchinf.ledger.status import bundle_throughput, status
 from batchinf.lifecycle import step
 from batchinf.manifest import JobManifest
 from batchinf.retry import compute_backoff
+from batchinf.scopes import Caller
 from batchinf.submit import submit
 
 
@@ -42,12 +43,11 @@ class PlanHere(Dispatcher):
         plan_objects_here(job, idxs, self.processes)
 
 
-def plan_only(manifest: JobManifest, *, tenant: str = "default", processes: int = 1,
-              workers: int | None = None) -> str:
+def plan_only(manifest: JobManifest, caller: Caller, *, processes: int = 1, workers: int | None = None) -> str:
     """Submit the manifest held and plan it here; returns the job id. A manifest whose job exists
     already is not planned again: a held one still planning is planned on, any other is reported
     as it stands. `workers`: the workers its shards are sized for (None: by the caps alone)."""
-    job_id, _ = submit(manifest, tenant=tenant, hold=True)
+    job_id, _ = submit(manifest, caller, hold=True)
     dispatcher, failures = PlanHere(max(1, processes), workers), 0
     while (job := job_repo.get(job_id)).hold and job.status in JOB_PLANNING:
         if step(job_id, dispatcher):

@@ -125,9 +125,28 @@ def _stop(job: Job, d: Dispatcher, slots: int | None) -> None:
         publish_partial(job)
 
 
+PINNING = "pinning inputs"
+
+
+def pin_now(job_id: str) -> None:
+    """A pinning task (sent by `Dispatcher.pin`): pin the job if it still waits for it, the failure
+    charged to the job as a failed step would be."""
+    with logs.context(job_id=job_id):
+        job = job_repo.get(job_id)
+        if job.status != JobStatus.SUBMITTED:
+            return
+        try:
+            pin_job(job)
+        except Exception as exc:  # noqa: BLE001 -- charged to this job alone
+            _charge(job, PINNING, exc)
+        else:
+            if job.step_failures:
+                job_repo.step_succeeded(job.id)
+
+
 Step = Callable[[Job, Dispatcher, "int | None"], None]
 STEPS: dict[JobStatus, tuple[str, Step]] = {
-    JobStatus.SUBMITTED: ("pinning inputs", lambda job, d, slots: pin_job(job)),
+    JobStatus.SUBMITTED: (PINNING, lambda job, d, slots: d.pin(job)),
     JobStatus.PLANNING: ("planning", _plan),
     JobStatus.RUNNING: ("running", _run),
     JobStatus.VERIFYING: ("verification", lambda job, d, slots: publish(job)),

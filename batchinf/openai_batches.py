@@ -34,6 +34,7 @@ from batchinf.ledger.status import status as job_status
 from batchinf.manifest import parse_duration, parse_manifest
 from batchinf.openai_output import NOT_RUN_MESSAGES
 from batchinf.store import get_store, join
+from batchinf.scopes import Caller
 from batchinf.submit import submit
 
 PURPOSE_INPUT, PURPOSE_OUTPUT = "batch", "batch_output"
@@ -249,7 +250,7 @@ def create_batch(tenant: str, input_file_id: str, endpoint: str, completion_wind
         "output": {"uri": join(tenant_root(tenant), "batches", batch_id) + "/"},
         "shards": {"max_records": settings().openai_shard_records},
         "deadline": f"{window}s", "idempotency_key": batch_id})
-    job_id, _ = submit(manifest, tenant=tenant)
+    job_id, _ = submit(manifest, Caller(tenant))     # confined: a batch reads and writes only the tenant's space
     repo.add_batch({**row, "job_id": job_id})
     return get_batch(tenant, batch_id)
 

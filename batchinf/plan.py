@@ -24,7 +24,7 @@ from typing import Any, Callable
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401 -- pa.compute
-from batchinf import bucketing, failpoints, plan_parts, scopes
+from batchinf import bucketing, failpoints, plan_parts
 from batchinf.bundles import open_runtime
 from batchinf.errors import InputError, ManifestError
 from batchinf.ledger import jobs as job_repo
@@ -39,7 +39,8 @@ from batchinf.plan_summary import (IDS_ROW_GROUP, ids_uri, in_stage_order, read_
                                    valid_ids, write_summary)
 from batchinf.sizing import target_work
 from batchinf.store import ObjectPin, get_store, join
-from batchinf.submit import pin_inputs
+from batchinf.pinning import pin_again, pin_inputs
+from batchinf.scopes import Storage
 from batchinf.tasks import get_task
 from batchinf.tasks.base import STAGE_SCHEMA  # noqa: F401 -- re-exported
 from batchinf.tasks.batching import token_budget_batches
@@ -143,7 +144,7 @@ def cut(order: np.ndarray, tokens: np.ndarray, max_records: int, max_tokens: int
 def pin_job(job: Job) -> None:
     """submitted -> planning: pin every input object once (a second pinner changes nothing). A
     retry job pins the very objects (same versions) of the job it retries that hold its records."""
-    pins = _retried_pins(job) if job.retry_of else []
+    pins = pin_again(job, _retried_pins(job)) if job.retry_of else []
     job_repo.pin(job.id, pins or pin_inputs(job))
     failpoints.hit("plan.after_pin")
 
@@ -167,13 +168,9 @@ def object_tasks(job: Job) -> list[ObjectTask]:
     return [ObjectTask(o.idx, o.pin, m.input.format, m.input.id_field, field, job.bundle_digest, max_length,
                        truncate, join(job.work_uri, "plan", f"obj-{o.idx:05d}.parquet"),
                        task=m.task, kind=kind, options=options, input=m.input,
-                       may_read=partial(_may_read, job.tenant) if job.confined else None,
+                       may_read=Storage(job.tenant, job.confined).checker("object"),
                        splittable=not job.retry_of)
             for o in job_repo.inputs(job.id)]
-
-
-def _may_read(tenant: str, uri: str) -> None:
-    scopes.check(tenant, uri, scopes.READ, "object")
 
 
 def plan_one_object(job_id: str, idx: int, send_parts: Callable[[list[int]], None] | None = None) -> int:

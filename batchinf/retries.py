@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import json
 
-from batchinf.errors import BatchinfError, LedgerError, ManifestError
+from batchinf.errors import BatchinfError, LedgerError, ManifestError, NotFoundError
 from batchinf.ledger import jobs as job_repo
 from batchinf.ledger import lineage
+from batchinf.ledger.models import Job
 from batchinf.ledger.states import JOB_TERMINAL
 from batchinf.ledger.status import status
 from batchinf.parts import read_table
 from batchinf.store import get_store, join
+from batchinf.scopes import Caller
 from batchinf.submit import submit
 
 ALL = "all"
@@ -49,10 +51,14 @@ def select_records(job_id: str, codes: list[str] | None, not_done: bool) -> list
     return sorted(chosen)
 
 
-def retry_job(job_id: str, *, tenant: str | None = None, errors: list[str] | None = None,
-              not_done: bool = False, output: str | None = None) -> str:
-    """Create the retry job and record the lineage; returns the new job's id."""
-    old = job_repo.get(job_id, tenant=tenant)
+def retry_job(old: Job, caller: Caller, *, errors: list[str] | None = None, not_done: bool = False,
+              output: str | None = None) -> str:
+    """Create the retry job for `caller` (through `submit`, like every job: a tenant's request is
+    confined, so its `output` must be a prefix it may write) and record the lineage; returns the
+    new job's id."""
+    job_id = old.id
+    if caller.tenant != old.tenant:
+        raise NotFoundError(f"no job {job_id!r}")
     if old.status not in JOB_TERMINAL:
         raise RetryConflict(f"job {job_id} is {old.status}; retry runs over a finished job: wait for it, "
                             f"or `batchinf cancel {job_id}` first")
@@ -68,7 +74,7 @@ def retry_job(job_id: str, *, tenant: str | None = None, errors: list[str] | Non
     out = output or old.output_uri.rstrip("/") + f"-retry-{n}/"
     manifest = old.manifest.model_copy(update={
         "output_uri": out, "bundle": old.bundle_digest, "idempotency_key": f"retry-{n}-of-{job_id}"})
-    new_id, _ = submit(manifest, tenant=old.tenant, retry_of=job_id, selection=selection)
+    new_id, _ = submit(manifest, caller, retry_of=job_id, selection=selection)
     _note_retry(old.output_uri, {"job_id": new_id, "output_uri": job_repo.get(new_id).output_uri})
     return new_id
 

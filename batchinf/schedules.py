@@ -22,6 +22,7 @@ from batchinf import metrics
 from batchinf.cron import parse_cron, zone
 from batchinf.errors import BatchinfError, LedgerError, ManifestError
 from batchinf.ledger.jobs import find_by_key
+from batchinf.scopes import Caller
 from batchinf.submit import submit
 from batchinf.ledger import schedules as repo
 from batchinf.ledger.events import now as clock
@@ -168,7 +169,7 @@ def submit_for(row: Any, ds: str) -> tuple[str, bool]:
         return existing, False
     m = render(row.name, json.loads(row.template), ds)
     try:
-        job_id, created = submit(m, tenant=row.tenant, schedule=row.name)
+        job_id, created = submit(m, Caller(row.tenant, operator=True), schedule=row.name)   # the operator's
     except ManifestError:
         # a concurrent scheduler's job for this date can make the output look "in use"
         job_id, created = find_by_key(row.tenant, m.idempotency_key or ""), False

@@ -3,21 +3,30 @@
 An operator grants each tenant prefixes (`batchinf tenant grant`); every URI a job names is
 checked against them after normalisation (`store.normalize_uri`) and, for `file://`, after
 resolving its real path, so `/./`, `//`, `..`, case and symlinks cannot make one prefix look like
-another. A job submitted through the REST API is always confined (with no grants it may touch
-nothing); one submitted from the CLI on the operator's machine is confined once its tenant has
-grants. Outputs are checked for every job: an output prefix never equals, contains or lies inside
+another. Outputs are checked for every job: an output prefix never equals, contains or lies inside
 another job's output or input prefix, the bundle store, BATCHINF_HOME or the ledger's files.
+
+The two choke points:
+- `Caller`: who asks for a job. `submit.submit` takes one (no default), so every path that creates
+  a job (CLI, REST, OpenAI batches, retries, schedules, dry runs) states it: a tenant's request is
+  always confined (with no grants it may touch nothing); the operator's CLI acting for a tenant is
+  confined once that tenant has grants.
+- `Storage`: a job's reads of the objects its tenant names (input prefixes, input manifests, S3
+  Inventory files, the objects they list, image URIs), checked against the grants before any byte
+  is read or hashed. Only `pinning.py` and the planning readers hold one; nothing else reads
+  tenant-named objects (tests/unit/test_architecture.py keeps it so).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from batchinf.config import settings
 from batchinf.errors import ManifestError, StoreError
 from batchinf.ledger import grants
-from batchinf.store import join, normalize_uri, split_uri
+from batchinf.store import ObjectPin, get_store, join, normalize_uri, split_uri
 
 READ, WRITE = "read", "write"
 
@@ -69,15 +78,83 @@ def show(tenant: str) -> dict[str, Any]:
             "limits": grants.limits_of(tenant)}
 
 
-def confined(tenant: str, through_api: bool) -> bool:
-    """Whether the tenant's jobs are checked against its grants."""
-    return through_api or bool(grants.of_tenant(tenant))
+@dataclass(frozen=True)
+class Caller:
+    """Who asks for a job: a tenant's request (`operator=False`: the REST API, OpenAI batches, a
+    retry asked through the API) or the operator's CLI acting for a tenant (`batchinf run`,
+    `submit`, `retry`, schedules and their backfills)."""
+
+    tenant: str
+    operator: bool = False
+
+    @property
+    def confined(self) -> bool:
+        """Whether the job is checked against the tenant's grants: always for a tenant's request;
+        for the operator, once the tenant has a grant."""
+        return not self.operator or bool(grants.of_tenant(self.tenant))
+
+
+@dataclass(frozen=True)
+class Storage:
+    """Reads of the objects a job's tenant names, scoped by the tenant's grants (when the job is
+    confined): each uri is checked before any byte of it is read, hashed or even HEADed, so a
+    refusal says nothing about whether the object exists."""
+
+    tenant: str
+    confined: bool
+
+    def check(self, uri: str, what: str, mode: str = READ) -> None:
+        if self.confined:
+            check(self.tenant, uri, mode, what)
+
+    def checker(self, what: str) -> Callable[[str], None] | None:
+        """`check` for `what` as a callable (planning tasks carry it), None when unconfined."""
+        return _Checker(self, what) if self.confined else None
+
+    def list(self, prefix: str, what: str, each: Callable[[str], None] | None = None) -> list[ObjectPin]:
+        """The objects under `prefix`, every one checked (and passed to `each`, a bound) first."""
+        self.check(prefix, what)
+
+        def gate(uri: str) -> None:
+            self.check(uri, what + " object")
+            if each is not None:
+                each(uri)
+        return get_store(prefix).list(prefix, check=gate)
+
+    def head(self, uri: str, what: str, version_id: str | None = None) -> ObjectPin:
+        self.check(uri, what)
+        return get_store(uri).head(uri, version_id=version_id)
+
+    def get_bytes(self, uri: str, what: str, limit: int) -> bytes:
+        self.check(uri, what)
+        return get_store(uri).get_bytes(uri, limit=limit)
+
+
+@dataclass(frozen=True)
+class _Checker:
+    """A picklable `Storage.check` bound to what is checked (planning tasks run in other processes)."""
+
+    storage: Storage
+    what: str
+
+    def __call__(self, uri: str) -> None:
+        self.storage.check(uri, self.what)
 
 
 def own_space(tenant: str) -> str:
     """The tenant's own space in batchinf's files store (uploaded OpenAI batch files and the
     outputs of their batches): every tenant may read and write there, and only there of it."""
     return as_prefix(real(join(settings().files_uri, tenant)))
+
+
+FILES_SCHEME = "files://"
+
+
+def shown(uri: str, tenant: str) -> str:
+    """A uri as the tenant sees it: one in its own space as files://<path inside it>, so the
+    server's paths (BATCHINF_HOME, the files store) never show."""
+    space = own_space(tenant)
+    return FILES_SCHEME + uri[len(space):] if within(uri, space) else uri
 
 
 def check(tenant: str, uri: str, mode: str, what: str) -> None:
@@ -125,8 +202,13 @@ def check_output(tenant: str, output_uri: str, input_uri: str) -> None:
                             "choose another output.uri")
 
 
-def canonical(uri: str, where: str) -> str:
-    """normalize_uri, with its refusal named after the manifest field."""
+def canonical(uri: str, where: str, plain_paths: bool = True) -> str:
+    """normalize_uri, with its refusal named after the manifest field. Without `plain_paths` (a
+    tenant's request) a relative path or `~` is refused: resolving it would use, and name in the
+    answer, the server's working directory or home."""
+    if not plain_paths and "://" not in uri and not uri.startswith("/"):
+        raise ManifestError(f"{where} {uri[:200]!r} is neither a URI nor an absolute path; write "
+                            "s3://bucket/prefix/ or file:///absolute/path/")
     try:
         return normalize_uri(uri)
     except StoreError as exc:

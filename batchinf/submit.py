@@ -1,4 +1,5 @@
-"""Submit a job (bundle reference -> digest, idempotency) and pin its inputs."""
+"""Create a job: the one function every path that makes a job goes through (bundle reference ->
+digest, idempotency, the caller's grants, output ownership, limits)."""
 
 from __future__ import annotations
 
@@ -7,26 +8,27 @@ import secrets
 
 from batchinf import scopes
 from batchinf.bundles import get_info, resolve_ref
-from batchinf.errors import InputError, LedgerError, ManifestError
+from batchinf.errors import LedgerError, ManifestError
 from batchinf.ledger import jobs as job_repo
 from batchinf.ledger.events import now
-from batchinf.ledger.models import Job
 from batchinf.limits import check_manifest
-from batchinf.manifest import InputSpec, JobManifest
-from batchinf.store import ObjectPin, get_store, join, normalize_uri
+from batchinf.manifest import JobManifest
+from batchinf.scopes import Caller
+from batchinf.store import get_store, join
 
 
-def submit(manifest: JobManifest, *, tenant: str = "default", schedule: str | None = None,
-           through_api: bool = False, retry_of: str | None = None,
+def submit(manifest: JobManifest, caller: Caller, *, schedule: str | None = None, retry_of: str | None = None,
            selection: list[tuple[str, int]] | None = None, hold: bool = False) -> tuple[str, bool]:
-    """Create the job, or return the existing one for the same idempotency key (a different
-    manifest under a used key is an IdempotencyConflict naming the fields that differ).
+    """Create the job for `caller`, or return the caller's existing one for the same idempotency
+    key (a different manifest under a used key is an IdempotencyConflict naming the fields that
+    differ).
 
     Returns (job_id, created). The bundle reference is resolved to a digest here, once: moving an
     alias later never changes what this job runs. Storage is checked here (scopes.py): the input
-    and output against the tenant's grants when the job is confined (always through the API), and
-    the output prefix against every other job's. `retry_of`/`selection`: see retries.py. `hold`:
-    a dry run's job (dryrun.py), held `planned` once its shards are cut."""
+    and output against the tenant's grants when the caller is confined (a tenant's request always
+    is), and the output prefix against every other job's. `retry_of`/`selection`: see retries.py.
+    `hold`: a dry run's job (dryrun.py), held `planned` once its shards are cut."""
+    tenant = caller.tenant
     key = manifest.idempotency_key or manifest.content_key()
     existing = job_repo.find_by_key(tenant, key)
     if existing:
@@ -40,9 +42,10 @@ def submit(manifest: JobManifest, *, tenant: str = "default", schedule: str | No
     check_manifest(manifest, digest, tenant)       # every number the tenant set, against its limits
     _check_max_length(manifest, digest)
     where = "input.uri" if manifest.input.uri else "input.manifest"
-    input_uri = scopes.real(scopes.canonical(manifest.input.uri or manifest.input.manifest or "", where))
-    output_uri = scopes.as_prefix(scopes.real(scopes.canonical(manifest.output_uri, "output.uri")))
-    confined = scopes.confined(tenant, through_api)
+    plain = caller.operator
+    input_uri = scopes.real(scopes.canonical(manifest.input.uri or manifest.input.manifest or "", where, plain))
+    output_uri = scopes.as_prefix(scopes.real(scopes.canonical(manifest.output_uri, "output.uri", plain)))
+    confined = caller.confined
     if confined:
         scopes.check(tenant, input_uri, scopes.READ, "input")
         scopes.check(tenant, output_uri, scopes.WRITE, "output")
@@ -90,55 +93,3 @@ def _check_max_length(manifest: JobManifest, digest: str) -> None:
     if wanted is not None and limit is not None and wanted > limit:
         raise ManifestError(f"options.max_length {wanted} exceeds bundle {manifest.bundle}'s max length {limit}; "
                             f"set options.max_length to at most {limit}, or leave it out to use {limit}")
-
-
-def list_inputs(spec: InputSpec) -> list[ObjectPin]:
-    """List the input once and pin key, size, ETag and version of every object it will read: the
-    objects under `input.uri` (hidden ones aside), or those an input manifest names."""
-    if spec.uri:
-        uri = normalize_uri(spec.uri)
-        pins = visible(uri, get_store(uri).list(uri), spec.include_hidden)
-        if not pins:
-            raise InputError(f"input {uri} has no objects; check input.uri (a prefix ends with /)")
-        return pins
-    return _pins_from_input_manifest(normalize_uri(spec.manifest or ""))
-
-
-def pin_inputs(job: Job) -> list[ObjectPin]:
-    """The job's input objects, pinned. A confined job's objects (an input manifest may name
-    anything, a local prefix may hold symlinks) are each checked against the tenant's grants by
-    their real location."""
-    pins = list_inputs(job.manifest.input)
-    if job.confined:
-        for pin in pins:
-            scopes.check(job.tenant, pin.uri, scopes.READ, "input object")
-    return pins
-
-
-def visible(prefix: str, pins: list[ObjectPin], include_hidden: bool = False) -> list[ObjectPin]:
-    """The listed objects without the files Spark, Hive, Arrow and batchinf itself keep beside the
-    data (`_SUCCESS`, `_common_metadata`, `.part-0.parquet.crc`, `_work/`): every name below the
-    prefix whose segments start with neither `_` nor `.` (all of them with `include_hidden`, the
-    manifest's `input.include_hidden`). An object named on its own is kept."""
-    def hidden(uri: str) -> bool:
-        rel = uri[len(prefix):] if uri.startswith(prefix) and uri != prefix else ""
-        return any(seg.startswith(("_", ".")) for seg in rel.split("/"))
-    return pins if include_hidden else [p for p in pins if not hidden(p.uri)]
-
-
-def _pins_from_input_manifest(uri: str) -> list[ObjectPin]:
-    """A JSONL list of objects or an S3 Inventory manifest.json (formats/inventory.py); the listed
-    objects are HEADed in parallel, in the manifest's order."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from batchinf.formats.inventory import entries
-
-    try:
-        listed = entries(uri, get_store(uri).get_bytes(uri), lambda u: get_store(u).get_bytes(u))
-    except UnicodeDecodeError as exc:
-        raise InputError(f"input manifest {uri} is not UTF-8 text (byte {exc.start}); it must be JSONL, one "
-                         "object per line: {\"uri\": ...} or {\"bucket\", \"key\"}") from None
-    if not listed:
-        raise InputError(f"input manifest {uri} lists no objects")
-    with ThreadPoolExecutor(max_workers=min(16, len(listed))) as pool:
-        return list(pool.map(lambda e: get_store(e[0]).head(e[0], version_id=e[1]), listed))

@@ -116,12 +116,13 @@ def plan_bench(records: int, objects: int, processes: int, work: Path,
     from batchinf.ledger import jobs
     from batchinf.manifest import parse_manifest
     from batchinf.plan import pin_job
+    from batchinf.scopes import Caller
     from batchinf.submit import submit
 
     job_id, _ = submit(parse_manifest({
         "name": "plan-scale", "task": "embed", "bundle": "minilm@bench", "options": {"max_length": 256},
         "input": {"uri": str(work / "in") + "/", "format": "jsonl"}, "output": {"uri": str(work / "out")},
-        "shards": {"max_records": 2000}}))
+        "shards": {"max_records": 2000}}), Caller("default", operator=True))
     t0 = time.perf_counter()
     pin_job(jobs.get(job_id))
     from batchinf.plan import begin_object, end_object

@@ -70,6 +70,16 @@ def execute_shard(shard_id: str, speculative: bool = False) -> None:
     run_shard(shard_id, settings().device, speculative=speculative)
 
 
+@app.task(name="batchinf.pin_job")
+def pin_job(job_id: str) -> None:
+    """Pin a submitted job's inputs on a worker. Pinning itself fails the job past
+    BATCHINF_PIN_TIME_LIMIT (pinning.Bounds); the task's own limits, a little later, stop a call
+    stuck inside one object (a failed step, charged to the job)."""
+    from batchinf.lifecycle import pin_now
+
+    pin_now(job_id)
+
+
 @app.task(name="batchinf.plan_object")
 def plan_object(job_id: str, idx: int) -> None:
     """Plan one object; a large one's parts (plan_parts.py) are sent as `plan_part` tasks."""
@@ -119,6 +129,14 @@ class CeleryDispatcher(Dispatcher):
         super().__init__()
         self.requeue_seconds = requeue_seconds
         self._fleet: tuple[float, int] = (float("-inf"), 0)    # (when counted, worker processes up)
+        self._pinning: dict[str, float] = {}                   # job -> when its pinning task was sent
+
+    def pin(self, job: Job) -> None:
+        """Send the job's pinning task, again only after `requeue_seconds` (a lost message)."""
+        if time.monotonic() - self._pinning.get(job.id, float("-inf")) > self.requeue_seconds:
+            self._pinning[job.id] = time.monotonic()
+            limit = settings().pin_time_limit + 15
+            pin_job.apply_async(args=[job.id], soft_time_limit=limit, time_limit=limit + 30)
 
     def plan(self, job: Job, idxs: list[int]) -> None:
         limit = settings().plan_time_limit     # soft: the task records the timeout; hard: it is killed

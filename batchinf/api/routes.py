@@ -58,9 +58,16 @@ def _load_job(job_id: str, tenant: str) -> dict[str, Any]:
     from batchinf.ledger.status import status
 
     try:
-        return status(job_id, tenant=tenant)
+        return shown(status(job_id, tenant=tenant), tenant)
     except LedgerError:
         raise _not_found(job_id) from None
+
+
+def shown(job: dict[str, Any], tenant: str) -> dict[str, Any]:
+    """The job as its tenant sees it: no server path (scopes.shown)."""
+    from batchinf.scopes import shown as shown_uri
+
+    return {**job, "input_uri": shown_uri(job["input_uri"], tenant), "output_uri": shown_uri(job["output_uri"], tenant)}
 
 
 def _page(request: Request, items: list[Any], next_cursor: str | None) -> dict[str, Any]:
@@ -102,11 +109,12 @@ async def submit_job(request: Request, response: Response, tenant: Tenant) -> An
 
 def _submit(raw: Any, tenant: str) -> tuple[dict[str, Any], bool]:
     from batchinf.ledger.status import status
+    from batchinf.scopes import Caller
     from batchinf.submit import submit
     from batchinf.manifest import parse_manifest
 
-    job_id, created = submit(parse_manifest(raw), tenant=tenant, through_api=True)
-    return status(job_id, tenant=tenant), created
+    job_id, created = submit(parse_manifest(raw), Caller(tenant))      # a tenant's request: always confined
+    return shown(status(job_id, tenant=tenant), tenant), created
 
 
 @router.get("/v1/jobs", response_model=JobPage, tags=["jobs"], responses=PAGED)
@@ -117,7 +125,7 @@ def list_jobs(request: Request, tenant: Tenant, status: JobState | None = None, 
 
     items, nxt = page_jobs(limit, tenant=tenant, status_is=status.value if status else None, name=name,
                            schedule=schedule, cursor=cursor)
-    return _page(request, items, nxt)
+    return _page(request, [shown(j, tenant) for j in items], nxt)
 
 
 @router.get("/v1/jobs/{job_id}", response_model=JobStatus, tags=["jobs"],

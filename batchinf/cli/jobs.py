@@ -40,11 +40,12 @@ def run(manifest: str, workers: int | None, threads: int | None, device: str, as
     from batchinf.controller import drive
     from batchinf.ledger.states import JobStatus
     from batchinf.ledger.status import status
-    from batchinf.submit import submit
     from batchinf.manifest import load_manifest
+    from batchinf.scopes import Caller
+    from batchinf.submit import submit
 
     require_device(device)      # refused up front, not after workers failed their attempts
-    job_id, created = submit(load_manifest(manifest), tenant=tenant)
+    job_id, created = submit(load_manifest(manifest), Caller(tenant, operator=True))
     if not created and finished_hint(job_id):
         emit(status(job_id), as_json, print_status)
         sys.exit(0 if status(job_id)["status"] == JobStatus.SUCCEEDED else 1)
@@ -80,8 +81,9 @@ def submit(manifest: str, wait: bool, as_json: bool, tenant: str) -> None:
     from batchinf.submit import submit as do_submit
     from batchinf.ledger.states import JOB_TERMINAL, JobStatus
     from batchinf.manifest import load_manifest
+    from batchinf.scopes import Caller
 
-    job_id, created = do_submit(load_manifest(manifest), tenant=tenant)
+    job_id, created = do_submit(load_manifest(manifest), Caller(tenant, operator=True))
     if not created and not finished_hint(job_id):
         from batchinf.ledger.jobs import get as job_row, release
 
@@ -146,10 +148,13 @@ def retry(job_id: str, codes: str | None, not_done: bool, output: str | None, de
     from batchinf.controller import drive
     from batchinf.ledger.states import JobStatus
     from batchinf.ledger.status import status as job_status
+    from batchinf.ledger.jobs import get as get_job
     from batchinf.retries import retry_job
+    from batchinf.scopes import Caller
 
     errors = [c.strip() for c in codes.split(",") if c.strip()] if codes is not None else None
-    new_id = retry_job(job_id, tenant=tenant, errors=errors, not_done=not_done, output=output)
+    old = get_job(job_id, tenant=tenant)
+    new_id = retry_job(old, Caller(old.tenant, operator=True), errors=errors, not_done=not_done, output=output)
     if not as_json:
         console.print(f"{new_id} retries {job_id}", highlight=False)
     final = job_status(new_id)["status"]
@@ -178,8 +183,9 @@ def plan(manifest: str, tokens_per_second: float | None, workers: int, processes
     of the same manifest, or `batchinf start JOB`, runs its shards without planning again."""
     from batchinf.dryrun import plan_only, report
     from batchinf.manifest import load_manifest
+    from batchinf.scopes import Caller
 
-    job_id = plan_only(load_manifest(manifest), tenant=tenant, processes=processes, workers=workers)
+    job_id = plan_only(load_manifest(manifest), Caller(tenant, operator=True), processes=processes, workers=workers)
     r = report(job_id, tokens_per_second=tokens_per_second, workers=workers)
     emit(r, as_json, print_plan)
     sys.exit(0 if r["planned"] else 1)

@@ -23,19 +23,22 @@ from batchinf.store import normalize_uri
 Entry = tuple[str, str | None]   # object uri, version id (None: the current version)
 
 
-def entries(uri: str, data: bytes, read: Callable[[str], bytes]) -> list[Entry]:
-    """The objects `uri` (whose bytes are `data`) lists; `read(uri)` fetches an inventory's files."""
+def entries(uri: str, data: bytes, read: Callable[[str], bytes], count: Callable[[str], None] = lambda u: None,
+            ) -> list[Entry]:
+    """The objects `uri` (whose bytes are `data`) lists; `read(uri)` fetches an inventory's files
+    (through the job's grant-scoped storage), `count(uri)` sees every entry as it is found (and
+    may raise to stop: the bound on a job's objects)."""
     text = data.decode("utf-8")
     try:
         whole = json.loads(text)
     except json.JSONDecodeError:
         whole = None
     if isinstance(whole, dict) and "files" in whole and "fileFormat" in whole:
-        return _inventory(uri, whole, read)
-    return _jsonl(uri, text)
+        return _inventory(uri, whole, read, count)
+    return _jsonl(uri, text, count)
 
 
-def _jsonl(uri: str, text: str) -> list[Entry]:
+def _jsonl(uri: str, text: str, count: Callable[[str], None]) -> list[Entry]:
     out: list[Entry] = []
     for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -51,11 +54,12 @@ def _jsonl(uri: str, text: str) -> list[Entry]:
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
             raise ManifestError(f"input manifest {uri} line {n}: expected a JSON object with uri, or "
                                 f"bucket and key, and optional version_id ({exc})") from exc
+        count(obj)
         out.append((obj, version))
     return out
 
 
-def _inventory(uri: str, manifest: dict, read: Callable[[str], bytes]) -> list[Entry]:
+def _inventory(uri: str, manifest: dict, read: Callable[[str], bytes], count: Callable[[str], None]) -> list[Entry]:
     fmt = str(manifest["fileFormat"]).upper()
     if fmt not in ("CSV", "PARQUET"):
         raise ManifestError(f"S3 Inventory {uri} is {fmt}: batchinf reads CSV and Parquet inventories")
@@ -69,7 +73,9 @@ def _inventory(uri: str, manifest: dict, read: Callable[[str], bytes]) -> list[E
         for row in rows:
             if row.get("is_delete_marker") in ("true", True) or row.get("is_latest") in ("false", False):
                 continue
-            out.append((f"s3://{row['bucket']}/{row['key']}", row.get("version_id") or None))
+            obj = f"s3://{row['bucket']}/{row['key']}"
+            count(obj)
+            out.append((obj, row.get("version_id") or None))
     return out
 
 

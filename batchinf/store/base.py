@@ -13,7 +13,7 @@ import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import BinaryIO, ContextManager, Iterator
+from typing import BinaryIO, Callable, ContextManager, Iterator
 
 from batchinf.errors import InputError, StoreError
 
@@ -45,6 +45,11 @@ def changed_error(pin: ObjectPin, now: str | None) -> InputError:
         f"input object {pin.uri} changed since the job pinned it (etag {pin.etag}, {current}): "
         "restore the original object or re-submit the job to pin the current version"
     )
+
+
+def too_big_error(uri: str, size: int, limit: int) -> InputError:
+    return InputError(f"object {uri} is {size} bytes, over the limit of {limit} bytes for it; "
+                      "split it, or ask the operator to raise the limit")
 
 
 def missing_error(uri: str) -> InputError:
@@ -125,9 +130,11 @@ class Store(abc.ABC):
     """One backend per uri scheme. Every method takes full uris; errors are batchinf errors naming the uri."""
 
     @abc.abstractmethod
-    def list(self, prefix_uri: str) -> list[ObjectPin]:
+    def list(self, prefix_uri: str, check: Callable[[str], None] | None = None) -> list[ObjectPin]:
         """Every object under the prefix (a 'directory'), sorted by uri; a uri naming one object lists just it.
-        Directory markers (keys ending in '/') are skipped; a missing prefix lists nothing."""
+        Directory markers (keys ending in '/') are skipped; a missing prefix lists nothing. `check(uri)`
+        runs for every object before any byte of it is read or hashed (a grant check, a count); what
+        it raises stops the listing."""
 
     @abc.abstractmethod
     def head(self, uri: str, version_id: str | None = None) -> ObjectPin:
@@ -150,8 +157,9 @@ class Store(abc.ABC):
             yield f  # type: ignore[misc]
 
     @abc.abstractmethod
-    def get_bytes(self, uri: str) -> bytes:
-        """The whole current content of one object; InputError if missing."""
+    def get_bytes(self, uri: str, limit: int | None = None) -> bytes:
+        """The whole current content of one object; InputError if missing, or (before its content is
+        read) if it is larger than `limit` bytes."""
 
     @abc.abstractmethod
     def put_bytes(self, uri: str, data: bytes) -> None:

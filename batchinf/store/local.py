@@ -11,7 +11,8 @@ from typing import BinaryIO, Callable, Iterator
 
 from batchinf.digests import sha256_fileobj
 from batchinf.errors import InputError, StoreError
-from batchinf.store.base import ObjectPin, Store, as_path, changed_error, missing_error, split_uri
+from batchinf.store.base import (ObjectPin, Store, as_path, changed_error, missing_error, split_uri,
+                                 too_big_error)
 
 TMP_SUFFIX = ".batchinf-tmp"  # in-flight writes; never listed
 _digests: dict[tuple[int, int, int, int], str] = {}   # (device, inode, size, mtime_ns) -> sha256, read_range's
@@ -66,16 +67,17 @@ def _atomic_write(path: Path, uri: str, write: Callable[[BinaryIO], object]) -> 
 class LocalStore(Store):
     """Objects are regular files; 'prefixes' are directories."""
 
-    def list(self, prefix_uri: str) -> list[ObjectPin]:
+    def list(self, prefix_uri: str, check: Callable[[str], None] | None = None) -> list[ObjectPin]:
         root = _path(prefix_uri)
-        if root.is_file():
-            return [_pin(root)]
-        files = [
+        files = [root] if root.is_file() else sorted(
             Path(d) / name
             for d, _, names in os.walk(root)
             for name in names
             if not name.endswith(TMP_SUFFIX)
-        ]
+        )
+        if check is not None:
+            for p in files:                 # every name checked before any file is hashed
+                check("file://" + str(p))
         return sorted((_pin(p) for p in files), key=lambda pin: pin.uri)
 
     def head(self, uri: str, version_id: str | None = None) -> ObjectPin:
@@ -119,9 +121,14 @@ class LocalStore(Store):
                 raise changed_error(pin, _digests[key])
             return os.pread(f.fileno(), max(0, length), start)
 
-    def get_bytes(self, uri: str) -> bytes:
-        with _os_errors("read", uri):
-            return _path(uri).read_bytes()
+    def get_bytes(self, uri: str, limit: int | None = None) -> bytes:
+        with _os_errors("read", uri), open(_path(uri), "rb") as f:
+            if limit is None:
+                return f.read()
+            data = f.read(limit + 1)
+            if len(data) > limit:
+                raise too_big_error(uri, os.fstat(f.fileno()).st_size, limit)
+            return data
 
     def put_bytes(self, uri: str, data: bytes) -> None:
         _atomic_write(_path(uri), uri, lambda f: f.write(data))

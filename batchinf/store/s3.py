@@ -26,7 +26,7 @@ import os
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO, Callable, Iterator
 
 import boto3
 from boto3.exceptions import S3UploadFailedError
@@ -36,7 +36,8 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from batchinf.config import settings
 from batchinf.errors import BatchinfError, InputError, StoreError, TransientError
-from batchinf.store.base import ObjectPin, Store, as_path, changed_error, missing_error, split_uri
+from batchinf.store.base import (ObjectPin, Store, as_path, changed_error, missing_error, split_uri,
+                                 too_big_error)
 
 SPOOL_MEMORY = 64 << 20  # open_read keeps up to this much in memory, then spills to a temp file
 _MISSING = {"NoSuchKey", "404", "NotFound"}
@@ -144,23 +145,33 @@ def _version(vid: str | None) -> str | None:
     return None if vid in (None, "", "null") else vid
 
 
+def _checked(check: Callable[[str], None] | None) -> Callable[[str], bool]:
+    """`check` as a filter that keeps every uri it does not refuse (a refusal stops the listing)."""
+    def keep(uri: str) -> bool:
+        if check is not None:
+            check(uri)
+        return True
+    return keep
+
+
 class S3Store(Store):
     """Objects are S3 keys; 'prefixes' are key prefixes ending in '/'."""
 
-    def list(self, prefix_uri: str) -> list[ObjectPin]:
+    def list(self, prefix_uri: str, check: Callable[[str], None] | None = None) -> list[ObjectPin]:
         bucket, key = _bucket_key(prefix_uri)
         if key and not key.endswith("/"):
             try:
-                return [self.head(prefix_uri)]
+                return [self.head(prefix_uri)]      # the prefix itself was checked: no byte is read
             except InputError:
                 key += "/"
+        checked = _checked(check)
         with _errors("ListObjectVersions", prefix_uri):
             try:
                 pins = [
                     ObjectPin(f"s3://{bucket}/{v['Key']}", v["Size"], v["ETag"].strip('"'), _version(v.get("VersionId")))
                     for page in client().get_paginator("list_object_versions").paginate(Bucket=bucket, Prefix=key, **_owner())
                     for v in page.get("Versions", [])
-                    if v["IsLatest"] and not v["Key"].endswith("/")
+                    if v["IsLatest"] and not v["Key"].endswith("/") and checked(f"s3://{bucket}/{v['Key']}")
                 ]
             except ClientError as exc:
                 if _code(exc)[0] not in _NO_VERSION_LISTING:
@@ -169,7 +180,7 @@ class S3Store(Store):
                     ObjectPin(f"s3://{bucket}/{o['Key']}", o["Size"], o["ETag"].strip('"'), None)
                     for page in client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key, **_owner())
                     for o in page.get("Contents", [])
-                    if not o["Key"].endswith("/")
+                    if not o["Key"].endswith("/") and checked(f"s3://{bucket}/{o['Key']}")
                 ]
         return sorted(pins, key=lambda pin: pin.uri)
 
@@ -226,10 +237,14 @@ class S3Store(Store):
         except BatchinfError:
             return "unknown"
 
-    def get_bytes(self, uri: str) -> bytes:
+    def get_bytes(self, uri: str, limit: int | None = None) -> bytes:
         bucket, key = _bucket_key(uri)
         with _errors("GetObject", uri):
-            return client().get_object(Bucket=bucket, Key=key, **_owner())["Body"].read()
+            r = client().get_object(Bucket=bucket, Key=key, **_owner())
+            if limit is not None and r["ContentLength"] > limit:
+                r["Body"].close()
+                raise too_big_error(uri, r["ContentLength"], limit)
+            return r["Body"].read()
 
     def put_bytes(self, uri: str, data: bytes) -> None:
         bucket, key = _bucket_key(uri)

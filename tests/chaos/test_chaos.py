@@ -18,6 +18,7 @@ from sqlalchemy import select
 from batchinf.config import settings
 from batchinf.controller import drive
 from batchinf.submit import submit
+from tests.helpers.env import OPERATOR
 from batchinf.ledger.db import tx
 from batchinf.ledger.tables import attempts, shards
 from batchinf.manifest import parse_manifest
@@ -49,7 +50,7 @@ def test_chaos(scenario: str, seed: int, tmp_path: Path, tiny_bundle: str, monke
     monkeypatch.setenv("BATCHINF_JOB_RETRY_BUDGET", "1000")
     settings.cache_clear()
     out = tmp_path / "out"
-    job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "a.jsonl"), str(out), shards={"max_records": 24})))
+    job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "a.jsonl"), str(out), shards={"max_records": 24})), OPERATOR)
     # the worker processes read the faults from their environment at start; this process loaded
     # failpoints before they were set, so planning and publishing here run clean
     final = drive(job_id, workers=2, threads=1)

@@ -23,6 +23,7 @@ from batchinf.ledger.db import tx
 from batchinf.ledger.tables import attempts, shards
 from batchinf.manifest import parse_manifest
 from batchinf.submit import submit
+from tests.helpers.env import OPERATOR
 from batchinf.verify import verify_output
 from tests.helpers.cluster import Cluster, exactly_once, job, start_cluster, wait
 from tests.helpers.corpus import manifest, write_jsonl
@@ -78,7 +79,7 @@ def test_split_chaos(scenario: str, seed: int, tmp_path: Path, tiny_bundle: str,
         out = tmp_path / f"out{run}"
         raw = manifest(str(tmp_path / "a.jsonl"), str(out), shards={"max_records": 4096, "target_workers": 1},
                        options={"max_batch_tokens": 25})
-        job_id, _ = submit(parse_manifest(raw))
+        job_id, _ = submit(parse_manifest(raw), OPERATOR)
         assert drive(job_id, workers=2, threads=1, tick=0.2) == "succeeded"
 
         assert verify_output(str(out))["ok"]            # exactly-once coverage, digests, counts
@@ -117,7 +118,7 @@ def _generate(tmp_path: Path, out: Path) -> str:
            "input": {"uri": str(inp), "format": "jsonl"}, "output": {"uri": str(out)},
            "shards": {"max_records": 4096, "target_workers": 1},
            "options": {"temperature": 0.9, "top_p": 0.95, "seed": 3, "max_tokens": 10, "max_slots": 4}}
-    return submit(parse_manifest(raw))[0]
+    return submit(parse_manifest(raw), OPERATOR)[0]
 
 
 def _answers(out: Path) -> dict[str, tuple[str, list[int]]]:

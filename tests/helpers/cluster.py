@@ -123,6 +123,7 @@ def job(tmp_path: Path, bucket: str, n: int = 600, max_records: int = 50,
     import boto3
 
     from batchinf.bundles import import_bundle
+    from tests.helpers.env import OPERATOR
     from batchinf.submit import submit
     from batchinf.manifest import parse_manifest
     from tests.helpers.tiny_models import make_tiny_bert
@@ -132,7 +133,7 @@ def job(tmp_path: Path, bucket: str, n: int = 600, max_records: int = 50,
     s3 = boto3.client("s3", endpoint_url=os.environ["BATCHINF_S3_ENDPOINT_URL"])
     s3.upload_file(str(tmp_path / "in.jsonl"), bucket.removeprefix("s3://"), "in/part-0.jsonl")
     job_id, _ = submit(parse_manifest(manifest(f"{bucket}/in/", f"{bucket}/out/",
-                                               shards={"max_records": max_records, **shards_extra})))
+                                               shards={"max_records": max_records, **shards_extra})), OPERATOR)
     return job_id, good
 
 

@@ -9,6 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from batchinf.scopes import Caller
+
+# The caller of jobs a test creates as the operator's CLI would (tenant `default`).
+OPERATOR = Caller("default", operator=True)
 # Short leases and heartbeats so that lost workers are noticed within seconds in tests.
 FAST_LEASES = {"BATCHINF_HEARTBEAT_SECONDS": "0.5", "BATCHINF_LEASE_SECONDS": "5"}
 # Settings a test home must not inherit from the developer's shell (or from an earlier fixture).

@@ -20,6 +20,7 @@ from batchinf.errors import LedgerError
 from batchinf.ledger.jobs import get as job_row
 from batchinf.ledger.status import status
 from batchinf.submit import submit
+from tests.helpers.env import OPERATOR
 from batchinf.ledger.db import tx
 from batchinf.ledger.tables import shards
 from batchinf.manifest import parse_manifest
@@ -49,7 +50,7 @@ def test_deadline_expires_the_job(tmp_path: Path, tiny_bundle: str, monkeypatch:
     monkeypatch.setenv("BATCHINF_FAILPOINTS", "execute.after_write=sleep(1)")
     out = tmp_path / "out"
     job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "a.jsonl"), str(out), deadline="8s",
-                                               shards={"max_records": 50})))
+                                               shards={"max_records": 50})), OPERATOR)
     t0 = time.monotonic()
     assert drive(job_id, workers=1, threads=1) == "expired"
     assert time.monotonic() - t0 < 25, "running attempts must stop within a bounded time"
@@ -86,7 +87,7 @@ def test_cancel_a_running_job(tmp_path: Path, tiny_bundle: str, bi_home: Path) -
 
 def test_cancel_a_job_nobody_runs(tmp_path: Path, tiny_bundle: str) -> None:
     write_jsonl(tmp_path / "a.jsonl", 10, bad=False)
-    job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "a.jsonl"), str(tmp_path / "out"))))
+    job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "a.jsonl"), str(tmp_path / "out"))), OPERATOR)
     assert cancel(job_id) == "cancelled"
     assert job_row(job_id).error == "cancelled by request"
     assert json.loads((tmp_path / "out" / PARTIAL).read_text())["counts"]["records_done"] == 0

@@ -23,6 +23,7 @@ from batchinf.runtime.classifier import activate
 from batchinf.runtime.images import decode
 from batchinf.store import get_store
 from batchinf.submit import submit
+from tests.helpers.env import OPERATOR
 from batchinf.verify import verify_output
 from tests.helpers.cluster import Cluster, wait
 from tests.helpers.tiny_classifiers import make_tiny_classifier
@@ -51,7 +52,7 @@ def _submit(bucket: str, task: str, fmt: str, inp: dict, options: dict) -> str:
     m = {"name": f"dist-{task}", "task": task, "bundle": f"{task}@prod", "output": {"uri": f"{bucket}/out-{task}/"},
          "input": {"uri": f"{bucket}/in-{task}/", "format": fmt, **inp}, "shards": {"max_records": 10},
          "options": options}
-    return submit(parse_manifest(m))[0]
+    return submit(parse_manifest(m), OPERATOR)[0]
 
 
 def _outputs(bucket: str, task: str) -> tuple[list[dict], list[dict], dict]:

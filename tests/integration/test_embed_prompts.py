@@ -18,6 +18,7 @@ from batchinf.ledger import jobs as job_repo
 from batchinf.ledger.states import JobStatus
 from batchinf.manifest import parse_manifest
 from batchinf.submit import submit
+from tests.helpers.env import OPERATOR
 from tests.helpers.corpus import manifest
 from tests.helpers.tiny_st import PROMPTS, make_st_bert
 
@@ -35,7 +36,7 @@ def test_prompt_name_through_a_job(tmp_path: Path, bi_home: Path) -> None:
                                                for i, t in enumerate(TEXTS)))
     out = tmp_path / "out"
     job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "in.jsonl"), str(out), bundle="st@prod",
-                                               options={"prompt_name": "passage"})))
+                                               options={"prompt_name": "passage"})), OPERATOR)
     assert drive(job_id, workers=1, threads=1) == JobStatus.SUCCEEDED
     rows = sorted(pq.read_table(out, ignore_prefixes=["_", "errors"]).to_pylist(), key=lambda r: int(r["record_id"][1:]))
     got = np.array([r["embedding"] for r in rows], dtype=np.float32)
@@ -43,7 +44,7 @@ def test_prompt_name_through_a_job(tmp_path: Path, bi_home: Path) -> None:
     assert np.abs(got - want).max() <= 1e-5
 
     bad, _ = submit(parse_manifest(manifest(str(tmp_path / "in.jsonl"), str(tmp_path / "out2"), bundle="st@prod",
-                                            options={"prompt_name": "document"})))
+                                            options={"prompt_name": "document"})), OPERATOR)
     assert drive(bad, workers=1, threads=1) == JobStatus.FAILED
     error = job_repo.get(bad).error or ""
     assert "'document' is not a prompt of this bundle" in error and "passage, query" in error, error

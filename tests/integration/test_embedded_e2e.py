@@ -18,6 +18,7 @@ from batchinf.execute import execute_shard
 from batchinf.ledger.jobs import get as job_row
 from batchinf.ledger.status import status
 from batchinf.submit import submit
+from tests.helpers.env import OPERATOR
 from batchinf.ledger import leases as lease_repo
 from batchinf.ledger import shards as shard_repo
 from batchinf.ledger import jobs as job_repo
@@ -45,7 +46,7 @@ def test_job_embeds_every_record_exactly_once(tmp_path: Path, tiny_bundle: str) 
     good = write_jsonl(tmp_path / "in" / "a.jsonl", 700, seed=1)
     good.update(write_jsonl(tmp_path / "in" / "b.jsonl", 300, seed=2, bad=False, prefix="b"))
     out = tmp_path / "out"
-    job_id, created = submit(parse_manifest(manifest(str(tmp_path / "in") + "/", str(out))))
+    job_id, created = submit(parse_manifest(manifest(str(tmp_path / "in") + "/", str(out))), OPERATOR)
     assert created
     assert drive(job_id, workers=2, threads=1) == JobStatus.SUCCEEDED
 
@@ -86,8 +87,8 @@ def test_job_embeds_every_record_exactly_once(tmp_path: Path, tiny_bundle: str) 
 def test_same_manifest_returns_same_job(tmp_path: Path, tiny_bundle: str) -> None:
     write_jsonl(tmp_path / "a.jsonl", 20)
     m = parse_manifest(manifest(str(tmp_path / "a.jsonl"), str(tmp_path / "out"), idempotency_key="k1"))
-    first, _ = submit(m)
-    again, created = submit(m)
+    first, _ = submit(m, OPERATOR)
+    again, created = submit(m, OPERATOR)
     assert (again, created) == (first, False)
 
 
@@ -100,7 +101,7 @@ def test_success_only_when_complete(tmp_path: Path, tiny_bundle: str, monkeypatc
     from batchinf.config import settings
     settings.cache_clear()
     out = tmp_path / "out"
-    job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "a.jsonl"), str(out))))
+    job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "a.jsonl"), str(out))), OPERATOR)
     assert drive(job_id, workers=1, threads=1) == JobStatus.FAILED
     assert "failed 2 attempts" in job_row(job_id).error
     assert not (out / SUCCESS).exists() and not (out / MANIFEST).exists()
@@ -109,7 +110,7 @@ def test_success_only_when_complete(tmp_path: Path, tiny_bundle: str, monkeypatc
 def test_publish_refuses_a_missing_part(tmp_path: Path, tiny_bundle: str) -> None:
     write_jsonl(tmp_path / "a.jsonl", 50, bad=False)
     out = tmp_path / "out"
-    job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "a.jsonl"), str(out))))
+    job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "a.jsonl"), str(out))), OPERATOR)
     plan_job(job_id)
     _execute_all(job_id)
     with tx() as conn:
@@ -130,7 +131,7 @@ def _execute_all(job_id: str) -> None:
 def test_rerunning_stages_duplicates_nothing(tmp_path: Path, tiny_bundle: str, monkeypatch: pytest.MonkeyPatch) -> None:
     write_jsonl(tmp_path / "a.jsonl", 400, seed=3)
     out = tmp_path / "out"
-    job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "a.jsonl"), str(out))))
+    job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "a.jsonl"), str(out))), OPERATOR)
 
     # plan crashes after pinning, then runs again: same shards, once
     monkeypatch.setenv("BATCHINF_FAILPOINTS", "plan.after_pin=raise")
@@ -175,7 +176,7 @@ def test_rerunning_stages_duplicates_nothing(tmp_path: Path, tiny_bundle: str, m
 def test_stale_attempt_cannot_commit(tmp_path: Path, tiny_bundle: str) -> None:
     write_jsonl(tmp_path / "a.jsonl", 30, bad=False)
     out = tmp_path / "out"
-    job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "a.jsonl"), str(out))))
+    job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "a.jsonl"), str(out))), OPERATOR)
     plan_job(job_id)
     shard_repo.dispatch_ready(job_id)
     zombie = lease_repo.claim_next([job_id], "zombie:1", 30)
@@ -207,7 +208,7 @@ def test_stale_attempt_cannot_commit(tmp_path: Path, tiny_bundle: str) -> None:
 def test_verify_detects_tampered_output(tmp_path: Path, tiny_bundle: str) -> None:
     write_jsonl(tmp_path / "a.jsonl", 40, bad=False)
     out = tmp_path / "out"
-    job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "a.jsonl"), str(out))))
+    job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "a.jsonl"), str(out))), OPERATOR)
     assert drive(job_id, workers=1, threads=1) == JobStatus.SUCCEEDED
     part = next(out.glob("part-*.parquet"))
     table = pq.read_table(part)
@@ -231,7 +232,7 @@ def test_parquet_input_with_bad_rows(tmp_path: Path, tiny_bundle: str) -> None:
     pq.write_table(pa.table({"doc": ["z"], "other": ["wrong column"]}), tmp_path / "in" / "y.parquet")
     m = manifest(str(tmp_path / "in") + "/", str(tmp_path / "out"))
     m["input"].update(format="parquet", id_field="doc", text_field="body")
-    job_id, _ = submit(parse_manifest(m))
+    job_id, _ = submit(parse_manifest(m), OPERATOR)
     assert drive(job_id, workers=1, threads=1) == JobStatus.SUCCEEDED
     results, errors = read_output(tmp_path / "out")
     assert [r["record_id"] for r in results] == ["a"]
@@ -252,11 +253,11 @@ def test_a_page_of_statuses_equals_each_job_status_at_a_constant_query_count(tmp
     for i, n in enumerate((40, 60)):           # both with bad lines: error counts by code differ
         write_jsonl(tmp_path / f"in{i}.jsonl", n, seed=i)
         job_id, _ = submit(parse_manifest(manifest(str(tmp_path / f"in{i}.jsonl"), str(tmp_path / f"out{i}"),
-                                                   shards={"max_records": 15})))
+                                                   shards={"max_records": 15})), OPERATOR)
         assert drive(job_id, workers=1, threads=1) == JobStatus.SUCCEEDED
         ids.append(job_id)
     write_jsonl(tmp_path / "in2.jsonl", 10)
-    ids.append(submit(parse_manifest(manifest(str(tmp_path / "in2.jsonl"), str(tmp_path / "out2"))))[0])
+    ids.append(submit(parse_manifest(manifest(str(tmp_path / "in2.jsonl"), str(tmp_path / "out2"))), OPERATOR)[0])
     statements: list[str] = []
 
     def count(*args: object) -> None:

@@ -11,6 +11,7 @@ from sqlalchemy import func, select
 
 from batchinf.ledger.status import status
 from batchinf.submit import submit
+from tests.helpers.env import OPERATOR
 from batchinf.ledger.db import tx
 from batchinf.ledger.tables import attempts, job_events, shards
 from batchinf.manifest import parse_manifest
@@ -63,7 +64,7 @@ def test_urgent_job_is_not_starved_by_a_backfill(cluster: Cluster, tmp_path: Pat
     with tx() as conn:
         since = conn.execute(select(func.max(job_events.c.id))).scalar()
     urgent, _ = submit(parse_manifest(manifest(str(tmp_path / "urgent.jsonl"), f"{s3_bucket}/urgent/",
-                                               shards={"max_records": 20}, priority=10)))
+                                               shards={"max_records": 20}, priority=10)), OPERATOR)
     done = wait(urgent, cluster)
     assert done["status"] == "succeeded"
     assert status(backfill)["status"] == "running", "the backfill finished first: the urgent job was starved"

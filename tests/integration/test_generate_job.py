@@ -22,6 +22,7 @@ from batchinf.errors import VerificationError
 from batchinf.execute import execute_shard
 from batchinf.ledger.jobs import get as job_row
 from batchinf.submit import submit
+from tests.helpers.env import OPERATOR
 from batchinf.ledger import leases as lease_repo
 from batchinf.ledger import shards as shard_repo
 from batchinf.ledger.db import tx
@@ -61,7 +62,7 @@ def job(input_uri: str, output_uri: str, *, fmt: str = "jsonl", task: str = "gen
 
 def run(manifest: dict[str, Any]) -> tuple[str, dict[str, Any], list[dict], list[dict]]:
     """Submit and drive to the end in worker processes; (job id, _MANIFEST.json, results, errors)."""
-    job_id, _ = submit(parse_manifest(manifest))
+    job_id, _ = submit(parse_manifest(manifest), OPERATOR)
     assert drive(job_id, workers=1, threads=1) == "succeeded", job_row(job_id).error
     return (job_id, *read_output(manifest["output"]["uri"]))
 
@@ -264,7 +265,7 @@ def test_a_cancelled_openai_batch_keeps_the_done_records_openai_lines(tmp_path: 
     write_lines(tmp_path / "batch.jsonl", openai_lines(20, 20)[:40])
     monkeypatch.setenv("BATCHINF_FAILPOINTS", "execute.after_write=sleep(0.5)")
     out = tmp_path / "out"
-    job_id, _ = submit(parse_manifest(job(str(tmp_path / "batch.jsonl"), str(out), fmt="openai-batch")))
+    job_id, _ = submit(parse_manifest(job(str(tmp_path / "batch.jsonl"), str(out), fmt="openai-batch")), OPERATOR)
 
     def cancel_after_first_commit() -> None:
         with tx() as conn:
@@ -366,7 +367,7 @@ def test_retried_shards_reproduce_identical_bytes_with_sampling(tmp_path: Path, 
     # (1) a worker killed after writing: only the first worker process gets the failpoint
     killed_out = tmp_path / "killed"
     killed_id, _ = submit(parse_manifest(job(str(tmp_path / "batch.jsonl"), str(killed_out), fmt="openai-batch",
-                                             options=opts)))
+                                             options=opts)), OPERATOR)
     monkeypatch.setenv("BATCHINF_FAILPOINTS", "execute.after_write=crash")
     assert drive(killed_id, workers=1, threads=1,
                  on_tick=lambda: os.environ.pop("BATCHINF_FAILPOINTS", None)) == "succeeded"
@@ -380,7 +381,7 @@ def test_retried_shards_reproduce_identical_bytes_with_sampling(tmp_path: Path, 
     # (2) every shard's first attempt fails after writing, in this process
 
     job_id, _ = submit(parse_manifest(job(str(tmp_path / "batch.jsonl"), str(retried_out), fmt="openai-batch",
-                                          options=opts)))
+                                          options=opts)), OPERATOR)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)           # as in the clean job's worker (drive threads=1)
     try:

@@ -13,6 +13,7 @@ import pytest
 
 from batchinf.controller import drive
 from batchinf.submit import submit
+from tests.helpers.env import OPERATOR
 from batchinf.manifest import parse_manifest
 from batchinf.verify import verify_output
 from tests.helpers.corpus import bomb, manifest
@@ -35,7 +36,7 @@ def test_hostile_objects_become_error_rows_and_the_job_succeeds(tmp_path: Path, 
     (inp / "b.jsonl.gz").write_bytes(gzip.compress(_lines("b", 30)))
     (inp / "c.jsonl.gz").write_bytes(bomb(3, 300))          # records r0..r2, then 300 MiB of spaces
     out = tmp_path / "out"
-    job_id, _ = submit(parse_manifest(manifest(str(inp) + "/", str(out), shards={"max_records": 16})))
+    job_id, _ = submit(parse_manifest(manifest(str(inp) + "/", str(out), shards={"max_records": 16})), OPERATOR)
     assert drive(job_id, workers=1, threads=1) == "succeeded"
     assert verify_output(str(out))["ok"]
     ids = pq.read_table(out, ignore_prefixes=["_", "errors"]).column("record_id").to_pylist()

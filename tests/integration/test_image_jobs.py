@@ -23,6 +23,7 @@ from batchinf.manifest import parse_manifest
 from batchinf.runtime.classifier import activate
 from batchinf.runtime.images import decode
 from batchinf.submit import submit
+from batchinf.scopes import Caller
 from batchinf.verify import MANIFEST, verify_output
 from tests.helpers.api_service import rest_status
 from tests.helpers.tiny_vit import LABELS, bomb_png, corrupt_png, image_bytes, make_tiny_vit
@@ -35,7 +36,7 @@ def _job(tmp_path: Path, name: str, tenant: str = "default") -> tuple[Path, str]
     m = {"name": name, "task": "classify_image", "bundle": "vit@prod", "output": {"uri": str(out)},
          "input": {"uri": str(tmp_path / "in") + "/", "format": "parquet", "image_field": "img"},
          "shards": {"max_records": 16}, "options": {"max_pixels": 1_000_000, "max_batch_images": 5, "top_k": 2}}
-    job_id, _ = submit(parse_manifest(m), tenant=tenant)
+    job_id, _ = submit(parse_manifest(m), Caller(tenant, operator=True))
     assert drive(job_id, workers=1, threads=1) == JobStatus.SUCCEEDED
     return out, job_id
 

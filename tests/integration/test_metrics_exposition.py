@@ -17,6 +17,7 @@ from batchinf.controller import drive
 from batchinf.ledger.states import AttemptStatus, JobStatus, ShardStatus
 from batchinf.manifest import parse_manifest
 from batchinf.submit import submit
+from batchinf.scopes import Caller
 from tests.helpers.corpus import BAD_LINES, manifest, write_jsonl
 
 pytestmark = pytest.mark.integration
@@ -65,10 +66,10 @@ def _value(fams: dict, family: str, **labels: str) -> float:
 def test_exposition_matches_readme_and_conventions(tmp_path: Path, tiny_bundle: str) -> None:
     write_jsonl(tmp_path / "in" / "a.jsonl", 300, seed=3)
     done_id, _ = submit(parse_manifest(manifest(str(tmp_path / "in" / "a.jsonl"), str(tmp_path / "out"),
-                                                shards={"max_records": 100})), tenant="acme")
+                                                shards={"max_records": 100})), Caller("acme", operator=True))
     assert drive(done_id, workers=1, threads=1) == JobStatus.SUCCEEDED
     waiting_id, _ = submit(parse_manifest(manifest(str(tmp_path / "in" / "a.jsonl"), str(tmp_path / "out2"),
-                                                   name="waiting")), tenant="acme")
+                                                   name="waiting")), Caller("acme", operator=True))
 
     text = metrics.exposition().decode()
     fams = scrape(text)

@@ -16,6 +16,7 @@ import pytest
 from batchinf.bundles import import_bundle
 from batchinf.controller import drive
 from batchinf.submit import submit
+from tests.helpers.env import OPERATOR
 from batchinf.manifest import parse_manifest
 from tests.helpers.corpus import manifest, texts
 
@@ -36,7 +37,7 @@ def test_job_embeddings_match_sentence_transformers(tmp_path: Path, bi_home: Pat
         f.write("{broken\n")
     out = tmp_path / "out"
     job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "in.jsonl"), str(out), bundle="minilm@prod",
-                                               shards={"max_records": 64})))
+                                               shards={"max_records": 64})), OPERATOR)
     assert drive(job_id, workers=1) == "succeeded"
 
     rows = pq.read_table(out, ignore_prefixes=["_", "errors"]).to_pylist()

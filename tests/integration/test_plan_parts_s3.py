@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from batchinf.config import settings
+from tests.helpers.env import OPERATOR
 from batchinf.controller import drive
 from batchinf.ledger import jobs
 from batchinf.manifest import parse_manifest
@@ -53,7 +54,7 @@ def _run(s3_bucket: str, name: str, range_bytes: str, monkeypatch: pytest.Monkey
     for f, pattern in ((fmt, "a.jsonl"), ("parquet", "b.parquet"), ("jsonl", "c.jsonl.gz")):
         job_id, _ = submit(parse_manifest(manifest(f"{s3_bucket}/in/{pattern}", f"{out}{pattern}/",
                                                    input={"uri": f"{s3_bucket}/in/{pattern}", "format": f},
-                                                   shards={"max_records": 30})))
+                                                   shards={"max_records": 30})), OPERATOR)
         pin_job(jobs.get(job_id))
         ids.append(job_id)
     if overwrite:

@@ -12,6 +12,7 @@ from sqlalchemy import select
 from batchinf.config import settings
 from batchinf.controller import drive
 from batchinf.submit import submit
+from tests.helpers.env import OPERATOR
 from batchinf.ledger.db import tx
 from batchinf.ledger.tables import attempts, jobs
 from batchinf.manifest import parse_manifest
@@ -27,7 +28,7 @@ def _run(tmp_path: Path, failpoints: str, monkeypatch: pytest.MonkeyPatch, n: in
     monkeypatch.setenv("BATCHINF_MAX_ATTEMPTS", "1")
     settings.cache_clear()
     out = tmp_path / "out"
-    job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "a.jsonl"), str(out), shards={"max_records": 32})))
+    job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "a.jsonl"), str(out), shards={"max_records": 32})), OPERATOR)
     assert drive(job_id, workers=1, threads=1) == "succeeded"
     assert verify_output(str(out))["ok"]
     results = pq.read_table(out, ignore_prefixes=["_", "errors"]).to_pylist()
@@ -61,7 +62,7 @@ def _storage_fault_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, faults: 
     monkeypatch.setenv("BATCHINF_JOB_RETRY_BUDGET", str(budget))
     settings.cache_clear()
     out = tmp_path / "out"
-    job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "a.jsonl"), str(out), shards={"max_records": 20})))
+    job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "a.jsonl"), str(out), shards={"max_records": 20})), OPERATOR)
     return drive(job_id, workers=1, threads=1), out
 
 

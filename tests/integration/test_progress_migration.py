@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import create_engine, inspect
 
 from batchinf.ledger import db
+from tests.helpers.env import OPERATOR
 from tests.helpers.services import fresh_postgres_db as _fresh_postgres_db
 
 pytestmark = pytest.mark.integration
@@ -49,7 +50,7 @@ def test_heartbeat_progress_counts_before_the_shard_commits(tmp_path: Path, tiny
     from tests.helpers.stages import plan_job
 
     write_jsonl(tmp_path / "in.jsonl", 60, seed=4, bad=False)
-    job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "in.jsonl"), str(tmp_path / "out"))))
+    job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "in.jsonl"), str(tmp_path / "out"))), OPERATOR)
     plan_job(job_id)
     shards.dispatch_ready(job_id)
     lease = leases.claim_next([job_id], "test:1", 30)

@@ -19,6 +19,7 @@ from sqlalchemy import func, select
 from batchinf.controller import drive
 from batchinf.ledger.jobs import get as job_row
 from batchinf.submit import submit
+from tests.helpers.env import OPERATOR
 from batchinf.ledger.db import tx
 from batchinf.ledger.tables import job_events, shards
 from batchinf.manifest import parse_manifest
@@ -91,7 +92,7 @@ def test_s3_inputs_pinned_by_version(tmp_path: Path, tiny_bundle: str, s3_bucket
     good_b = write_jsonl(tmp_path / "b.jsonl", 80, seed=8, bad=False, prefix="b")
     s3.upload_file(str(tmp_path / "a.jsonl"), bucket, "in/a.jsonl")
     s3.upload_file(str(tmp_path / "b.jsonl"), bucket, "in/b.jsonl")
-    job_id, _ = submit(parse_manifest(manifest(f"{s3_bucket}/in/", f"{s3_bucket}/out/")))
+    job_id, _ = submit(parse_manifest(manifest(f"{s3_bucket}/in/", f"{s3_bucket}/out/")), OPERATOR)
 
     from batchinf.ledger.jobs import get as get_job
     from batchinf.plan import pin_job
@@ -125,7 +126,7 @@ def test_input_manifest_and_changed_object(tmp_path: Path, tiny_bundle: str, s3_
                   Body=json.dumps({"Bucket": bucket, "Key": "data/a.jsonl"}).encode() + b"\n")
     m = manifest("", str(tmp_path / "out"))
     m["input"] = {"manifest": f"{bucket_uri}/inputs.jsonl", "format": "jsonl"}
-    job_id, _ = submit(parse_manifest(m))
+    job_id, _ = submit(parse_manifest(m), OPERATOR)
     from batchinf.ledger.jobs import get as get_job
     from batchinf.plan import pin_job
     pin_job(get_job(job_id))

@@ -23,6 +23,8 @@ from batchinf.ledger.status import status
 from batchinf.manifest import parse_manifest
 from batchinf.retries import RetryConflict, retry_job
 from batchinf.submit import IdempotencyConflict, submit
+from batchinf.ledger import jobs as job_repo
+from tests.helpers.env import OPERATOR
 from batchinf.verify import MANIFEST, PARTIAL, verify_output
 from tests.helpers.corpus import manifest, write_jsonl
 
@@ -56,7 +58,7 @@ def test_retry_runs_exactly_the_failed_and_unfinished_records(tmp_path: Path, ti
     out = tmp_path / "out"
     m = manifest(str(tmp_path / "in") + "/", str(out), shards={"max_records": 40})
     monkeypatch.setenv("BATCHINF_FAILPOINTS", f"execute.record[{victim}]=raise;execute.after_write=sleep(0.3)")
-    old, _ = submit(parse_manifest(m))
+    old, _ = submit(parse_manifest(m), OPERATOR)
     runner = threading.Thread(target=drive, args=(old,), kwargs={"workers": 1, "threads": 1}, daemon=True)
     runner.start()
     deadline = time.monotonic() + 120
@@ -64,7 +66,7 @@ def test_retry_runs_exactly_the_failed_and_unfinished_records(tmp_path: Path, ti
         assert time.monotonic() < deadline, status(old)
         time.sleep(0.2)
     with pytest.raises(RetryConflict, match="is running"):
-        retry_job(old, errors=["inference_error"])           # still active: nothing to retry yet
+        retry_job(job_repo.get(old), OPERATOR, errors=["inference_error"])           # still active: nothing to retry yet
     cancel(old, finish=False)
     runner.join(timeout=60)
     monkeypatch.delenv("BATCHINF_FAILPOINTS")
@@ -105,9 +107,9 @@ def test_retry_runs_exactly_the_failed_and_unfinished_records(tmp_path: Path, ti
     assert {(i["uri"], i["etag"], i["size"]) for i in published["inputs"]} <= old_pins   # same versions
 
     with pytest.raises(ManifestError, match="nothing to retry"):
-        retry_job(new["job_id"], errors=["inference_error"])
+        retry_job(job_repo.get(new["job_id"]), OPERATOR, errors=["inference_error"])
     with pytest.raises(ManifestError, match="say what to run again"):
-        retry_job(old)
+        retry_job(job_repo.get(old), OPERATOR)
 
 
 def test_run_of_a_failed_manifest_says_how_to_get_a_new_job(tmp_path: Path, tiny_bundle: str) -> None:
@@ -127,12 +129,12 @@ def test_run_of_a_failed_manifest_says_how_to_get_a_new_job(tmp_path: Path, tiny
 def test_a_changed_manifest_under_a_used_key_is_a_conflict(tmp_path: Path, tiny_bundle: str) -> None:
     write_jsonl(tmp_path / "a.jsonl", 5, bad=False)
     m = manifest(str(tmp_path / "a.jsonl"), str(tmp_path / "out"), idempotency_key="nightly-1")
-    job_id, created = submit(parse_manifest(m))
+    job_id, created = submit(parse_manifest(m), OPERATOR)
     assert created
-    assert submit(parse_manifest(m)) == (job_id, False)          # the same manifest: the same job
+    assert submit(parse_manifest(m), OPERATOR) == (job_id, False)          # the same manifest: the same job
     changed = {**m, "output": {"uri": str(tmp_path / "out2")}, "options": {"max_length": 64}}
     with pytest.raises(IdempotencyConflict) as err:
-        submit(parse_manifest(changed))
+        submit(parse_manifest(changed), OPERATOR)
     assert "output.uri" in str(err.value) and "options.max_length" in str(err.value)
     assert "bundle" not in str(err.value).split("differ:")[1]
     path = tmp_path / "changed.yaml"

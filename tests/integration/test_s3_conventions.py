@@ -23,7 +23,8 @@ from batchinf.errors import ManifestError
 from batchinf.manifest import parse_manifest
 from batchinf.store import get_store
 from batchinf.store import s3 as s3store
-from batchinf.submit import list_inputs
+from batchinf.pinning import Bounds, list_inputs
+from batchinf.scopes import Storage
 
 pytestmark = pytest.mark.integration
 
@@ -141,7 +142,7 @@ def test_s3_inventory_manifest_as_input(s3_bucket: str, fmt: str) -> None:
     uri = _inventory(s3_bucket, fmt.upper(), rows)
     m = parse_manifest({"name": "inv", "task": "embed", "bundle": "tiny@prod",
                         "input": {"manifest": uri, "format": "jsonl"}, "output": {"uri": f"{s3_bucket}/out/"}})
-    got = list_inputs(m.input)
+    got = list_inputs(m.input, Storage("default", confined=False), Bounds("default"))
     assert [p.uri for p in got] == [f"{s3_bucket}/{k}" for k in keys]       # in the inventory's order
     assert [(p.etag, p.version_id) for p in got] == [(pins[p.uri].etag, pins[p.uri].version_id) for p in got]
 
@@ -153,4 +154,4 @@ def test_inventory_of_another_format_is_refused(s3_bucket: str) -> None:
                         "input": {"manifest": f"{s3_bucket}/inv/manifest.json", "format": "jsonl"},
                         "output": {"uri": f"{s3_bucket}/out/"}})
     with pytest.raises(ManifestError, match="ORC: batchinf reads CSV and Parquet"):
-        list_inputs(m.input)
+        list_inputs(m.input, Storage("default", confined=False), Bounds("default"))

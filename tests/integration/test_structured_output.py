@@ -20,6 +20,7 @@ from batchinf.runtime.generate import GenRequest, SamplingParams
 from batchinf.checks import canonical_response_format
 from batchinf.store import get_store, join
 from batchinf.submit import submit
+from tests.helpers.env import OPERATOR
 from batchinf.verify import MANIFEST, verify_output
 
 pytestmark = pytest.mark.integration
@@ -84,7 +85,7 @@ def _run(inp: str, out: str) -> tuple[list[dict], list[dict], list[dict]]:
     manifest = {"name": "structured", "task": "generate", "bundle": "smoltiny@prod",
                 "input": {"uri": inp, "format": "openai-batch"}, "output": {"uri": out},
                 "shards": {"max_records": 8}}
-    job_id, _ = submit(parse_manifest(manifest))
+    job_id, _ = submit(parse_manifest(manifest), OPERATOR)
     assert drive(job_id, workers=1, threads=1) == "succeeded", job_row(job_id).error
     store = get_store(out)
     assert verify_output(out)["ok"]

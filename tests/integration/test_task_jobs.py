@@ -18,6 +18,7 @@ from batchinf.ledger.status import status
 from batchinf.manifest import parse_manifest
 from batchinf.runtime.classifier import activate
 from batchinf.submit import submit
+from tests.helpers.env import OPERATOR
 from batchinf.verify import MANIFEST, verify_output
 from tests.helpers.api_service import rest_status
 from tests.helpers.tiny_classifiers import make_tiny_classifier
@@ -41,7 +42,7 @@ def _run(tmp_path: Path, name: str, task: str, inp: dict, options: dict | None =
     m = {"name": name, "task": task, "bundle": f"{task}@prod", "output": {"uri": str(out)},
          "input": {"uri": str(tmp_path / "in" / task) + "/", "format": "jsonl", **inp},
          "shards": {"max_records": 40}, "options": options or {}}
-    job_id, _ = submit(parse_manifest(m))
+    job_id, _ = submit(parse_manifest(m), OPERATOR)
     assert drive(job_id, workers=1, threads=1) == JobStatus.SUCCEEDED
     return out, job_id
 
@@ -140,7 +141,7 @@ def test_rerank_batch_lines(tmp_path: Path, bi_home: Path) -> None:
     out = tmp_path / "rerank-out"
     m = {"name": "rerank", "task": "score", "bundle": "score@prod", "output": {"uri": str(out)},
          "input": {"uri": str(tmp_path / "in" / "rerank") + "/", "format": "openai-batch"}}
-    job_id, _ = submit(parse_manifest(m))
+    job_id, _ = submit(parse_manifest(m), OPERATOR)
     assert drive(job_id, workers=1, threads=1) == JobStatus.SUCCEEDED
     assert verify_output(str(out))["ok"]            # re-renders the response lines byte for byte
     got = {r["custom_id"]: r for f in sorted((out / "openai").glob("*.jsonl")) for r in map(json.loads, f.open())}

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from batchinf.store import ObjectPin
-from batchinf.submit import visible
+from batchinf.pinning import visible
 from tests.helpers.corpus import manifest
 
 

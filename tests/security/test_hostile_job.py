@@ -15,6 +15,7 @@ import pytest
 from batchinf.controller import drive
 from batchinf.manifest import parse_manifest
 from batchinf.submit import submit
+from tests.helpers.env import OPERATOR
 from batchinf.verify import verify_output
 from tests.helpers.corpus import manifest
 
@@ -49,7 +50,7 @@ def test_hostile_jsonl_records_and_objects(tmp_path: Path, tiny_bundle: str) -> 
     (inp / "c.jsonl").write_bytes(b"\x00\x01\x02binary" * 100)       # a binary file
     (inp / "d.jsonl").write_bytes(_lines("d", 10))
     out = tmp_path / "out"
-    job_id, _ = submit(parse_manifest(manifest(str(inp) + "/", str(out), shards={"max_records": 8})))
+    job_id, _ = submit(parse_manifest(manifest(str(inp) + "/", str(out), shards={"max_records": 8})), OPERATOR)
     assert drive(job_id, workers=1, threads=1) == "succeeded"
     ids, errors = _outcome(out)
     assert ids == sorted([f"a{i}" for i in range(10)] + [f"a2-{i}" for i in range(10)] + [f"d{i}" for i in range(10)])
@@ -69,7 +70,7 @@ def test_broken_parquet_objects(tmp_path: Path, tiny_bundle: str) -> None:
     out = tmp_path / "out"
     m = manifest(str(inp) + "/", str(out))
     m["input"]["format"] = "parquet"
-    job_id, _ = submit(parse_manifest(m))
+    job_id, _ = submit(parse_manifest(m), OPERATOR)
     assert drive(job_id, workers=1, threads=1) == "succeeded"
     ids, errors = _outcome(out)
     assert ids == sorted(f"a{i}" for i in range(12))
@@ -97,7 +98,7 @@ def test_a_chat_template_that_hangs_on_one_record(tmp_path: Path, bi_home: Path)
     m = {"name": "hostile-template", "task": "generate", "bundle": "tinyllama@prod",
          "input": {"uri": str(inp) + "/", "messages_field": "messages"}, "output": {"uri": str(out)},
          "options": {"max_tokens": 4}}
-    job_id, _ = submit(parse_manifest(m))
+    job_id, _ = submit(parse_manifest(m), OPERATOR)
     assert drive(job_id, workers=1, threads=1) == "succeeded"
     ids, errors = _outcome(out)
     assert ids == [f"c{i}" for i in range(5)] and errors == {("chat.jsonl", "invalid_messages")}

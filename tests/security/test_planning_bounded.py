@@ -21,6 +21,7 @@ from batchinf.ledger.models import Job
 from batchinf.manifest import parse_manifest
 from batchinf.plan import pin_job, plan_one_object
 from batchinf.submit import submit
+from tests.helpers.env import OPERATOR
 from tests.helpers.services import fresh_postgres_db as _fresh_postgres_db
 from tests.helpers.corpus import manifest
 
@@ -61,7 +62,7 @@ def _inputs(tmp_path: Path, n: int = 2) -> str:
 
 def test_a_plan_task_that_keeps_failing_fails_the_job_naming_the_object(
         tmp_path: Path, tiny_bundle: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    job_id, _ = submit(parse_manifest(manifest(_inputs(tmp_path, 1), str(tmp_path / "out"))))
+    job_id, _ = submit(parse_manifest(manifest(_inputs(tmp_path, 1), str(tmp_path / "out"))), OPERATOR)
     monkeypatch.setenv("BATCHINF_FAILPOINTS", "plan.object=raise")
     failpoints.reload()
     t0 = time.monotonic()
@@ -92,7 +93,7 @@ class _Broker(Dispatcher):
 
 def test_a_hung_or_dead_plan_task_counts_as_a_failed_attempt(
         tmp_path: Path, tiny_bundle: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    job_id, _ = submit(parse_manifest(manifest(_inputs(tmp_path, 2), str(tmp_path / "out"))))
+    job_id, _ = submit(parse_manifest(manifest(_inputs(tmp_path, 2), str(tmp_path / "out"))), OPERATOR)
     pin_job(job_repo.get(job_id))
     broker = _Broker()
     clock = [time.time()]
@@ -119,7 +120,7 @@ def test_a_hung_or_dead_plan_task_counts_as_a_failed_attempt(
 
 def test_a_recorded_error_is_retried_soon_and_then_named(
         tmp_path: Path, tiny_bundle: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    job_id, _ = submit(parse_manifest(manifest(_inputs(tmp_path, 1), str(tmp_path / "out"))))
+    job_id, _ = submit(parse_manifest(manifest(_inputs(tmp_path, 1), str(tmp_path / "out"))), OPERATOR)
     pin_job(job_repo.get(job_id))
     broker = _Broker()
     clock = [time.time()]

@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
      "batchinf.tasks"),
     ("batchinf.parts", "batchinf.openai_output"),
     ("batchinf.ledger",),
-    ("batchinf.bundles", "batchinf.tenants", "batchinf.scopes", "batchinf.limits", "batchinf.submit",
+    ("batchinf.bundles", "batchinf.tenants", "batchinf.scopes", "batchinf.limits", "batchinf.submit", "batchinf.pinning",
      "batchinf.metrics", "batchinf.openai_batches", "batchinf.retries"),
     ("batchinf.plan_summary", "batchinf.plan_parts", "batchinf.bucketing", "batchinf.sizing"),
     ("batchinf.plan", "batchinf.execute", "batchinf.verify", "batchinf.schedules"),
@@ -117,3 +117,62 @@ def test_the_architecture_map_in_readme_names_every_module() -> None:
     missing = [m for m, p in modules() if m.startswith("batchinf.") and m.count(".") == 1
                and Path(p).name not in ("__init__.py", "__main__.py") and f"`{m.split('.')[1]}" not in section]
     assert not missing, f"README's architecture section does not mention: {missing}"
+
+
+# --- choke points: every job is created by `submit.submit` for a stated caller; every read of a
+# tenant-named object passes a grant-scoped `scopes.Storage` -------------------------------------
+
+def _calls(path: Path, name: str) -> list[int]:
+    """Lines of `path` that call `name` (a bare or attribute name)."""
+    tree = ast.parse(path.read_text())
+    return [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call)
+            and ((isinstance(n.func, ast.Name) and n.func.id == name)
+                 or (isinstance(n.func, ast.Attribute) and n.func.attr == name))]
+
+
+def test_jobs_are_created_only_by_submit() -> None:
+    creators = sorted(m for m, p in modules() if m != "batchinf.ledger.jobs"
+                      and any(isinstance(n, ast.Attribute) and n.attr == "create" and isinstance(n.value, ast.Name)
+                              and n.value.id in ("job_repo", "jobs") for n in ast.walk(ast.parse(p.read_text()))))
+    assert creators == ["batchinf.submit"], creators
+
+
+def test_submit_has_no_default_caller_and_the_api_is_never_the_operator() -> None:
+    import inspect
+
+    from batchinf.scopes import Caller
+    from batchinf.submit import submit
+
+    param = inspect.signature(submit).parameters["caller"]
+    assert param.default is inspect.Parameter.empty and param.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+    assert Caller("t").confined     # a tenant's request is confined with or without grants (no ledger read)
+    for m, p in modules():
+        if m.startswith(("batchinf.api", "batchinf.openai_batches")):
+            assert "operator=True" not in p.read_text(), f"{m} creates a job as the operator"
+
+
+# Modules that open storage themselves, and why that reads nothing a tenant names unchecked. A new
+# one belongs here only with a reason; tenant-named objects are read through `scopes.Storage`.
+STORE_USERS = {
+    "batchinf.scopes": "Storage itself",
+    "batchinf.submit": "the output prefix's _SUCCESS, after the grant check",
+    "batchinf.plan": "pinned objects (checked when pinned) and the job's work files",
+    "batchinf.plan_parts": "pinned objects, checked when pinned",
+    "batchinf.plan_summary": "the job's work files",
+    "batchinf.execute": "pinned objects and the job's work files",
+    "batchinf.verify": "the job's work files and output",
+    "batchinf.lifecycle": "the job's work files",
+    "batchinf.parts": "the job's work files and output",
+    "batchinf.openai_output": "the job's output",
+    "batchinf.retries": "the old job's output (its lineage files)",
+    "batchinf.openai_batches": "the tenant's own space in the files store",
+    "batchinf.bundles": "the operator's bundle store",
+    "batchinf.limits": "the operator's bundle store",
+    "batchinf.tasks.classify_image": "image URIs, each passed to the job's Storage check first",
+    "batchinf.store": "the stores",
+}
+
+
+def test_only_known_modules_open_storage() -> None:
+    users = {m for m, p in modules() if _calls(p, "get_store")}
+    assert users <= set(STORE_USERS), f"open storage through scopes.Storage, or add a reason: {sorted(users - set(STORE_USERS))}"

@@ -22,6 +22,7 @@ from batchinf.parts import STAGE_ROW_GROUP, read_table, write_table
 from batchinf.plan import bucket_bounds, cut, finish_plan, object_tasks, plan_object
 from batchinf.tasks import base
 from batchinf.submit import submit
+from tests.helpers.env import OPERATOR
 from tests.helpers.corpus import manifest, record_line, texts, write_jsonl
 from tests.helpers.reference_plan import reference_shards
 from tests.helpers.stages import plan_job
@@ -84,7 +85,7 @@ def test_shard_files_are_byte_identical_to_the_whole_job_step(tmp_path: Path, ti
     monkeypatch.setattr(bucketing, "DEDUP_RANGE_RECORDS", 40)    # several id ranges
     _corpus(tmp_path / "in")
     job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "in") + "/", str(tmp_path / "out"),
-                                               shards={"max_records": 40, "max_tokens": 900})))
+                                               shards={"max_records": 40, "max_tokens": 900})), OPERATOR)
     plan_job(job_id)
     assert len(bucketing.id_splits([json.loads((Path(t.stage_uri.removeprefix("file://").removesuffix(".parquet")
                                                      + ".summary.json")).read_text())
@@ -104,7 +105,7 @@ def test_a_retry_selection_plans_only_its_records_as_before(tmp_path: Path, tiny
     raw = manifest(str(tmp_path / "in") + "/", str(tmp_path / "out"), shards={"max_records": 10})
     a, c = ((tmp_path / "in" / f).resolve().as_uri() for f in ("a.jsonl", "c.jsonl"))
     pick = [(a, o) for o in range(0, 66, 3)] + [(c, o) for o in range(0, 30, 4)]
-    job_id, _ = submit(parse_manifest(raw), selection=pick)
+    job_id, _ = submit(parse_manifest(raw), OPERATOR, selection=pick)
     plan_job(job_id)
     _assert_same_as_reference(tmp_path, job_id)
     assert jobs.get(job_id).records_total == len(pick)
@@ -123,7 +124,7 @@ def _planned_objects(tmp_path: Path, name: str, per_object: int, objects: int = 
         lines = [record_line(f"o{k}-{i}", t) for i, t in enumerate(texts(per_object, rng.randrange(1000), 40))]
         (root / f"o{k}.jsonl").write_bytes(b"\n".join(lines) + b"\n")
     job_id, _ = submit(parse_manifest(manifest(str(root) + "/", str(tmp_path / name / "out"),
-                                               shards={"max_records": 500})))
+                                               shards={"max_records": 500})), OPERATOR)
     pin_job(jobs.get(job_id))
     if stage:
         plan_objects_here(jobs.get(job_id), list(range(objects)), processes=1)

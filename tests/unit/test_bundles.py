@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from batchinf import bundles
+from tests.helpers.env import OPERATOR
 from batchinf.bundles import (
     get_info,
     import_bundle,
@@ -283,7 +284,7 @@ def test_alias_moved_after_submit_does_not_change_job(bi_home: Path, tiny_model_
     from batchinf.submit import submit
 
     first = import_bundle(tiny_model_dir, "tiny", alias="prod").digest
-    job1, created = submit(_manifest(tmp_path, "k1", "out1"))
+    job1, created = submit(_manifest(tmp_path, "k1", "out1"), OPERATOR)
     assert created
     assert job_row(job1).bundle_digest == first
     assert job_row(job1).bundle_ref == "tiny@prod"
@@ -296,11 +297,11 @@ def test_alias_moved_after_submit_does_not_change_job(bi_home: Path, tiny_model_
     assert job_row(job1).bundle_digest == first
     assert status(job1)["bundle_digest"] == first
     # resubmitting the same key returns the same job, still on the old digest
-    again, created = submit(_manifest(tmp_path, "k1", "out1"))
+    again, created = submit(_manifest(tmp_path, "k1", "out1"), OPERATOR)
     assert (again, created) == (job1, False)
     assert job_row(again).bundle_digest == first
 
-    job2, created = submit(_manifest(tmp_path, "k2", "out2"))
+    job2, created = submit(_manifest(tmp_path, "k2", "out2"), OPERATOR)
     assert created and job2 != job1
     assert job_row(job2).bundle_digest == second
 
@@ -381,6 +382,6 @@ def test_submit_refuses_max_length_above_the_bundle(bi_home: Path, tiny_bundle: 
     limit = meta(tiny_bundle)["max_length"]
     m = manifest(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), options={"max_length": 100000})
     with pytest.raises(ManifestError, match=rf"options.max_length 100000 exceeds bundle tiny@prod's max length {limit}"):
-        submit(parse_manifest(m))
-    job_id, created = submit(parse_manifest(dict(m, options={"max_length": limit})))
+        submit(parse_manifest(m), OPERATOR)
+    job_id, created = submit(parse_manifest(dict(m, options={"max_length": limit})), OPERATOR)
     assert created and job_id.startswith("job-")

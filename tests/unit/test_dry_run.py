@@ -20,6 +20,7 @@ from batchinf.ledger.states import JobStatus
 from batchinf.lifecycle import step
 from batchinf.manifest import parse_manifest
 from batchinf.submit import submit
+from tests.helpers.env import OPERATOR
 from tests.helpers.corpus import BAD_LINES, manifest, write_jsonl
 from tests.helpers.stages import InProcess, plan_job
 
@@ -56,7 +57,7 @@ def test_plan_reports_what_an_ordinary_planning_of_the_manifest_cuts(tmp_path: P
     assert all(s.status == "pending" for s in shards.of_job(job.id))        # nothing dispatched
     # an ordinary planning of the same manifest (another idempotency key, output) for as many
     # workers cuts the same
-    other, _ = submit(parse_manifest({**raw, "idempotency_key": "other", "output": {"uri": str(tmp_path / "o2")}}))
+    other, _ = submit(parse_manifest({**raw, "idempotency_key": "other", "output": {"uri": str(tmp_path / "o2")}}), OPERATOR)
     plan_job(other, workers=2)
     assert jobs.get(other).status == JobStatus.RUNNING
     assert _cut(job.id) == _cut(other)

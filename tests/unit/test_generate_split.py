@@ -28,6 +28,7 @@ from batchinf.parts import read_table
 from batchinf.runtime.generate import GenRequest, SamplingParams
 from batchinf.runtime.sampling import derive_seed
 from batchinf.submit import submit
+from tests.helpers.env import OPERATOR
 from batchinf.verify import verify_output
 from tests.helpers.stages import InProcess, lease_one_shard
 from tests.helpers.tiny_llama import make_tiny_llama
@@ -69,7 +70,7 @@ def _leased_job(inp: Path, out: Path) -> tuple[str, Lease]:
            "input": {"uri": str(inp), "format": "openai-batch"}, "output": {"uri": str(out)},
            "shards": {"max_records": 4096},
            "options": {"temperature": 0.9, "top_k": 40, "top_p": 0.95, "seed": 7, "max_slots": SLOTS}}
-    job_id, _ = submit(parse_manifest(raw))
+    job_id, _ = submit(parse_manifest(raw), OPERATOR)
     return job_id, lease_one_shard(job_id)
 
 

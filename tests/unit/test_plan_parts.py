@@ -23,6 +23,7 @@ from batchinf.plan import object_tasks, part_tasks
 from batchinf.plan_parts import Part, object_parts, renumber
 from batchinf.store import ObjectPin
 from batchinf.submit import submit
+from tests.helpers.env import OPERATOR
 from tests.helpers.corpus import awkward_jsonl as _awkward
 from tests.helpers.corpus import manifest, texts
 from tests.helpers.corpus import record_line as _record
@@ -111,7 +112,7 @@ def _plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, range_byte
     monkeypatch.setenv("BATCHINF_PLAN_RANGE_BYTES", range_bytes)
     settings.cache_clear()
     job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "in") + "/", str(tmp_path / name),
-                                               shards={"max_records": 25, "max_tokens": 700}, **extra)))
+                                               shards={"max_records": 25, "max_tokens": 700}, **extra)), OPERATOR)
     plan_job(job_id, processes=processes)
     return job_id
 
@@ -187,7 +188,7 @@ def test_a_dry_run_reports_the_same_counts(tmp_path: Path, tiny_bundle: str, mon
     for name, size in (("whole", WHOLE), ("split", "900")):
         monkeypatch.setenv("BATCHINF_PLAN_RANGE_BYTES", size)
         settings.cache_clear()
-        job_id = plan_only(parse_manifest(manifest(str(tmp_path / "in") + "/", str(tmp_path / name))))
+        job_id = plan_only(parse_manifest(manifest(str(tmp_path / "in") + "/", str(tmp_path / name))), OPERATOR)
         r = report(job_id)
         reports.append({k: v for k, v in r.items() if k not in ("job_id", "next", "plan_seconds", "estimate")})
     assert reports[0] == reports[1] and reports[0]["records"] > 400
@@ -203,7 +204,7 @@ def test_a_broker_sends_the_parts_and_the_last_one_staged_records_the_object(
     monkeypatch.setenv("BATCHINF_PLAN_RANGE_BYTES", "1200")
     settings.cache_clear()
     job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "in") + "/", str(tmp_path / "split"),
-                                               shards={"max_records": 25, "max_tokens": 700})))
+                                               shards={"max_records": 25, "max_tokens": 700})), OPERATOR)
     pin_job(jobs.get(job_id))
     sent: list[int] = []
     assert plan_one_object(job_id, 0, send_parts=sent.extend) == 0
@@ -234,7 +235,7 @@ def test_a_global_step_that_cuts_other_parts_is_refused(tmp_path: Path, tiny_bun
     for staged, step in (("700", WHOLE), (WHOLE, "700")):
         monkeypatch.setenv("BATCHINF_PLAN_RANGE_BYTES", staged)
         settings.cache_clear()
-        job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "in") + "/", str(tmp_path / f"out-{staged}"))))
+        job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "in") + "/", str(tmp_path / f"out-{staged}"))), OPERATOR)
         pin_job(jobs.get(job_id))
         plan_objects_here(jobs.get(job_id), [0], processes=1)
         monkeypatch.setenv("BATCHINF_PLAN_RANGE_BYTES", step)

@@ -21,6 +21,7 @@ from batchinf.manifest import parse_manifest
 from batchinf.config import settings as config
 from batchinf.sizing import SHARDS_PER_WORKER, cut_balanced, cut_groups_balanced, min_shard_work, target_work
 from batchinf.submit import submit
+from tests.helpers.env import OPERATOR
 from tests.helpers.corpus import manifest, write_jsonl
 from tests.helpers.stages import InProcess
 
@@ -153,7 +154,7 @@ def _planned_by_step(tmp_path: Path, name: str, d: InProcess, **shards_spec: obj
     write_jsonl(tmp_path / name / "in.jsonl", RECORDS, seed=3, bad=False)
     raw = manifest(str(tmp_path / name / "in.jsonl"), str(tmp_path / name / "out"),
                    shards={"max_records": 4096, **shards_spec})
-    job_id, _ = submit(parse_manifest(dict(raw, name=name)))
+    job_id, _ = submit(parse_manifest(dict(raw, name=name)), OPERATOR)
     while jobs.get(job_id).status != JobStatus.RUNNING:
         assert step(job_id, d, slots=0)
     return job_id

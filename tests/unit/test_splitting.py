@@ -20,6 +20,7 @@ from batchinf.ledger.states import JobStatus, ShardStatus
 from batchinf.lifecycle import step
 from batchinf.manifest import parse_manifest
 from batchinf.submit import submit
+from tests.helpers.env import OPERATOR
 from batchinf.verify import verify_output
 from tests.helpers.corpus import manifest, write_jsonl
 from tests.helpers.stages import InProcess, lease_one_shard, plan_job
@@ -50,7 +51,7 @@ def _one_shard_job(tmp_path: Path, name: str = "s") -> tuple[str, Lease]:
     write_jsonl(tmp_path / name / "in.jsonl", RECORDS, seed=5, bad=False)
     raw = manifest(str(tmp_path / name / "in.jsonl"), str(tmp_path / name / "out"),
                    shards={"max_records": 4096}, options={"max_batch_tokens": 64})
-    job_id, _ = submit(parse_manifest(dict(raw, name=name)))
+    job_id, _ = submit(parse_manifest(dict(raw, name=name)), OPERATOR)
     return job_id, lease_one_shard(job_id)
 
 
@@ -134,7 +135,7 @@ def test_a_worker_starting_its_last_chunk_counts_as_idle(asker: str, tmp_path: P
     write_jsonl(tmp_path / "in.jsonl", RECORDS, seed=5, bad=False)
     raw = manifest(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), shards={"max_records": RECORDS // 2},
                    options={"max_batch_tokens": 64})
-    job_id, _ = submit(parse_manifest(dict(raw, name="many")))
+    job_id, _ = submit(parse_manifest(dict(raw, name="many")), OPERATOR)
     plan_job(job_id)
     shards.dispatch_ready(job_id)
     held = [leases.claim_next([job_id], f"w:{i}", 60.0) for i in range(len(shards.of_job(job_id)))]

@@ -19,6 +19,7 @@ from batchinf.ledger.states import SHARD_DONE, JobStatus, ShardStatus
 from batchinf.lifecycle import step
 from batchinf.manifest import parse_manifest
 from batchinf.submit import submit
+from tests.helpers.env import OPERATOR
 from batchinf.verify import MANIFEST, SUCCESS, verify_output
 from tests.helpers.corpus import BAD_LINES, manifest, write_jsonl
 from tests.helpers.stages import InProcess, plan_job, publish_job
@@ -42,7 +43,7 @@ def _job(tmp_path: Path, name: str, n: int = 60, objects: int = 2, **extra: obje
         write_jsonl(tmp_path / name / "in" / f"part-{k}.jsonl", n, seed=k, bad=(k == 0), prefix="r" if k == 0 else f"o{k}-")
     raw = manifest(str(tmp_path / name / "in") + "/", str(tmp_path / name / "out"), **extra)
     raw["name"] = name
-    job_id, created = submit(parse_manifest(raw))
+    job_id, created = submit(parse_manifest(raw), OPERATOR)
     assert created
     return job_id
 
@@ -146,7 +147,7 @@ def _resend_planning(job_id: str) -> None:
 
 def test_a_permanent_error_fails_the_job_at_once_with_the_stage(tmp_path: Path, tiny_bundle: str) -> None:
     raw = manifest(str(tmp_path / "nothing-here") + "/", str(tmp_path / "out"))
-    job_id, _ = submit(parse_manifest(raw))
+    job_id, _ = submit(parse_manifest(raw), OPERATOR)
     assert not step(job_id, InProcess())
     job = jobs.get(job_id)
     assert job.status == JobStatus.FAILED and job.error.startswith("pinning inputs failed: input ")

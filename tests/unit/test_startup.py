@@ -12,6 +12,7 @@ from pathlib import Path
 
 from batchinf.manifest import parse_manifest
 from batchinf.submit import submit
+from tests.helpers.env import OPERATOR
 from tests.helpers.corpus import manifest, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,7 +44,7 @@ def _child(code: str, job_id: str) -> list[str]:
 
 def test_planning_and_bundle_load_import_only_what_they_need(tmp_path: Path, tiny_bundle: str) -> None:
     write_jsonl(tmp_path / "in" / "part-0.jsonl", 50, seed=1)
-    job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "in") + "/", str(tmp_path / "out"))))
+    job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "in") + "/", str(tmp_path / "out"))), OPERATOR)
     assert _child(PLAN, job_id) == []
     assert _child(OPEN, job_id) == []
 
