@@ -57,6 +57,8 @@ class Settings:
                                     # after each chunk of this much work; 0: dynamic splitting off
     max_step_failures: int          # BATCHINF_MAX_STEP_FAILURES: consecutive failed lifecycle steps of one job
                                     # before it fails (default 10)
+    step_retry_cap: float           # BATCHINF_STEP_RETRY_CAP: most seconds a failed step waits before it runs
+                                    # again (backoff from 0.5 s, doubling, full jitter; 0: at once)
     plan_time_limit: float          # BATCHINF_PLAN_TIME_LIMIT: seconds one planning task may run (distributed);
                                     # past it the task is stopped and counts as a failed attempt
     price_per_worker_hour: float | None  # BATCHINF_PRICE_PER_WORKER_HOUR: cost in status
@@ -207,6 +209,7 @@ def load_settings() -> Settings:
         min_shard_tokens=max(1, _int("BATCHINF_MIN_SHARD_TOKENS", 10_000)),
         split_chunk_tokens=max(0, _int("BATCHINF_SPLIT_CHUNK_TOKENS", 2048)),
         max_step_failures=_int("BATCHINF_MAX_STEP_FAILURES", 10),
+        step_retry_cap=max(0.0, _float("BATCHINF_STEP_RETRY_CAP", 60.0)),
         plan_time_limit=_float("BATCHINF_PLAN_TIME_LIMIT", 3600.0),
         price_per_worker_hour=_optional_float("BATCHINF_PRICE_PER_WORKER_HOUR"),
         queue=_text("BATCHINF_QUEUE") or "batchinf",
