@@ -158,7 +158,8 @@ STEPS: dict[JobStatus, tuple[str, Step]] = {
 
 
 def step(job_id: str, dispatcher: Dispatcher, slots: int | None = None) -> bool:
-    """Advance one job by one step; False when the step failed (it is charged to the job). A step
+    """Advance one job by one step; False when the step failed (it is charged to the job). A job
+    whose last step failed in its current status waits out `retry_in` (True, nothing done). A step
     that moves the job logs the transition (`job_id`, `from_status`, `to_status`)."""
     with logs.context(job_id=job_id):
         tallies.compact(job_id)
