@@ -64,6 +64,8 @@ class Settings:
                                     # before it fails (default 10)
     pin_time_limit: float           # BATCHINF_PIN_TIME_LIMIT: seconds pinning a job's inputs (listing, HEAD,
                                     # hashing) may take before the job fails (600)
+    step_retry_cap: float           # BATCHINF_STEP_RETRY_CAP: most seconds a failed step waits before it runs
+                                    # again (backoff from 0.5 s, doubling, full jitter; 0: at once)
     plan_time_limit: float          # BATCHINF_PLAN_TIME_LIMIT: seconds one planning task may run (distributed);
                                     # past it the task is stopped and counts as a failed attempt
     price_per_worker_hour: float | None  # BATCHINF_PRICE_PER_WORKER_HOUR: cost in status
@@ -216,6 +218,7 @@ def load_settings() -> Settings:
         split_chunk_tokens=max(0, _int("BATCHINF_SPLIT_CHUNK_TOKENS", 2048)),
         max_step_failures=_int("BATCHINF_MAX_STEP_FAILURES", 10),
         pin_time_limit=_float("BATCHINF_PIN_TIME_LIMIT", 600.0),
+        step_retry_cap=max(0.0, _float("BATCHINF_STEP_RETRY_CAP", 60.0)),
         plan_time_limit=_float("BATCHINF_PLAN_TIME_LIMIT", 3600.0),
         price_per_worker_hour=_optional_float("BATCHINF_PRICE_PER_WORKER_HOUR"),
         queue=_text("BATCHINF_QUEUE") or "batchinf",

@@ -21,8 +21,7 @@ from batchinf.ledger import leases
 from batchinf.ledger import shards as shard_repo
 from batchinf.ledger.models import Job
 from batchinf.ledger.states import JOB_PLANNING, JOB_TERMINAL, JobStatus
-from batchinf.lifecycle import share_slots, step
-from batchinf.retry import compute_backoff
+from batchinf.lifecycle import retry_in, share_slots, step
 
 log = logging.getLogger("batchinf.controller")
 
@@ -32,7 +31,6 @@ def drive(job_id: str, *, workers: int = 1, device: str = "auto", threads: int |
     """Run a job to a terminal state in this machine's processes; returns the final status. A
     running job is stepped every `tick` seconds and whenever a worker ends an attempt or idles."""
     pool = LocalPool(job_id, workers=workers, device=device, threads=threads)
-    failures = 0
     try:
         if job_repo.get(job_id).status in {JobStatus.RUNNING, JobStatus.PLANNED, *JOB_PLANNING}:
             pool.start()            # workers load the bundle while the job is pinned and planned
@@ -40,11 +38,10 @@ def drive(job_id: str, *, workers: int = 1, device: str = "auto", threads: int |
             if status == JobStatus.PLANNED:     # planned by a dry run (`batchinf plan`): run its shards
                 job_repo.release(job_id)
             ok = step(job_id, pool)
-            failures = 0 if ok else failures + 1
             if on_tick:
                 on_tick()
             if not ok:
-                time.sleep(compute_backoff(failures, base=0.2, cap=5.0))
+                time.sleep(retry_in(job_id))    # the step's backoff (lifecycle.retry_in)
             elif status == JobStatus.RUNNING:
                 pool.wait(tick)
         pool.stop(timeout=0)        # the job is over: its workers hold no lease and have nothing to do
@@ -65,6 +62,19 @@ def cancel(job_id: str, reason: str = "cancelled by request", *, finish: bool = 
     if finish and leases.leases_held(job_id) == 0:
         step(job_id, Dispatcher())
     return job_repo.get(job_id).status
+
+
+def republish(job_id: str) -> str:
+    """`batchinf verify --publish`: verify and publish again a job whose shards are all done, one
+    still verifying or failed in verification or publishing (`ledger.jobs.reopen_for_publish`),
+    stepped as `drive` steps it (the step budget and backoff); returns its final status. A
+    succeeded job is left as it is: publishing is idempotent and already done."""
+    job_repo.reopen_for_publish(job_id)
+    status = job_repo.get(job_id).status
+    if status not in (JobStatus.VERIFYING, JobStatus.SUCCEEDED):
+        raise LedgerError(f"job {job_id} is {status}: only a job that is verifying, or failed in verification, "
+                          "is published again")
+    return drive(job_id) if status == JobStatus.VERIFYING else status
 
 
 SIDE_THREADS = 4     # a controller's threads for the pinning and planning steps it runs itself

@@ -1,13 +1,16 @@
 """The one retry policy: a backoff function and a classification of failures.
 
-Every stage asks `classify(exc)` what a failure means:
-- RETRY: transient (storage 5xx, connection reset, database restart, a worker without the
-  requested device, anything unexpected):
-  try again later with `compute_backoff`, within a bounded budget;
+Every stage asks `classify(exc)` what a failure means, verification and publishing included:
+- RETRY: transient (a storage, ledger or broker fault: storage 5xx or throttling, a lost, refused
+  or timed-out connection, a local I/O error or full disk, a database restart; a worker without
+  the requested device; anything unexpected), and any error raised *from* a transient fault (a
+  part that "cannot be read" because the store was down): try again later with
+  `compute_backoff`, within a bounded budget;
 - FAIL_SHARD: the attempt lost its lease (`StaleAttemptError`): nothing to do, another
   attempt owns the shard;
-- FAIL_JOB: no retry can fix it (bad input, bundle, manifest, missing object, failed
-  verification): the job fails now with the message.
+- FAIL_JOB: no retry can fix it (bad input, bundle, manifest, missing object, a store refusing
+  the request (no bucket, access denied), a real verification failure: coverage, a digest or
+  row count that differs, an unlisted part): the job fails now with the message.
 """
 
 from __future__ import annotations
@@ -38,8 +41,20 @@ def classify(exc: BaseException) -> Outcome:
     if isinstance(exc, (TransientError, DeviceUnavailableError)):   # another worker may have the device
         return Outcome.RETRY
     if isinstance(exc, PERMANENT):
-        return Outcome.FAIL_JOB
+        return Outcome.RETRY if caused_by_transient(exc) else Outcome.FAIL_JOB
     return Outcome.RETRY
+
+
+def caused_by_transient(exc: BaseException) -> bool:
+    """Whether a TransientError is among the explicit causes (`raise ... from`) of `exc`."""
+    seen: set[int] = set()
+    cause = exc.__cause__
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, TransientError):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__
+    return False
 
 
 def compute_backoff(attempt: int, *, base: float = 1.0, cap: float = 30.0) -> float:

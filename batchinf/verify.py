@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+from contextlib import contextmanager
 from datetime import datetime, timezone
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
 from batchinf import failpoints
-from batchinf.errors import BatchinfError, VerificationError
+from batchinf.errors import BatchinfError, StoreError, TransientError, VerificationError
 from batchinf.digests import sha256_file
 from batchinf.ledger import jobs as job_repo
 from batchinf.ledger import lineage, registry
@@ -27,6 +28,7 @@ from batchinf.ledger.states import SHARD_DONE, JobStatus, ShardStatus
 from batchinf.openai_output import RenderContext, fingerprint, render_not_run, render_part, render_to_path
 from batchinf.parts import digest_of_uri, read_table
 from batchinf.store import get_store, join, normalize_uri
+from batchinf.store.base import transient_os_error
 from batchinf.tasks import get_task
 from batchinf.version import __version__
 
@@ -35,11 +37,26 @@ SUCCESS = "_SUCCESS"
 PARTIAL = "_PARTIAL.json"
 
 
-def _digest(uri: str) -> tuple[str, int]:
+@contextmanager
+def _readable(what: str) -> Iterator[None]:
+    """What cannot be read fails verification (missing, truncated, edited), unless storage failed:
+    a fault that may pass (TransientError, an OSError such as EIO) is raised as TransientError for
+    the lifecycle to retry, and a store refusing the request (StoreError) as itself."""
     try:
+        yield
+    except (TransientError, StoreError):
+        raise
+    except OSError as exc:
+        if transient_os_error(exc):
+            raise TransientError(f"{what} cannot be read now: {exc}") from exc
+        raise VerificationError(f"{what} cannot be read: {exc}") from exc
+    except (BatchinfError, pa.ArrowException, ValueError) as exc:   # missing, truncated, not JSON
+        raise VerificationError(f"{what} cannot be read: {exc}") from exc
+
+
+def _digest(uri: str) -> tuple[str, int]:
+    with _readable(f"part {uri}"):
         return digest_of_uri(uri)
-    except (OSError, BatchinfError, pa.ArrowException) as exc:   # a truncated or edited Parquet file
-        raise VerificationError(f"part {uri} cannot be read: {exc}") from exc
 
 
 def check_coverage(inputs: list[dict[str, Any]], parts: Iterable[tuple[str, str]]) -> None:
@@ -54,7 +71,8 @@ def check_coverage(inputs: list[dict[str, Any]], parts: Iterable[tuple[str, str]
             wanted[i["uri"]][np.asarray(i["ordinals"], dtype=np.int64)] = True
     ids: set[str] = set()
     for uri, kind in parts:
-        t = read_table(uri, columns=["record_id", "source", "ordinal"])
+        with _readable(f"part {uri}"):
+            t = read_table(uri, columns=["record_id", "source", "ordinal"])
         sources = t.column("source").to_pylist()
         ordinals = t.column("ordinal").to_numpy()
         for src in set(sources):
@@ -288,10 +306,8 @@ def verify_output(output_uri: str) -> dict[str, Any]:
     """Re-check a published output from its `_MANIFEST.json` alone: part digests and row counts,
     coverage of every pinned input record, counts that add up."""
     store = get_store(output_uri)
-    try:
+    with _readable(join(output_uri, MANIFEST)):
         manifest = json.loads(store.get_bytes(join(output_uri, MANIFEST)))
-    except Exception as exc:  # noqa: BLE001
-        raise VerificationError(f"{join(output_uri, MANIFEST)} cannot be read: {exc}") from exc
     if not store.exists(join(output_uri, SUCCESS)):
         raise VerificationError(f"{join(output_uri, SUCCESS)} is missing")
     _no_unlisted_parts(output_uri, manifest)
@@ -340,10 +356,8 @@ def _verify_openai(output_uri: str, manifest: dict[str, Any]) -> None:
         for p in rendered:
             uri = join(output_uri, p["key"])
             local = f"{tmp}/{p['key'].replace('/', '_')}"
-            try:
+            with _readable(uri):
                 store.download_file(uri, local)
-            except Exception as exc:
-                raise VerificationError(f"{uri} cannot be read: {exc}") from exc
             if sha256_file(local) != p["sha256"]:
                 raise VerificationError(f"{p['key']}: sha256 differs from the manifest's")
             want, _ = render_to_path(join(output_uri, p["from"]), parquet[p["from"]]["kind"], ctx,

@@ -285,23 +285,40 @@ def jobs(limit: int, status_is: str | None, name: str | None, schedule: str | No
 
 @click.command("verify")
 @click.argument("job_or_uri")
+@click.option("--publish", "publish_again", is_flag=True,
+              help="First verify and publish again JOB, whose shards are all committed: one still verifying, or "
+                   "failed in verification or publishing (e.g. the store was down). It ends succeeded when it passes.")
 @json_option
 @friendly
-def verify(job_or_uri: str, as_json: bool) -> None:
+def verify(job_or_uri: str, publish_again: bool, as_json: bool) -> None:
     """Re-check a published output (coverage, part digests, row counts). Non-zero exit on mismatch."""
     from batchinf.errors import VerificationError
     from batchinf.verify import verify_output
 
-    uri = job_or_uri
+    uri, extra = job_or_uri, {}
+    if publish_again and not job_or_uri.startswith("job-"):
+        raise click.UsageError(f"--publish takes a job id (job-...), not {job_or_uri!r}")
     if job_or_uri.startswith("job-"):
         from batchinf.ledger.jobs import get as job_row
 
-        uri = job_row(job_or_uri).output_uri
-    try:
-        report = verify_output(uri)
-    except VerificationError as exc:
-        report = {"ok": False, "output_uri": uri, "error": str(exc)}
+        if publish_again:
+            from batchinf.controller import republish
+
+            extra = {"job_id": job_or_uri, "status": republish(job_or_uri)}
+        job = job_row(job_or_uri)
+        uri = job.output_uri
+    if extra and extra["status"] != JobStatus.SUCCEEDED:
+        report = {"ok": False, "output_uri": uri, "error": job.error or f"job {job_or_uri} is {extra['status']}"}
+    else:
+        try:
+            report = verify_output(uri)
+        except VerificationError as exc:
+            report = {"ok": False, "output_uri": uri, "error": str(exc)}
+    report.update(extra)
+
     def human(r: dict[str, Any]) -> None:
+        if "status" in r:
+            stdout_console().print(f"job {r['job_id']}: {r['status']}", highlight=False)
         if r["ok"]:
             counts = r["counts"]
             said = ", ".join(f"{v} {k}" for k, v in counts.items()) if isinstance(counts, dict) else str(counts)

@@ -13,17 +13,19 @@ from batchinf.ledger import events
 from batchinf.ledger.db import tx
 from batchinf.ledger.events import now
 from batchinf.ledger.models import InputObject, Job
-from batchinf.ledger.states import JOB_ACTIVE, JobStatus, job_sources, values
-from batchinf.ledger.tables import job_inputs, jobs, retry_records, shards
+from batchinf.ledger.states import JOB_ACTIVE, SHARD_DONE, JobStatus, job_sources, values
+from batchinf.ledger.tables import job_events, job_inputs, jobs, retry_records, shards
 from batchinf.store import ObjectPin
 
 
-def transition(conn: Connection, job_id: str, to: JobStatus, *, detail: Any = None, **fields: Any) -> bool:
-    """Move a job to `to` if the state table allows it from its current state; False if not."""
+def transition(conn: Connection, job_id: str, to: JobStatus, *, detail: Any = None, reopen: bool = False,
+               **fields: Any) -> bool:
+    """Move a job to `to` if the state table (with `reopen`, `JOB_REOPENINGS` too) allows it from
+    its current state; False if not."""
     frm = conn.execute(select(jobs.c.status).where(jobs.c.id == job_id)).scalar()
     if frm is None:
         raise LedgerError(f"no job {job_id!r}")
-    res = conn.execute(update(jobs).where(jobs.c.id == job_id, jobs.c.status.in_(job_sources(to)))
+    res = conn.execute(update(jobs).where(jobs.c.id == job_id, jobs.c.status.in_(job_sources(to, reopen=reopen)))
                        .values(status=to.value, updated_at=now(), **fields))
     if res.rowcount != 1:
         return False
@@ -38,6 +40,32 @@ def move(job_id: str, to: JobStatus, *, detail: Any = None, **fields: Any) -> bo
 
 def fail(job_id: str, reason: str) -> bool:
     return move(job_id, JobStatus.FAILED, detail=reason, error=reason, finished_at=now())
+
+
+def reopen_for_publish(job_id: str) -> bool:
+    """failed -> verifying (`JOB_REOPENINGS`), for `batchinf verify --publish`: only a job whose
+    failing transition left `verifying` (it failed in verification or publishing) and whose shards
+    are all done. False when the job is not failed; LedgerError naming the reason and the fix when
+    it may not be reopened."""
+    with tx() as conn:
+        status = conn.execute(select(jobs.c.status).where(jobs.c.id == job_id)).scalar()
+        if status is None:
+            raise LedgerError(f"no job {job_id!r}; see `batchinf jobs`")
+        if status != JobStatus.FAILED:
+            return False
+        left = conn.execute(select(job_events.c.from_status).where(
+            job_events.c.job_id == job_id, job_events.c.kind == "job", job_events.c.to_status == JobStatus.FAILED.value)
+            .order_by(job_events.c.id.desc()).limit(1)).scalar()
+        if left != JobStatus.VERIFYING:
+            raise LedgerError(f"job {job_id} failed while {left}, not in verification, so it has nothing to publish: "
+                              f"run it again (`batchinf retry {job_id} --not-done`, or submit it anew)")
+        open_ = conn.execute(select(shards.c.id).where(shards.c.job_id == job_id,
+                                                       shards.c.status.not_in(values(SHARD_DONE))).limit(1)).scalar()
+        if open_ is not None:
+            raise LedgerError(f"job {job_id}: shard {open_} is not committed, so the job cannot be published; "
+                              f"run it again with `batchinf retry {job_id} --not-done`")
+        return transition(conn, job_id, JobStatus.VERIFYING, reopen=True, detail="verify --publish: publish again",
+                          error=None, finished_at=None, step_failures=0)
 
 
 def request_cancel(job_id: str, reason: str) -> bool:

@@ -1,7 +1,8 @@
 """Job and shard state machines as tables of allowed edges.
 
 Every transition goes through `ledger.jobs.transition` / `ledger.shards.transition`, which enforce
-these tables with `UPDATE ... WHERE status IN (allowed sources)` and write one `job_events` row.
+these tables (and `JOB_REOPENINGS`, an operator's way out of a final state) with
+`UPDATE ... WHERE status IN (allowed sources)` and write one `job_events` row.
 """
 
 from __future__ import annotations
@@ -70,6 +71,13 @@ JOB_TRANSITIONS: dict[JobStatus, set[JobStatus]] = {
     JobStatus.EXPIRED: set(),
 }
 
+# Edges out of a final state, taken by an operator's command only (never by the lifecycle, so
+# `job_sources` leaves them out): failed -> verifying is `batchinf verify --publish`
+# (`ledger.jobs.reopen_for_publish`), for a job that failed in verification with every shard done.
+JOB_REOPENINGS: dict[JobStatus, set[JobStatus]] = {
+    JobStatus.FAILED: {JobStatus.VERIFYING},
+}
+
 JOB_TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED})
 JOB_ACTIVE = frozenset(JobStatus) - JOB_TERMINAL
 JOB_PLANNING = frozenset({JobStatus.SUBMITTED, JobStatus.PLANNING})   # no shards yet
@@ -96,9 +104,10 @@ def values(group: Iterable[StrEnum]) -> list[str]:
     return sorted(s.value for s in group)
 
 
-def job_sources(target: JobStatus) -> set[str]:
-    """States from which `target` may be entered."""
-    return {s.value for s, targets in JOB_TRANSITIONS.items() if target in targets}
+def job_sources(target: JobStatus, *, reopen: bool = False) -> set[str]:
+    """States from which `target` may be entered; with `reopen`, by a `JOB_REOPENINGS` edge too."""
+    table = [JOB_TRANSITIONS, JOB_REOPENINGS] if reopen else [JOB_TRANSITIONS]
+    return {s.value for t in table for s, targets in t.items() if target in targets}
 
 
 def shard_sources(target: ShardStatus) -> set[str]:

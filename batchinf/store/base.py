@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import errno
 import io
 import os
 import re
@@ -15,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable, ContextManager, Iterator
 
-from batchinf.errors import InputError, StoreError
+from batchinf.errors import InputError, StoreError, TransientError
 
 SUPPORTED_SCHEMES = ("file", "s3")
 RANGED_BUFFER = 8 << 20     # bytes per ranged read of `Store.open_ranged`
@@ -54,6 +55,28 @@ def too_big_error(uri: str, size: int, limit: int) -> InputError:
 
 def missing_error(uri: str) -> InputError:
     return InputError(f"object {uri} does not exist: check the uri (and that the writer finished)")
+
+
+# OSError numbers of a fault that may pass: an I/O error, a full disk or quota, a stale NFS handle,
+# a lost or refused connection, a timeout, too many open files. Others (EACCES, EROFS, ENOTDIR...)
+# need an operator and stay StoreError.
+TRANSIENT_ERRNOS = frozenset(getattr(errno, n) for n in (
+    "EIO", "ENOSPC", "EDQUOT", "EAGAIN", "EINTR", "EBUSY", "ENOMEM", "ENOBUFS", "EMFILE", "ENFILE", "ESTALE",
+    "ETIMEDOUT", "ECONNRESET", "ECONNREFUSED", "ECONNABORTED", "EPIPE", "ENETDOWN", "ENETUNREACH", "ENETRESET",
+    "EHOSTDOWN", "EHOSTUNREACH", "EREMOTEIO") if hasattr(errno, n))
+
+
+def transient_os_error(exc: OSError) -> bool:
+    """Whether an OSError is a fault worth retrying (`TRANSIENT_ERRNOS`, a timeout, a lost connection)."""
+    return isinstance(exc, (ConnectionError, TimeoutError, InterruptedError, BlockingIOError)) \
+        or exc.errno in TRANSIENT_ERRNOS
+
+
+def os_fault(what: str, exc: OSError) -> TransientError | StoreError:
+    """`what` failed with `exc`: TransientError when it may pass (`transient_os_error`), else StoreError."""
+    if transient_os_error(exc):
+        return TransientError(f"{what} failed (retried with backoff): {exc}")
+    return StoreError(f"{what} failed: {exc}")
 
 
 _HOSTILE_ESCAPES = re.compile(r"%(2e|2f|5c|00)", re.IGNORECASE)

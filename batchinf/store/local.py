@@ -11,7 +11,7 @@ from typing import BinaryIO, Callable, Iterator
 
 from batchinf.digests import sha256_fileobj
 from batchinf.errors import InputError, StoreError
-from batchinf.store.base import (ObjectPin, Store, as_path, changed_error, missing_error, split_uri,
+from batchinf.store.base import (ObjectPin, Store, as_path, changed_error, missing_error, os_fault, split_uri,
                                  too_big_error)
 
 TMP_SUFFIX = ".batchinf-tmp"  # in-flight writes; never listed
@@ -26,8 +26,8 @@ def _os_errors(op: str, uri: str, missing_is_input: bool = True) -> Iterator[Non
         if not missing_is_input:
             raise StoreError(f"local {op} {uri} failed: {exc}") from exc
         raise missing_error(uri) from None
-    except OSError as exc:
-        raise StoreError(f"local {op} {uri} failed: {exc}") from exc
+    except OSError as exc:   # EIO, ENOSPC, ESTALE...: TransientError; EACCES, EROFS...: StoreError
+        raise os_fault(f"local {op} {uri}", exc) from exc
 
 
 def _path(uri: str) -> Path:
@@ -94,7 +94,7 @@ class LocalStore(Store):
         except (FileNotFoundError, IsADirectoryError):
             raise changed_error(pin, None) from None
         except OSError as exc:
-            raise StoreError(f"local open {pin.uri} failed: {exc}") from exc
+            raise os_fault(f"local open {pin.uri}", exc) from exc
         with f:
             with _os_errors("read", pin.uri):
                 digest = sha256_fileobj(f)
@@ -111,7 +111,7 @@ class LocalStore(Store):
         except (FileNotFoundError, IsADirectoryError):
             raise changed_error(pin, None) from None
         except OSError as exc:
-            raise StoreError(f"local open {pin.uri} failed: {exc}") from exc
+            raise os_fault(f"local open {pin.uri}", exc) from exc
         with f, _os_errors("read", pin.uri):
             st = os.fstat(f.fileno())
             key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)

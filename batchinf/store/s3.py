@@ -29,20 +29,22 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator
 
 import boto3
-from boto3.exceptions import S3UploadFailedError
+from boto3.exceptions import Boto3Error, RetriesExceededError, S3UploadFailedError
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, IncompleteReadError
+from botocore.exceptions import (BotoCoreError, ChecksumError, ClientError, FlexibleChecksumError, HTTPClientError,
+                                 IncompleteReadError)
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from batchinf.config import settings
 from batchinf.errors import BatchinfError, InputError, StoreError, TransientError
-from batchinf.store.base import (ObjectPin, Store, as_path, changed_error, missing_error, split_uri,
+from batchinf.store.base import (ObjectPin, Store, as_path, changed_error, missing_error, os_fault, split_uri,
                                  too_big_error)
 
 SPOOL_MEMORY = 64 << 20  # open_read keeps up to this much in memory, then spills to a temp file
 _MISSING = {"NoSuchKey", "404", "NotFound"}
 _CHANGED = _MISSING | {"412", "PreconditionFailed", "NoSuchVersion"}
-_TRANSIENT = {"SlowDown", "RequestTimeout", "RequestTimeTooSkewed", "Throttling", "ThrottlingException"}
+_TRANSIENT = {"SlowDown", "RequestTimeout", "RequestTimeTooSkewed", "Throttling", "ThrottlingException", "InternalError",
+              "ServiceUnavailable"}
 _NO_VERSION_LISTING = {"AccessDenied", "NotImplemented", "MethodNotAllowed", "InvalidRequest"}
 
 SINGLE_PUT_MAX = 1 << 30  # files up to this size go in one PutObject with their full-object SHA-256
@@ -110,10 +112,16 @@ def _code(exc: ClientError) -> tuple[str, int]:
 
 
 def _translate(exc: BaseException, op: str, uri: str) -> BatchinfError:
-    if isinstance(exc, S3UploadFailedError) and isinstance(exc.__cause__, ClientError):
-        exc = exc.__cause__
-    if isinstance(exc, (BotoConnectionError, HTTPClientError, IncompleteReadError)):
+    """TransientError for what may pass (5xx, throttling, a lost, refused or timed-out connection, a
+    checksum broken in transit, a local disk fault), else StoreError or InputError."""
+    if isinstance(exc, (S3UploadFailedError, RetriesExceededError)):   # boto3's wrappers of the real fault
+        inner = getattr(exc, "last_exception", None) or exc.__cause__ or exc.__context__
+        exc = inner if inner is not None else exc
+    if isinstance(exc, (BotoConnectionError, HTTPClientError, IncompleteReadError, ChecksumError,
+                        FlexibleChecksumError)):
         return TransientError(f"S3 {op} {uri} failed after retries (connection): {exc}")
+    if isinstance(exc, OSError):    # a socket error, or the local file of a download
+        return os_fault(f"S3 {op} {uri}", exc)
     if isinstance(exc, ClientError):
         code, status = _code(exc)
         if code == "NoSuchBucket":
@@ -130,7 +138,7 @@ def _translate(exc: BaseException, op: str, uri: str) -> BatchinfError:
 def _errors(op: str, uri: str) -> Iterator[None]:
     try:
         yield
-    except (ClientError, BotoCoreError, S3UploadFailedError, OSError) as exc:
+    except (ClientError, BotoCoreError, Boto3Error, OSError) as exc:
         raise _translate(exc, op, uri) from exc
 
 
@@ -297,4 +305,5 @@ class S3Store(Store):
                 r = client().delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True}, **_owner())
                 if r.get("Errors"):
                     e = r["Errors"][0]
-                    raise StoreError(f"S3 DeleteObjects {prefix_uri}: {len(r['Errors'])} failed, e.g. {e['Key']}: {e['Code']}")
+                    kind = TransientError if e["Code"] in _TRANSIENT else StoreError
+                    raise kind(f"S3 DeleteObjects {prefix_uri}: {len(r['Errors'])} failed, e.g. {e['Key']}: {e['Code']}")
