@@ -19,8 +19,9 @@ from pydantic.json_schema import GenerateJsonSchema
 
 from batchinf.documents import DocumentError, parse_document
 from batchinf.errors import ManifestError
-from batchinf.manifest_rules import (BOOLEAN, DURATION, KEY, NULL_IS_DEFAULT, OUTPUT, POSITIVE, STRING, TEXT, Part,
-                                     Refused, choice, integer, manifest_error, nullable, number, parse_duration)
+from batchinf.manifest_rules import (BOOLEAN, DURATION, INT64_MIN, KEY, LIMITED, NAME, NULL_IS_DEFAULT, OUTPUT, STRING, TEXT,
+                                     Part, Refused, choice, integer, manifest_error, nullable, number, parse_duration,
+                                     positive)
 from batchinf.tasks import TASKS as TASK_REGISTRY
 from batchinf.tasks import EmbedOptions, GenerateOptions
 from batchinf.tasks.embed import DEVICES
@@ -42,6 +43,7 @@ LATER_FIELDS: dict[str | None, dict[str, Any]] = {
     "options": {"dimensions": None, "prompt_name": None, "prompt": None,
                 "response_format": None, "logprobs": False, "top_logprobs": 0},
 }
+MAX_TARGET_WORKERS = 10_000
 NOT_A_MAPPING = "a job manifest must be a mapping with name, task, bundle, input and output"
 
 
@@ -86,9 +88,9 @@ class InputSpec(_Part):
 
 class ShardSpec(_Part):
     """How the input is cut into shards, the unit of work, retry and output."""
-    max_records: Annotated[int, POSITIVE] = Field(4096, description="records per shard, at most")
-    max_tokens: Annotated[int, POSITIVE] = Field(1_000_000, description="input tokens per shard, at most")
-    target_workers: Annotated[int | None, nullable(POSITIVE)] = Field(
+    max_records: Annotated[int, LIMITED] = Field(4096, description="records per shard, at most")
+    max_tokens: Annotated[int, LIMITED] = Field(1_000_000, description="input tokens per shard, at most")
+    target_workers: Annotated[int | None, nullable(positive(MAX_TARGET_WORKERS))] = Field(
         None, description="workers the job is cut for (default: the embedded pool's size, or the workers "
                           "the controller saw lately)")
 
@@ -106,7 +108,8 @@ class JobManifest(_Part):
     # a document names output and deadline; Python code output_uri and deadline_seconds
     model_config = ConfigDict(title="batchinf job manifest", validate_by_name=True, validate_by_alias=True)
 
-    name: Annotated[str, TEXT] = Field(description="the job's name, shown in its status")
+    name: Annotated[str, NAME] = Field(description="the job's name, shown in its status (printable, at most 256 "
+                                                    "characters)")
     task: Annotated[str, choice(TASKS)] = "embed"
     bundle: Annotated[str, TEXT] = Field(
         description="NAME (newest), NAME@ALIAS, or sha256:HEX; resolved to a digest at submit")
@@ -119,8 +122,8 @@ class JobManifest(_Part):
     deadline_seconds: Annotated[float | None, DURATION] = Field(
         None, alias="deadline", description="e.g. 90s, 30m, 6h, 1d (or seconds): a job not finished this long "
                                            "after submit is cancelled")
-    priority: Annotated[int, integer()] = Field(0, description="higher runs first; the operator bounds it "
-                                                "(default -100..100)")
+    priority: Annotated[int, integer(INT64_MIN)] = Field(
+        0, description="higher runs first; the operator bounds it (default -100..100)")
     max_error_fraction: Annotated[float | None, nullable(number(0, 1, lo_open=True))] = Field(
         None, description="fail the job once this fraction (0 < x <= 1) of its planned records has failed "
                           "(invalid at planning, or error rows as shards commit); default off")

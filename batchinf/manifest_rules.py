@@ -9,6 +9,7 @@ ManifestError, so pydantic's own wording never reaches a user.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -65,9 +66,31 @@ def _kind(v: Any) -> str:
 # --- the rules the manifest uses ----------------------------------------------------------------
 
 
-def integer(lo: int | None = None) -> Rule:
-    """An integer, at least `lo` when given (booleans are not integers)."""
-    return Rule(lambda v, w: integer_problem(v, w, lo), {"type": "integer", **({} if lo is None else {"minimum": lo})})
+INT64_MAX, INT64_MIN = (1 << 63) - 1, -(1 << 63)     # what the ledger's columns hold
+INT32_MAX = (1 << 31) - 1        # POSITIVE's ceiling: a field with no natural bound of its own
+# ceilings of the options no operator limit covers (far above any real bundle)
+MAX_LENGTH = 1 << 20             # tokens of one record (max_length)
+MAX_DIMENSIONS = 1 << 16         # an embedding's size
+MAX_LABELS = 1 << 20             # top_k / top_n: labels or documents listed
+
+
+def integer(lo: int | None = None, hi: int = INT64_MAX) -> Rule:
+    """An integer in [lo, hi] (booleans are not integers). Every integer has a ceiling (64 bits unless
+    given; tests/unit/test_bounded_values.py checks that only operator-limited fields keep that one)."""
+    def problem(v: Any, where: str) -> str | None:
+        return integer_problem(v, where, lo) or (
+            f"{where} {v} is over the limit of {hi}; use at most {hi}" if v > hi else None)
+    return Rule(problem, {"type": "integer", **({} if lo is None else {"minimum": lo}), "maximum": hi})
+
+
+def positive(hi: int) -> Rule:
+    """An integer in [1, hi]."""
+    return integer(1, hi)
+
+
+# a positive integer the operator bounds at submit (config.LIMITS, limits.check_manifest: 422 naming
+# the limit and `batchinf tenant limit`); the rule keeps it to 64 bits
+LIMITED = positive(INT64_MAX)
 
 
 def number(lo: float, hi: float, *, lo_open: bool = False) -> Rule:
@@ -105,7 +128,7 @@ class _NullIsDefault:
 
 
 NULL_IS_DEFAULT = _NullIsDefault()
-POSITIVE = integer(1)
+POSITIVE = positive(INT32_MAX)
 STRING = Rule(lambda v, w: None if isinstance(v, str) else f"{w} must be a string, got {v!r:.60}",
               {"type": "string"})
 BOOLEAN = Rule(lambda v, w: None if isinstance(v, bool) else f"{w} must be true or false, got {v!r:.60}",
@@ -113,6 +136,25 @@ BOOLEAN = Rule(lambda v, w: None if isinstance(v, bool) else f"{w} must be true 
 # name and bundle: any value is taken as its text, as it always was, so a YAML date or number works
 # (the schema states the intent: a non-empty string)
 TEXT = Rule(lambda v, w: None, {"type": "string", "minLength": 1}, str)
+MAX_NAME_CHARS = 256
+
+
+def _name_problem(v: Any, where: str) -> str | None:
+    text = str(v)
+    if not text:
+        return f"{where} is empty; give it a short name"
+    bad = next((c for c in text if unicodedata.category(c) in ("Cc", "Cs") or c in "\u2028\u2029"), None)
+    if bad is not None:
+        return (f"{where} holds the control character {bad!r} (at {text.index(bad)}); a name is printable text, "
+                "without NUL, newlines or tabs")
+    if len(text) > MAX_NAME_CHARS:
+        return f"{where} is {len(text)} characters long, over the limit of {MAX_NAME_CHARS}; use a shorter name"
+    return None
+
+
+# a job's name: printable text of 1 to 256 characters (any YAML value, as its text)
+NAME = Rule(_name_problem, {"type": "string", "minLength": 1, "maxLength": MAX_NAME_CHARS,
+                            "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f\\u2028\\u2029]*$"}, str)
 KEY = nullable(Rule(lambda v, w: None if isinstance(v, str) and v else f"{w} must be a non-empty string",
                     {"type": "string", "minLength": 1}))
 
@@ -128,23 +170,28 @@ STOP = nullable(Rule(_stop, {"oneOf": [{"type": "string", "minLength": 1},
 
 def _token_ids(v: Any, where: str) -> str | None:
     ids = list(v) if isinstance(v, tuple) else [] if v is None else v      # null: none
-    if isinstance(ids, list) and all(integer_problem(i, where, 0) is None for i in ids):
+    if isinstance(ids, list) and all(integer_problem(i, where, 0, INT32_MAX) is None for i in ids):
         return None
-    return f"{where} must be a list of token ids (integers >= 0), got {v!r:.60}"
+    return f"{where} must be a list of token ids (integers in [0, {INT32_MAX}]), got {v!r:.60}"
 
 
-TOKEN_IDS = Rule(_token_ids, {"type": ["array", "null"], "items": {"type": "integer", "minimum": 0}},
+TOKEN_IDS = Rule(_token_ids, {"type": ["array", "null"], "items": {"type": "integer", "minimum": 0, "maximum": INT32_MAX}},
                  lambda v: tuple(v or ()))
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 
 
+MAX_DURATION_SECONDS = 366 * 86400      # a deadline further than a year out is a mistake
+
+
 def parse_duration(value: Any, where: str) -> float:
-    """90s, 30m, 6h, 1d, or a number of seconds -> seconds (> 0)."""
-    m = None if isinstance(value, bool) else _DURATION.match(str(value))
+    """90s, 30m, 6h, 1d, or a number of seconds -> seconds (> 0, at most MAX_DURATION_SECONDS)."""
+    m = None if isinstance(value, bool) else _DURATION.match(str(value)[:100])
     seconds = float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)] if m else 0.0
-    if seconds <= 0:
-        raise ManifestError(f"{where}: {value!r} is not a positive duration; write e.g. 90s, 30m, 6h or 1d")
+    if not seconds > 0:
+        raise ManifestError(f"{where}: {value!r:.60} is not a positive duration; write e.g. 90s, 30m, 6h or 1d")
+    if seconds > MAX_DURATION_SECONDS:
+        raise ManifestError(f"{where}: {value!r:.60} is over the limit of 366 days; write at most 366d")
     return seconds
 
 
@@ -156,7 +203,8 @@ def _duration_problem(v: Any, where: str) -> str | None:
     return None
 
 
-DURATION = nullable(Rule(_duration_problem, {"type": ["string", "number"]}, lambda v: parse_duration(v, "deadline")))
+DURATION = nullable(Rule(_duration_problem, {"type": ["string", "number"], "exclusiveMinimum": 0,
+                                             "maximum": MAX_DURATION_SECONDS}, lambda v: parse_duration(v, "deadline")))
 
 OUTPUT = Rule(lambda v, w: None if isinstance(v, dict) and set(v) == {"uri"} and isinstance(v["uri"], str)
               else f"{w} must be a mapping with exactly one key, uri",

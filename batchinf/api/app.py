@@ -41,6 +41,8 @@ def create_app() -> FastAPI:
             metrics.observe_request(request.method, getattr(route, "path", "unmatched"), status,
                                     time.perf_counter() - t0)
 
-    uploads = {"/v1/files": settings().max_file_bytes + (1 << 20)}     # the file, plus its multipart framing
+    files = settings().max_file_bytes
+    uploads = {"/v1/files": (files + (1 << 20),          # the file, plus its multipart framing
+                             f"a file is at most {files} bytes (BATCHINF_MAX_FILE_BYTES); split it")}
     app.add_middleware(BodyLimit, limit=MAX_MANIFEST_BYTES, uploads=uploads)   # outermost: before any body is read
     return app

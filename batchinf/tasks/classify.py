@@ -14,7 +14,8 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field
 
-from batchinf.manifest_rules import BOOLEAN, POSITIVE, Part, choice, nullable
+from batchinf.manifest_rules import (BOOLEAN, LIMITED, MAX_LABELS, MAX_LENGTH, Part, choice, nullable,
+                                     positive)
 from batchinf.tasks.base import RECORD_FIELDS, STAGE_FIELDS, RunOutput, Task, record_columns
 from batchinf.tasks.embed import DEVICES, run_sequences, stage_texts
 
@@ -28,12 +29,12 @@ CLASSIFY_SCHEMA = pa.schema(RECORD_FIELDS + [
 
 class ClassifyOptions(Part):
     """Options of task classify."""
-    max_length: Annotated[int | None, nullable(POSITIVE)] = Field(
+    max_length: Annotated[int | None, nullable(positive(MAX_LENGTH))] = Field(
         None, description="tokens kept per record; default and ceiling: the bundle's max length")
-    max_batch_tokens: Annotated[int, POSITIVE] = Field(2048, description="padded tokens per forward batch")
+    max_batch_tokens: Annotated[int, LIMITED] = Field(2048, description="padded tokens per forward batch")
     truncate: Annotated[bool, BOOLEAN] = Field(
         True, description="false: over-long records become error rows (too_long) instead of being truncated")
-    top_k: Annotated[int, POSITIVE] = Field(5, description="labels listed in `top`, best first (at most all)")
+    top_k: Annotated[int, positive(MAX_LABELS)] = Field(5, description="labels listed in `top`, best first (at most all)")
     device: Annotated[str, choice(DEVICES)] = "auto"
 
 

@@ -18,7 +18,7 @@ import pyarrow as pa
 from pydantic import Field
 
 from batchinf.errors import BatchinfError, InputError, ManifestError
-from batchinf.manifest_rules import POSITIVE, Part, choice
+from batchinf.manifest_rules import MAX_LABELS, POSITIVE, Part, choice, positive
 from batchinf.tasks.base import RECORD_FIELDS, STAGE_FIELDS, RunOutput, StagedRows, Task, ok_rows, record_columns, usable_records
 from batchinf.tasks.batching import run_units
 from batchinf.tasks.classify import TOP, Classify, top_labels
@@ -43,8 +43,8 @@ class ClassifyImageOptions(Part):
     max_pixels: Annotated[int, POSITIVE] = Field(
         40_000_000, description="images whose header declares more pixels are image_too_large error rows "
                                 "(checked before decoding: decompression bombs cost nothing)")
-    max_batch_images: Annotated[int, POSITIVE] = Field(32, description="images per forward batch")
-    top_k: Annotated[int, POSITIVE] = Field(5, description="labels listed in `top`, best first (at most all)")
+    max_batch_images: Annotated[int, positive(4096)] = Field(32, description="images per forward batch")
+    top_k: Annotated[int, positive(MAX_LABELS)] = Field(5, description="labels listed in `top`, best first (at most all)")
     device: Annotated[str, choice(DEVICES)] = "auto"
 
 

@@ -12,7 +12,8 @@ import pyarrow as pa
 from pydantic import Field
 
 from batchinf.errors import BatchinfError, ManifestError
-from batchinf.manifest_rules import BOOLEAN, POSITIVE, Part, choice, nullable
+from batchinf.manifest_rules import (BOOLEAN, LIMITED, MAX_DIMENSIONS, MAX_LENGTH, Part, choice, nullable,
+                                     positive)
 from batchinf.tasks.base import (RECORD_FIELDS, STAGE_SCHEMA, RunOutput, StagedRows, Task, chunks, ok_rows,
                                  record_columns, staged_row)
 from batchinf.tasks.batching import EmbedOutcome, embed_isolating, run_units, token_budget_batches
@@ -31,14 +32,14 @@ DEVICES = ("auto", "cpu", "cuda")
 
 class EmbedOptions(Part):
     """Options of task embed."""
-    max_length: Annotated[int | None, nullable(POSITIVE)] = Field(
+    max_length: Annotated[int | None, nullable(positive(MAX_LENGTH))] = Field(
         None, description="tokens kept per record; default and ceiling: the bundle's max length")
-    max_batch_tokens: Annotated[int, POSITIVE] = Field(
+    max_batch_tokens: Annotated[int, LIMITED] = Field(
         2048, description="padded tokens per forward batch (the CPU sweet spot)")
     truncate: Annotated[bool, BOOLEAN] = Field(
         True, description="false: over-long records become error rows (too_long) instead of being truncated")
     device: Annotated[str, choice(DEVICES)] = "auto"
-    dimensions: Annotated[int | None, nullable(POSITIVE)] = Field(
+    dimensions: Annotated[int | None, nullable(positive(MAX_DIMENSIONS))] = Field(
         None, description=("vector size, for bundles that declare Matryoshka support (matryoshka_dims): "
                            "truncate, then re-normalise"))
     prompt_name: str | None = Field(

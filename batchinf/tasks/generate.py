@@ -12,7 +12,7 @@ import pyarrow as pa
 from pydantic import Field
 
 from batchinf.checks import MAX_TOP_LOGPROBS, canonical_response_format, integer_problem, response_format_problem
-from batchinf.manifest_rules import BOOLEAN, POSITIVE, STOP, TOKEN_IDS, Part, Rule, choice, integer, nullable, number
+from batchinf.manifest_rules import BOOLEAN, INT32_MAX, LIMITED, STOP, TOKEN_IDS, Part, Rule, choice, integer, nullable, number
 from batchinf.tasks.base import RECORD_FIELDS, STAGE_SCHEMA, RunOutput, StagedRows, Task, ok_rows, record_columns, usable_records
 from batchinf.tasks.batching import GenOutcome, generate_isolating
 from batchinf.tasks.embed import DEVICES
@@ -52,9 +52,9 @@ TOP_LOGPROBS = Rule(lambda v, w: integer_problem(v, w, 0, MAX_TOP_LOGPROBS),
 
 class GenerateOptions(Part):
     """Options of task generate."""
-    max_tokens: Annotated[int, POSITIVE] = Field(256, description="generated tokens per record, at most")
+    max_tokens: Annotated[int, LIMITED] = Field(256, description="generated tokens per record, at most")
     temperature: Annotated[float, number(0, 2)] = Field(0.0, description="0: greedy")
-    top_k: Annotated[int, integer(0)] = Field(0, description="0: off")
+    top_k: Annotated[int, integer(0, INT32_MAX)] = Field(0, description="0: off")
     top_p: Annotated[float, number(0, 1, lo_open=True)] = 1.0
     seed: Annotated[int, integer(0)] = Field(
         0, description="job seed; each record samples with a seed derived from it and the record's id")
@@ -68,9 +68,9 @@ class GenerateOptions(Part):
     logprobs: Annotated[bool, BOOLEAN] = Field(False, description="each output token's log-probability")
     top_logprobs: Annotated[int, TOP_LOGPROBS] = Field(
         0, description=f"with logprobs: the most likely tokens at each position (0-{MAX_TOP_LOGPROBS})")
-    max_batch_tokens: Annotated[int, POSITIVE] = Field(
+    max_batch_tokens: Annotated[int, LIMITED] = Field(
         16384, description="KV-cache budget: the sum over decoding slots of prompt + max_tokens")
-    max_slots: Annotated[int, POSITIVE] = Field(64, description="sequences decoded together")
+    max_slots: Annotated[int, LIMITED] = Field(64, description="sequences decoded together")
     device: Annotated[str, choice(DEVICES)] = "auto"
 
 

@@ -14,7 +14,8 @@ import pyarrow as pa
 from pydantic import Field
 
 from batchinf.formats.openai_batch import RERANK
-from batchinf.manifest_rules import BOOLEAN, POSITIVE, Part, choice, nullable
+from batchinf.manifest_rules import (BOOLEAN, LIMITED, MAX_LABELS, MAX_LENGTH, Part, choice, nullable,
+                                     positive)
 from batchinf.tasks.base import (RECORD_FIELDS, STAGE_FIELDS, RunOutput, StagedRows, Task, chunks, ok_rows,
                                  record_columns, usable_records)
 from batchinf.tasks.batching import run_units
@@ -39,12 +40,12 @@ MIN_FILL = 0.98
 
 class ScoreOptions(Part):
     """Options of task score."""
-    max_length: Annotated[int | None, nullable(POSITIVE)] = Field(
+    max_length: Annotated[int | None, nullable(positive(MAX_LENGTH))] = Field(
         None, description="tokens kept per pair (query + document); default and ceiling: the bundle's")
-    max_batch_tokens: Annotated[int, POSITIVE] = Field(4096, description="padded tokens per forward batch")
+    max_batch_tokens: Annotated[int, LIMITED] = Field(4096, description="padded tokens per forward batch")
     truncate: Annotated[bool, BOOLEAN] = Field(
         True, description="false: an over-long pair makes its record a too_long error row")
-    top_n: Annotated[int | None, nullable(POSITIVE)] = Field(
+    top_n: Annotated[int | None, nullable(positive(MAX_LABELS))] = Field(
         None, description="list form: also give the indices of the top_n best documents (`top`)")
     device: Annotated[str, choice(DEVICES)] = "auto"
 
