@@ -65,13 +65,15 @@ def _inventory(uri: str, manifest: dict, read: Callable[[str], bytes], count: Ca
     if fmt not in ("CSV", "PARQUET"):
         raise ManifestError(f"S3 Inventory {uri} is {fmt}: batchinf reads CSV and Parquet inventories")
     dest = str(manifest.get("destinationBucket", "")).removeprefix("arn:aws:s3:::")
-    if not dest:
-        raise ManifestError(f"S3 Inventory {uri} names no destinationBucket")
+    files = manifest["files"]
+    if not dest or not isinstance(files, list) or not all(isinstance(f, dict) and isinstance(f.get("key"), str)
+                                                          for f in files):
+        raise ManifestError(f"S3 Inventory {uri} needs a destinationBucket and files: [{{\"key\": ...}}, ...]")
     out: list[Entry] = []
-    for f in manifest["files"]:
-        blob = read(f"s3://{dest}/{f['key']}")
-        rows = _csv_rows(manifest, blob, f"s3://{dest}/{f['key']}") if fmt == "CSV" else _parquet_rows(blob, f"s3://{dest}/{f['key']}")
-        for row in rows:
+    for f in files:
+        data_uri = f"s3://{dest}/{f['key']}"
+        blob = read(data_uri)
+        for row in _csv_rows(manifest, blob, data_uri) if fmt == "CSV" else _parquet_rows(blob, data_uri):
             if row.get("is_delete_marker") in ("true", True) or row.get("is_latest") in ("false", False):
                 continue
             obj = f"s3://{row['bucket']}/{row['key']}"
