@@ -98,6 +98,13 @@ def launch_serve(log: Path, env: dict[str, str], *args: str) -> tuple[subprocess
 def moto_server() -> Iterator[str]:
     """A real moto S3 server in a subprocess; exports its endpoint and test credentials in os.environ
     while it runs. Yields its url."""
+    with moto_process() as (url, _):
+        yield url
+
+
+@contextmanager
+def moto_process() -> Iterator[tuple[str, subprocess.Popen]]:
+    """`moto_server`, yielding its url and its process too (a test may pause it with SIGSTOP)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = tempfile.TemporaryFile()  # a file, not a pipe: the server logs every request
@@ -135,7 +142,7 @@ def moto_server() -> Iterator[str]:
     os.environ.update(env)
     config.settings.cache_clear()       # settings are read once per process
     try:
-        yield url
+        yield url, proc
     finally:
         for k, v in saved.items():
             if v is None:
