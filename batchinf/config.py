@@ -75,6 +75,13 @@ class Settings:
                                     # redelivery; above the longest shard (a dead worker's lease expires sooner)
     device: str                     # BATCHINF_DEVICE: a Celery worker's device, auto | cpu | cuda (set by
                                     # `batchinf worker --device`)
+    dispatch_ahead: int             # BATCHINF_DISPATCH_AHEAD: shards the broker may hold beyond the worker processes
+                                    # that consume the queue (at least this many, or a quarter of those processes;
+                                    # default 2): what workers are about to take, so an urgent job's shards wait
+                                    # behind little
+    broker_timeout: float           # BATCHINF_BROKER_TIMEOUT: seconds a broker connect, read or publish may take
+                                    # (socket timeouts; a publish retries within it), and a control reply is awaited
+                                    # at most a tenth of it (default 10)
     # --- object storage
     s3_endpoint_url: str | None     # BATCHINF_S3_ENDPOINT_URL: MinIO or another S3-compatible server; unset: AWS
     s3_region: str | None           # BATCHINF_S3_REGION, else AWS_REGION; unset: boto3's chain (AWS_DEFAULT_REGION,
@@ -84,6 +91,13 @@ class Settings:
     s3_expected_bucket_owner: str | None  # BATCHINF_S3_EXPECTED_BUCKET_OWNER: account id every request asserts
     s3_put_extra: dict[str, str]    # BATCHINF_S3_PUT_EXTRA: JSON object of extra PutObject arguments, e.g.
                                     # {"StorageClass": "INTELLIGENT_TIERING", "ACL": "bucket-owner-full-control"}
+    s3_connect_timeout: float       # BATCHINF_S3_CONNECT_TIMEOUT: seconds to connect to S3 (default 5)
+    s3_read_timeout: float          # BATCHINF_S3_READ_TIMEOUT: seconds S3 may stay silent mid-request (default 30)
+    s3_max_attempts: int            # BATCHINF_S3_MAX_ATTEMPTS: tries per S3 request, the first included (default 4);
+                                    # a server silent through all of them is a TransientError naming the object
+    store_warn_seconds: float       # BATCHINF_STORE_WARN_SECONDS: a storage call running this long is logged
+                                    # ("still waiting for s3 GET URI (job ID) after N s"), and again as often
+                                    # (default 10; 0: off)
     # --- metrics
     metrics_token: str | None       # BATCHINF_METRICS_TOKEN: the bearer token /metrics requires
     metrics_public: bool            # BATCHINF_METRICS_PUBLIC: 1 serves /metrics without a token (with neither
@@ -224,12 +238,18 @@ def load_settings() -> Settings:
         queue=_text("BATCHINF_QUEUE") or "batchinf",
         visibility_timeout=_int("BATCHINF_VISIBILITY_TIMEOUT", 6 * 3600),
         device=_text("BATCHINF_DEVICE") or "auto",
+        dispatch_ahead=max(0, _int("BATCHINF_DISPATCH_AHEAD", 2)),
+        broker_timeout=max(0.1, _float("BATCHINF_BROKER_TIMEOUT", 10.0)),
         s3_endpoint_url=_text("BATCHINF_S3_ENDPOINT_URL"),
         s3_region=_text("BATCHINF_S3_REGION") or _text("AWS_REGION"),
         s3_sse=_choice("BATCHINF_S3_SSE", ("AES256", "aws:kms", "aws:kms:dsse"), None),
         s3_sse_kms_key_id=_text("BATCHINF_S3_SSE_KMS_KEY_ID"),
         s3_expected_bucket_owner=_text("BATCHINF_S3_EXPECTED_BUCKET_OWNER"),
         s3_put_extra=_json_object("BATCHINF_S3_PUT_EXTRA"),
+        s3_connect_timeout=max(0.1, _float("BATCHINF_S3_CONNECT_TIMEOUT", 5.0)),
+        s3_read_timeout=max(0.1, _float("BATCHINF_S3_READ_TIMEOUT", 30.0)),
+        s3_max_attempts=max(1, _int("BATCHINF_S3_MAX_ATTEMPTS", 4)),
+        store_warn_seconds=max(0.0, _float("BATCHINF_STORE_WARN_SECONDS", 10.0)),
         log_format=_choice("BATCHINF_LOG_FORMAT", ("text", "json"), "text") or "text",
         log_level=_choice("BATCHINF_LOG_LEVEL", ("DEBUG", "INFO", "WARNING", "ERROR"), None, upper=True),
         metrics_token=_text("BATCHINF_METRICS_TOKEN"),

@@ -21,7 +21,7 @@ from batchinf.ledger import leases
 from batchinf.ledger import shards as shard_repo
 from batchinf.ledger.models import Job
 from batchinf.ledger.states import JOB_PLANNING, JOB_TERMINAL, JobStatus
-from batchinf.lifecycle import retry_in, share_slots, step
+from batchinf.lifecycle import in_flight_cap, retry_in, share_slots, step
 
 log = logging.getLogger("batchinf.controller")
 
@@ -81,9 +81,10 @@ SIDE_THREADS = 4     # a controller's threads for the pinning and planning steps
 
 
 class Controller:
-    """Distributed mode's restartable loop over every active job in the ledger: per tick and job
-    (under a controller lease, so two controllers never step one job at once), one lifecycle
-    step, with at most `max_in_flight` shards queued or running across all jobs (fair share).
+    """Distributed mode's restartable loop over every active job in the ledger, highest priority
+    first: per tick and job (under a controller lease, so two controllers never step one job at
+    once), one lifecycle step, with at most `lifecycle.in_flight_cap` shards queued or running
+    across all jobs (fair share): `max_in_flight`, or fewer when the fleet is smaller.
 
     Pinning and planning read what a tenant named, as much as it named: with a dispatcher that
     does that work in this process (`Dispatcher.steps_beside_tick`: embedded `serve`) those steps run
@@ -111,7 +112,11 @@ class Controller:
 
     def tick(self) -> bool:
         """One step of every active job; True when one of them changed status."""
-        shares = share_slots(self.max_in_flight, shard_repo.dispatch_demand(cap=max(1, self.max_in_flight)))
+        fleet = self.dispatcher.workers()
+        # a broker's fleet not yet counted gets the margin alone; a dispatcher that counts no
+        # workers and loses no messages (one that runs shards as it sends them) is not bounded
+        cap = in_flight_cap(self.max_in_flight, fleet) if fleet or self.dispatcher.resends_lost else self.max_in_flight
+        shares = share_slots(cap, shard_repo.dispatch_demand(cap=cap))
         moved = False
         self._beside = {j: (t, f) for j, (t, f) in self._beside.items() if not f.done()}
         for job_id in job_repo.active_ids():

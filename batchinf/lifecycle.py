@@ -234,6 +234,17 @@ def _give_up(job: Job, reason: str) -> None:
         job_repo.fail(job.id, reason)
 
 
+def in_flight_cap(max_in_flight: int, processes: int | None) -> int:
+    """Shards that may be queued or running across all jobs: the worker processes that consume the
+    queue plus what they are about to take (BATCHINF_DISPATCH_AHEAD, or a quarter of the processes
+    if more), never above `max_in_flight`. The broker then holds only a few messages beyond the
+    running shards, so an urgent job's first shard waits behind about that many, not behind a whole
+    backfill (with 4 processes and 2 ahead: about half a shard time). Unknown processes (a cold
+    fleet): the ahead margin alone, until workers answer."""
+    n = processes or 0
+    return max(1, min(max_in_flight, n + max(settings().dispatch_ahead, -(-n // 4))))
+
+
 def share_slots(max_in_flight: int, demand: list[Demand]) -> dict[str, int]:
     """Fair share of the fleet's free dispatch slots: `max_in_flight` shards may be queued or
     running across all jobs; free slots go to jobs by priority, then earliest deadline, and

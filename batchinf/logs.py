@@ -35,6 +35,12 @@ def context(**fields: Any) -> Iterator[None]:
         _context.reset(token)
 
 
+def current() -> dict[str, Any]:
+    """The fields `context()` set around this point (job_id, shard_id, ...), for a record logged
+    on another thread's behalf."""
+    return dict(_context.get())
+
+
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
     out = dict(_context.get())
     for name in FIELDS:

@@ -19,7 +19,8 @@ from batchinf.ledger import attempts as attempt_repo
 from batchinf.ledger.models import Job
 
 RECENT_WORKER_SECONDS = 600.0    # a worker that ran an attempt this recently counts as live
-FLEET_REFRESH_SECONDS = 30.0     # how often the controller asks the broker which workers are up
+FLEET_REFRESH_SECONDS = 10.0     # how often the controller asks the broker which workers consume the queue
+FLEET_RETRY_SECONDS = 2.0        # ... and, while none answered, how soon it asks again
 
 app = Celery("batchinf")
 app.conf.update(
@@ -44,13 +45,28 @@ def _logging(**_: Any) -> None:
 
 
 def _from_settings() -> dict[str, Any]:
-    """The broker, the queue and the visibility timeout, read when the app's configuration is
-    first needed (sending or working), not at import. The visibility timeout is above the longest
-    shard: an unacked message of a live worker is not redelivered meanwhile (a dead worker's shard
-    is recovered sooner, through its expired ledger lease)."""
+    """The broker, the queue and the timeouts, read when the app's configuration is first needed
+    (sending or working), not at import. The visibility timeout is above the longest shard: an
+    unacked message of a live worker is not redelivered meanwhile (a dead worker's shard is
+    recovered sooner, through its expired ledger lease). Every broker call is bounded by
+    BATCHINF_BROKER_TIMEOUT: socket connect and read timeouts (Redis; AMQP's connect timeout), and
+    a publish retries for about as long, then raises (the controller's step fails and is retried;
+    the ledger still holds the shard queued, so a message never sent is sent again)."""
     s = settings()
+    t = s.broker_timeout
     return {"broker_url": s.broker_url, "task_default_queue": s.queue,
-            "broker_transport_options": {"visibility_timeout": s.visibility_timeout}}
+            "broker_connection_timeout": t,
+            "broker_transport_options": {"visibility_timeout": s.visibility_timeout,
+                                         "socket_timeout": t, "socket_connect_timeout": t},
+            "task_publish_retry_policy": {"max_retries": 3, "interval_start": 0,
+                                          "interval_step": t / 6, "interval_max": t / 3}}
+
+
+def plan_queue() -> str:
+    """The queue planning tasks go to (BATCHINF_QUEUE + "-plan"), which every worker also reads:
+    an urgent job's planning never waits behind a backfill's shard messages, only for a free
+    worker process."""
+    return f"{settings().queue}-plan"
 
 
 app.add_defaults(_from_settings)
@@ -100,7 +116,7 @@ def plan_part(job_id: str, idx: int, k: int) -> None:
 def _send_parts(job_id: str, idx: int, parts: list[int]) -> None:
     limit = settings().plan_time_limit     # soft: the task records the timeout; hard: it is killed
     for k in parts:
-        plan_part.apply_async(args=[job_id, idx, k], soft_time_limit=limit, time_limit=limit + 30)
+        plan_part.apply_async(args=[job_id, idx, k], queue=plan_queue(), soft_time_limit=limit, time_limit=limit + 30)
 
 
 @contextlib.contextmanager
@@ -136,12 +152,13 @@ class CeleryDispatcher(Dispatcher):
         if time.monotonic() - self._pinning.get(job.id, float("-inf")) > self.requeue_seconds:
             self._pinning[job.id] = time.monotonic()
             limit = settings().pin_time_limit + 15
-            pin_job.apply_async(args=[job.id], soft_time_limit=limit, time_limit=limit + 30)
+            pin_job.apply_async(args=[job.id], queue=plan_queue(), soft_time_limit=limit, time_limit=limit + 30)
 
     def plan(self, job: Job, idxs: list[int]) -> None:
         limit = settings().plan_time_limit     # soft: the task records the timeout; hard: it is killed
         for idx in idxs:
-            plan_object.apply_async(args=[job.id, idx], soft_time_limit=limit, time_limit=limit + 30)
+            plan_object.apply_async(args=[job.id, idx], queue=plan_queue(), soft_time_limit=limit,
+                                    time_limit=limit + 30)
 
     def send(self, shard_ids: list[str]) -> None:
         for shard_id in shard_ids:
@@ -151,22 +168,29 @@ class CeleryDispatcher(Dispatcher):
         execute_shard.apply_async(args=[shard_id], kwargs={"speculative": True})
 
     def workers(self) -> int | None:
-        """The live fleet: worker processes answering the broker (asked every
-        FLEET_REFRESH_SECONDS), or those that ran attempts lately if more; None when neither
-        knows of any (a cold fleet): a job is then cut by its caps unless its manifest names
-        `shards.target_workers`."""
+        """The live fleet on this queue: pool processes of the workers that consume it (asked every
+        FLEET_REFRESH_SECONDS; workers of other queues on the same broker do not count), or those
+        that ran attempts lately if more; None when neither knows of any (a cold fleet): a job is
+        then cut by its caps unless its manifest names `shards.target_workers`."""
         asked, up = self._fleet
-        if time.monotonic() - asked > FLEET_REFRESH_SECONDS:
-            up = max(_processes_up(), attempt_repo.recent_workers(RECENT_WORKER_SECONDS))
-            if up:                  # none seen yet (a fleet still starting): ask again next tick
-                self._fleet = (time.monotonic(), up)
+        if time.monotonic() - asked > (FLEET_REFRESH_SECONDS if up else FLEET_RETRY_SECONDS):
+            up = max(processes_up(settings().queue), attempt_repo.recent_workers(RECENT_WORKER_SECONDS))
+            self._fleet = (time.monotonic(), up)
         return up or None
 
 
-def _processes_up() -> int:
-    """Pool processes of the workers that answer on the broker now (0 when it cannot be asked)."""
+def processes_up(queue: str) -> int:
+    """Pool processes of the workers that answer on the broker now and consume `queue` (0 when
+    the broker cannot be asked). Two broadcasts: which workers consume what (active_queues, its
+    reply awaited a tenth of BATCHINF_BROKER_TIMEOUT), then the pool size of those that consume
+    `queue` (stats, addressed to them, so it returns once they replied)."""
+    timeout = settings().broker_timeout / 10
     try:
-        stats = app.control.inspect(timeout=0.5).stats() or {}
+        consumed = app.control.inspect(timeout=timeout).active_queues() or {}
+        names = [w for w, qs in consumed.items() if any(q.get("name") == queue for q in qs or [])]
+        if not names:
+            return 0
+        stats = app.control.inspect(destination=names, timeout=timeout).stats() or {}
     except Exception:  # noqa: BLE001 -- the broker is down: the ledger's view stands
         return 0
-    return sum(int((s.get("pool") or {}).get("max-concurrency") or 1) for s in stats.values())
+    return sum(int(((stats.get(w) or {}).get("pool") or {}).get("max-concurrency") or 1) for w in names)

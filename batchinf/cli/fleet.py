@@ -56,16 +56,17 @@ def worker(concurrency: int, device: str, threads: int | None, hostname: str, me
     from batchinf.config import settings
 
     settings.cache_clear()            # the variables just set reach this process's settings too
-    from batchinf.workers.celery_app import QUEUE, app
+    from batchinf.workers.celery_app import QUEUE, app, plan_queue
 
-    app.worker_main(["worker", "--concurrency", str(concurrency), "--pool", "prefork", "-Q", QUEUE,
+    app.worker_main(["worker", "--concurrency", str(concurrency), "--pool", "prefork", "-Q", f"{QUEUE},{plan_queue()}",
                      "--loglevel", settings().log_level or "INFO", "--without-gossip", "--without-mingle",
                      "-n", hostname, *celery_args])
 
 
 @click.command("controller")
 @click.option("--max-in-flight", default=16, show_default=True,
-              help="Shards queued or running across all jobs; free slots go by priority, deadline, then round-robin.")
+              help="Shards queued or running across all jobs, at most the queue's worker processes plus "
+              "BATCHINF_DISPATCH_AHEAD; free slots go by priority, deadline, then round-robin.")
 @click.option("--requeue-seconds", default=30.0, show_default=True,
               help="Send a queued shard's message again after this long (lost messages).")
 @click.option("--tick", default=1.0, show_default=True, help="Seconds between passes over the ledger.")

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
+from typing import Any, BinaryIO, Iterator
+
 from batchinf import failpoints
 from batchinf.errors import StoreError, TransientError
-from batchinf.store.base import SUPPORTED_SCHEMES, ObjectPin, Store, join, normalize_uri, split_uri
+from batchinf.store.base import RANGED_BUFFER, SUPPORTED_SCHEMES, ObjectPin, Store, join, normalize_uri, split_uri
+from batchinf.store.watch import waiting
 
 __all__ = ["ObjectPin", "Store", "get_store", "join", "normalize_uri", "split_uri"]
 
@@ -35,6 +40,49 @@ class _Faulty:
         return call
 
 
+# the verb each call is logged with while it runs long (store/watch.py)
+_VERBS = {"list": "LIST", "head": "HEAD", "exists": "HEAD", "open_read": "GET", "read_range": "GET",
+          "get_bytes": "GET", "download_file": "GET", "put_bytes": "PUT", "put_file": "PUT", "copy": "COPY",
+          "delete": "DELETE", "delete_prefix": "DELETE"}
+
+
+class _Watched:
+    """Every call of the store runs under the storage watchdog (`watch.waiting`): one stuck past
+    BATCHINF_STORE_WARN_SECONDS is logged with its job and object. `open_read` is watched while
+    it fetches (entering it), `open_ranged` per ranged read."""
+
+    def __init__(self, store: Store, scheme: str) -> None:
+        self._store, self._scheme = store, scheme
+
+    @property
+    def backend(self) -> Store:
+        """The store behind the watchdog (and the failpoints, when set)."""
+        return getattr(self._store, "_store", self._store)
+
+    def open_ranged(self, pin: ObjectPin, buffer: int = RANGED_BUFFER) -> contextlib.AbstractContextManager[BinaryIO]:
+        return Store.open_ranged(self, pin, buffer)  # type: ignore[arg-type]  # its reads: our read_range
+
+    @contextlib.contextmanager
+    def open_read(self, pin: ObjectPin) -> Iterator[BinaryIO]:
+        with contextlib.ExitStack() as stack:
+            with waiting(self._scheme, "GET", pin.uri):
+                f = stack.enter_context(self._store.open_read(pin))
+            yield f
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        verb = _VERBS.get(name)
+        if verb is None:
+            return attr
+
+        @functools.wraps(attr)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            target = args[0] if args else next(iter(kwargs.values()), "")
+            with waiting(self._scheme, verb, getattr(target, "uri", target)):
+                return attr(*args, **kwargs)
+        return call
+
+
 def get_store(uri: str) -> Store:
     """The backend for ``uri``'s scheme; StoreError naming the scheme if none handles it."""
     scheme = normalize_uri(uri).split("://", 1)[0]
@@ -48,6 +96,6 @@ def get_store(uri: str) -> Store:
 
         store = S3Store()
     if store is not None:
-        return _Faulty(store) if failpoints.active() else store  # type: ignore[return-value]
+        return _Watched(_Faulty(store) if failpoints.active() else store, scheme)  # type: ignore[arg-type,return-value]
     supported = ", ".join(f"{s}://" for s in SUPPORTED_SCHEMES)
     raise StoreError(f"unsupported uri scheme {scheme!r} in {uri}: supported are {supported} or a plain local path")

@@ -67,10 +67,10 @@ def client() -> Any:
             if key not in _clients:
                 session = boto3.session.Session()
                 region = s.s3_region or session.region_name or "us-east-1"
-                config = Config(
-                    retries={"max_attempts": 8, "mode": "adaptive"},
-                    connect_timeout=5,
-                    read_timeout=60,
+                config = Config(    # a silent server costs at most max_attempts x read_timeout, then TransientError
+                    retries={"total_max_attempts": s.s3_max_attempts, "mode": "adaptive"},
+                    connect_timeout=s.s3_connect_timeout,
+                    read_timeout=s.s3_read_timeout,
                     s3={"addressing_style": "path"} if endpoint else None,
                 )
                 _clients[key] = session.client("s3", endpoint_url=endpoint, region_name=region, config=config)

@@ -111,6 +111,36 @@ def test_values_are_read_when_settings_are_loaded(env: pytest.MonkeyPatch) -> No
     assert QUEUE == "q-test"
 
 
+_TIMEOUTS = ("BATCHINF_S3_CONNECT_TIMEOUT", "BATCHINF_S3_READ_TIMEOUT", "BATCHINF_S3_MAX_ATTEMPTS",
+             "BATCHINF_STORE_WARN_SECONDS", "BATCHINF_BROKER_TIMEOUT", "BATCHINF_DISPATCH_AHEAD")
+
+
+def test_every_storage_and_broker_call_is_bounded(env: pytest.MonkeyPatch) -> None:
+    """The S3 client and the Celery app take their timeouts from the settings."""
+    for name in _TIMEOUTS:
+        env.delenv(name, raising=False)
+    s = settings()
+    assert (s.s3_connect_timeout, s.s3_read_timeout, s.s3_max_attempts, s.store_warn_seconds) == (5.0, 30.0, 4, 10.0)
+    assert (s.broker_timeout, s.dispatch_ahead) == (10.0, 2)
+    env.setenv("BATCHINF_S3_READ_TIMEOUT", "2.5")
+    env.setenv("BATCHINF_S3_MAX_ATTEMPTS", "3")
+    env.setenv("BATCHINF_BROKER_TIMEOUT", "4")
+    env.setenv("BATCHINF_QUEUE", "q-test")
+    env.setenv("BATCHINF_S3_REGION", "us-east-1")
+    env.setenv("AWS_EC2_METADATA_DISABLED", "true")      # making a client asks for nothing on the network
+    settings.cache_clear()
+    from batchinf.store.s3 import client
+
+    config = client().meta.config
+    assert (config.connect_timeout, config.read_timeout, config.retries["total_max_attempts"]) == (5.0, 2.5, 3)
+    from batchinf.workers.celery_app import _from_settings, plan_queue
+
+    conf = _from_settings()
+    assert conf["broker_transport_options"]["socket_timeout"] == 4.0 == conf["broker_connection_timeout"]
+    assert conf["task_publish_retry_policy"]["max_retries"] == 3
+    assert plan_queue() == "q-test-plan"
+
+
 @pytest.mark.parametrize("name, value, says", [
     ("BATCHINF_LEASE_SECONDS", "soon", "BATCHINF_LEASE_SECONDS='soon' is not a number"),
     ("BATCHINF_MAX_ATTEMPTS", "2.5", "BATCHINF_MAX_ATTEMPTS='2.5' is not an integer"),

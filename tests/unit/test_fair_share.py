@@ -54,3 +54,21 @@ def test_a_job_still_planning_keeps_the_slots_it_outranks_free() -> None:
     backfill = _d("backfill", in_flight=2, ready=100)
     planning = _d("urgent", priority=5, ready=UNPLANNED_DEMAND)
     assert share_slots(6, [backfill, planning]) == {"backfill": 0, "urgent": 4}
+
+
+def test_in_flight_is_bounded_by_the_fleet_on_the_queue(monkeypatch) -> None:  # noqa: ANN001
+    """The broker holds the running shards plus a few about to be taken, never `max_in_flight`
+    shards for a small fleet."""
+    from batchinf.config import settings
+    from batchinf.lifecycle import in_flight_cap
+
+    monkeypatch.delenv("BATCHINF_DISPATCH_AHEAD", raising=False)
+    settings.cache_clear()
+    assert in_flight_cap(16, 2) == 4            # 2 processes + 2 ahead
+    assert in_flight_cap(16, None) == 2         # a cold fleet: the margin alone
+    assert in_flight_cap(100, 40) == 50         # a quarter of a large fleet ahead
+    assert in_flight_cap(16, 40) == 16          # never above max_in_flight
+    monkeypatch.setenv("BATCHINF_DISPATCH_AHEAD", "0")
+    settings.cache_clear()
+    assert in_flight_cap(16, 2) == 3 and in_flight_cap(16, None) == 1   # a quarter, rounded up
+    settings.cache_clear()
