@@ -222,7 +222,7 @@ class Bench:
                 statuses[path] = _chunked(self.url, self.tokens["evil"], path, mib, ctype)
         t = threading.Thread(target=post, daemon=True)
         t.start()
-        return lambda: (t.join(), f"answered {statuses}")[1]
+        return lambda: (t.join(), "answered " + ", ".join(f"{p} {c}" for p, c in statuses.items()))[1]
 
 
 def run(short: bool) -> dict[str, Any]:

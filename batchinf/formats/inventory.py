@@ -55,9 +55,17 @@ def _jsonl(uri: str, text: str, count: Callable[[str], None]) -> list[Entry]:
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
             raise ManifestError(f"input manifest {uri} line {n}: expected a JSON object with uri, or "
                                 f"bucket and key, and optional version_id ({exc})") from exc
-        count(obj)
+        _counted(count, obj, f"input manifest {uri} line {n}")
         out.append((obj, version))
     return out
+
+
+def _counted(count: Callable[[str], None], obj: str, where: str) -> None:
+    """`count(obj)`, its refusal (a bound of the job) naming where the object was listed."""
+    try:
+        count(obj)
+    except ManifestError as exc:
+        raise ManifestError(f"{where}: {exc}") from None
 
 
 def _inventory(uri: str, manifest: dict, read: Callable[[str], bytes], count: Callable[[str], None]) -> list[Entry]:
@@ -77,7 +85,7 @@ def _inventory(uri: str, manifest: dict, read: Callable[[str], bytes], count: Ca
             if row.get("is_delete_marker") in ("true", True) or row.get("is_latest") in ("false", False):
                 continue
             obj = f"s3://{row['bucket']}/{row['key']}"
-            count(obj)
+            _counted(count, obj, f"S3 Inventory file {data_uri}")
             out.append((obj, row.get("version_id") or None))
     return out
 

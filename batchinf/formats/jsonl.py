@@ -19,6 +19,9 @@ from batchinf.formats.compression import ExpansionLimit, decompressed
 from batchinf.formats.record import MAX_LINE_BYTES, InputRecord, _check
 
 
+SKIP_CHUNK = 1 << 20     # the rest of a line too long to keep is read past this much at a time
+
+
 def _lines(fh: BinaryIO, limit: int, budget: int | None = None) -> Iterator[bytes | None]:
     """The file's lines; None for a line longer than `limit`, which is skipped chunk by chunk so
     memory stays bounded whatever its size. With `budget`, only the lines that start within the
@@ -30,7 +33,7 @@ def _lines(fh: BinaryIO, limit: int, budget: int | None = None) -> Iterator[byte
             return
         pos += len(line)
         if len(line) > limit and not line.endswith(b"\n"):
-            pos += _skip_line(fh, limit)
+            pos += _skip_line(fh, min(limit, SKIP_CHUNK))
             yield None
             continue
         yield line

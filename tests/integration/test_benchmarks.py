@@ -81,3 +81,19 @@ def test_plan_scale_short_mode(tmp_path: Path) -> None:
     assert ledger["commits"] > 0 and ledger["committed"] == ledger["commits"]
     assert ledger["ledger_errors"] == 0, "a ledger fault (e.g. a deadlock) under concurrent commits"
     assert ledger["idle"]["status_ms"] > 0 and ledger["under_load"]["tick_ms_p50"] > 0
+
+
+def test_hostile_neighbours_short_mode(tmp_path: Path) -> None:
+    """Beside each hostile job or request of another tenant, the victim's small job still succeeds
+    (the script exits non-zero otherwise), and each attack ends refused or bounded."""
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "hostile_neighbours.py"), "--short", "--json"],
+                       capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    rows = json.loads(r.stdout)["rows"]
+    assert set(rows) == {"same file listed 60 times", "many objects", "gzip bomb", "chunked bodies"}
+    assert rows["same file listed 60 times"]["attack_ended"].startswith("failed") and "twice" in \
+        rows["same file listed 60 times"]["attack_ended"]
+    assert rows["many objects"]["attack_ended"].startswith("succeeded")
+    answers = rows["chunked bodies"]["attack_ended"].removeprefix("answered ").split(", ")
+    assert len(answers) == 3 and all(a.endswith(" 413") for a in answers), answers
+    assert all(r["victim_s"] > 0 and r["serve_peak_rss_mib"] > 0 for r in rows.values())

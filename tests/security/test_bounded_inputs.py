@@ -254,7 +254,7 @@ def _bomb_inventory(served: Served, name: str, piece: bytes, total: int) -> str:
 BOMBS = {  # kind -> (what it repeats, decompressed MiB, what the failed job says)
     "zeros": (b"\x00", 600, "longer than 65536 bytes"),
     "one long line": (b"b,k" * 1000, 450, "longer than 65536 bytes"),
-    "repeated rows": (None, 380, "lists more than 1000000 objects"),
+    "repeated rows": (None, 380, "lists more than 100000 objects (limit input_objects)"),
     "long rows": (None, 300, "decompresses past 134217728 bytes"),
 }
 
@@ -264,8 +264,8 @@ def test_a_gzip_bomb_inventory_fails_its_job_at_once(served: Served, kind: str) 
     bucket = served.bucket.removeprefix("s3://")
     piece, mib, says = BOMBS[kind]
     if piece is None:        # rows of a real inventory: short ones hit the rows' bound, long ones the bytes'
-        key = "data/x.jsonl" if kind == "repeated rows" else "data/" + "k" * 900
-        piece = f'"{bucket}","{key}","","true","false"\n'.encode()
+        key, version = ("data/x.jsonl", "") if kind == "repeated rows" else ("data/" + "k" * 900, "v" * 1600)
+        piece = f'"{bucket}","{key}","{version}","true","false"\n'.encode()
     uri = _bomb_inventory(served, kind.replace(" ", "-"), piece, mib << 20)
     doc = {"name": f"bomb-{kind}", "bundle": "tiny@prod", "input": {"manifest": uri, "format": "jsonl"},
            "output": {"uri": f"{served.bucket}/out/{kind.replace(' ', '-')}/"}}
