@@ -81,7 +81,6 @@ def test_reads_outside_the_grants_are_refused_before_anything_is_read(svc: Servi
         "host file": manifest("/etc/passwd", str(svc.root / "out" / "g1"), input={"uri": "/etc/passwd",
                                                                                 "id_field": "root"}),
         "home": manifest(str(svc.root / "home") + "/", str(svc.root / "out" / "g2")),
-        "tilde": manifest("~/", str(svc.root / "out" / "g3")),
         "s3 bucket not granted": manifest("s3://acme-private-bucket/", str(svc.root / "out" / "g4")),
         "climb out": manifest(str(svc.root / "in" / ".." / "home") + "/", str(svc.root / "out" / "g5")),
     }
@@ -89,6 +88,9 @@ def test_reads_outside_the_grants_are_refused_before_anything_is_read(svc: Servi
         m["input"] = {**m["input"], "format": "jsonl"}
         r = _post(svc, "globex", m)
         assert r.status_code == 422 and "outside the prefixes tenant 'globex' may read" in r.text, (what, r.text)
+    tilde = manifest("~/", str(svc.root / "out" / "g3"))       # never resolved in the server's home
+    r = _post(svc, "globex", {**tilde, "input": {**tilde["input"], "format": "jsonl"}})
+    assert r.status_code == 422 and "neither a URI nor an absolute path" in r.text, r.text
     write_jsonl(svc.root / "in" / "globex" / "b.jsonl", 5, bad=False)
     for what, out in (("system path", "/var/tmp/batchinf-squat"), ("home", str(svc.root / "home" / "x"))):
         r = _post(svc, "globex", manifest(str(svc.root / "in" / "globex") + "/", out, name=what))
