@@ -35,9 +35,10 @@ from tokenizers import Tokenizer
 
 from batchinf.config import settings
 from batchinf.errors import BundleError
-from batchinf.runtime.chat_template import TemplateLimitError, compile_template, render, token_text
+from batchinf.runtime.chat_template import TemplateLimitError, token_text
 from batchinf.runtime.sampling import SamplingParams, sample
 from batchinf.runtime.structured import vocab_of
+from batchinf.runtime.template_sandbox import TemplateCompileError, TemplateSandbox
 
 PREFILL_CHUNK_TOKENS = 4096     # padded positions per prefill forward pass
 PREFILL_PAD_SLACK = 1.25        # a prefill group's padded positions stay within this × its real tokens
@@ -83,6 +84,15 @@ class GenStats:                     # accumulated per runtime call; used for tok
 # --- the runtime ---------------------------------------------------------------------------------
 
 
+def _chat_error(e: jinja2.exceptions.TemplateError) -> ValueError:
+    if isinstance(e, TemplateLimitError):
+        err = ValueError(f"the bundle's chat template went past a limit rendering these messages: {e}")
+    else:
+        err = ValueError(f"the bundle's chat template rejected the messages: {e}")
+    err.__cause__ = e
+    return err
+
+
 @dataclass
 class _Seq:
     req: GenRequest
@@ -122,13 +132,12 @@ class GenerateRuntime:
         source = cfg.get("chat_template")
         if isinstance(source, list):    # [{"name": "default", "template": ...}, ...]
             source = next((t["template"] for t in source if t.get("name") == "default"), None)
-        try:
-            self._template = compile_template(source) if source else None
-        except jinja2.exceptions.TemplateError as e:
-            raise BundleError(f"{self.root / 'tokenizer_config.json'}: the chat template does not compile "
-                              f"({e}); fix or remove chat_template") from e
         self._template_vars = {k: token_text(cfg.get(k)) for k in
                                ("bos_token", "eos_token", "pad_token", "unk_token")}
+        # compiled and rendered in a sandbox process, started at the first render
+        self.template_sandbox = TemplateSandbox(source, self._template_vars,
+                                                memory_bytes=settings().template_memory_bytes,
+                                                seconds=settings().template_seconds) if source else None
         self._dtype = dtype_override or meta.get("dtype", "float32")
         self.model: Any = None
         self.share_prefixes = True      # off only to measure what prefix sharing saves
@@ -139,20 +148,34 @@ class GenerateRuntime:
         """A plain completion prompt, with the special tokens the tokenizer adds (e.g. Llama's BOS)."""
         return self.tokenizer.encode(prompt, add_special_tokens=True).ids
 
-    def render_chat(self, messages: list[dict]) -> str:
-        if self._template is None:
+    def render_chats(self, conversations: list[list[dict]]) -> list[str | Exception]:
+        """Each conversation rendered with the chat template (add_generation_prompt), in one round trip to
+        its sandbox process, or the error that conversation's record gets: ValueError when the template
+        rejects it or goes past a limit rendering it, RuntimeError when it raises anything else.
+        Raises BundleError when the template does not compile."""
+        if self.template_sandbox is None:
             raise ValueError(f"bundle {self.root.name} has no chat template; send a plain prompt instead")
         try:
-            return render(self._template, messages=messages, add_generation_prompt=True, **self._template_vars)
-        except TemplateLimitError as e:
-            raise ValueError(f"the bundle's chat template went past a limit rendering these messages: {e}") from e
-        except jinja2.exceptions.TemplateError as e:
-            raise ValueError(f"the bundle's chat template rejected the messages: {e}") from e
+            results = self.template_sandbox.render(conversations)
+        except TemplateCompileError as e:
+            raise BundleError(f"{self.root / 'tokenizer_config.json'}: the chat template does not compile "
+                              f"({e}); fix or remove chat_template") from e
+        return [_chat_error(r) if isinstance(r, jinja2.exceptions.TemplateError) else r for r in results]
+
+    def render_chat(self, messages: list[dict]) -> str:
+        (result,) = self.render_chats([messages])
+        if isinstance(result, Exception):
+            raise result
+        return result
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
         """Messages rendered with the chat template (add_generation_prompt) and tokenized the way
         transformers' apply_chat_template does: the template writes the special tokens itself."""
-        return self.tokenizer.encode(self.render_chat(messages), add_special_tokens=False).ids
+        return self.encode_rendered(self.render_chat(messages))
+
+    def encode_rendered(self, text: str) -> list[int]:
+        """A rendered chat (render_chats) tokenized as encode_chat does."""
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     encode_fixture = encode_prompt
 

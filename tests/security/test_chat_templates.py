@@ -1,12 +1,18 @@
 """Hostile chat templates (they ship inside bundles and GGUF files): a template that would hang a
 worker or build gigabytes fails fast with a clear error -- the bundle is refused at import, or a
-record that triggers it gets its `invalid_messages` row -- and the sandbox still blocks escapes."""
+record that triggers it gets its `invalid_messages` row -- and the sandbox still blocks escapes.
+Templates compile and render in a sandbox process (runtime/template_sandbox.py) whose memory and
+CPU limits stop what no check in Jinja sees: a single filter or method that builds gigabytes or
+runs for seconds in C."""
 
 from __future__ import annotations
 
 import json
+import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import jinja2
 import pytest
@@ -14,7 +20,7 @@ import pytest
 from batchinf.errors import BundleError
 from batchinf.runtime.chat_template import TemplateLimitError, compile_template, render
 from batchinf.runtime.generate import GenerateRuntime
-from tests.helpers.tiny_llama import make_tiny_llama
+from tests.helpers.tiny_llama import CHAT_TEMPLATE, make_tiny_llama
 
 MESSAGES = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
 
@@ -101,3 +107,192 @@ def test_a_record_that_trips_a_limit_is_refused_and_the_next_one_renders(tmp_pat
 
 def test_an_unsafe_attribute_renders_nothing() -> None:
     assert render(compile_template("[{{ raise_exception.__globals__ }}]"), messages=MESSAGES) == "[]"
+
+
+# --- the sandbox process: bombs no in-process check sees ----------------------------------------
+
+LIMIT_BYTES = 256 << 20
+SECONDS = 1.0       # a CPU-bound bomb is stopped after 2 s of CPU or SECONDS + WALL_GRACE of wall clock
+
+# Each builds far more than LIMIT_BYTES, or runs far longer than SECONDS, inside one filter, method,
+# operator or macro chain; the values differ from the ones issue 26 quotes.
+BOMBS = {
+    "format width": "{{ ('{0:>876543}' * 640).format('x') }}",
+    "percent width": "{{ ('%765432s' * 700) % (('y',) * 700) }}",
+    "format filter width": "{{ ('%654321s' * 900)|format(*(['z'] * 900)) }}",
+    "expandtabs": "{{ ('\\t' * 3000000).expandtabs(300) }}",
+    "indent": "{{ ('\\n' * 1500000)|indent(400, true, true) }}",
+    "center": "{{ (['c'] * 450)|map('center', 987654)|join }}",
+    "ljust": "{{ (['l'] * 300)|join('.'.ljust(999999)) }}",
+    "join separator": "{{ (['j'] * 900)|join('-' * 777777) }}",
+    "replace chain": "{{ ('ab' * 5000)|replace('a', 'aaaaaa')|replace('a', 'aaaaaa')|replace('a', 'aaaaaa')"
+                     "|replace('a', 'aaaaaa')|replace('a', 'aaaaaa') }}",
+    "translate": "{{ ('q' * 9000).translate({113: 'w' * 99999}) }}",
+    "wordwrap": "{{ ('w' * 1500000)|wordwrap(4) }}",       # quadratic: 3.5 s at 600,000 characters
+    "string repetition": "{% set s = 'r' * 15000000 %}{{ [s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s]|join }}",
+    "list growth": "{{ ([[0] * 7000000] * 9)|sum(start=[])|length }}",
+    "macro recursion": "{% macro m(n) %}{% if n > 0 %}{{ m(n - 1) }}{% endif %}{% endmacro %}{{ m(54321) }}",
+    "macro doubling": "{% macro m(s, n) %}{% if n > 0 %}{{ m(s ~ s, n - 1) }}{% else %}{{ s|length }}{% endif %}"
+                      "{% endmacro %}{{ m('ab', 30) }}",
+}
+
+# the tiny model's ChatML template, but a last message naming a bomb sets it off
+ROUTER = ("{% set c = messages[-1]['content'] %}"
+          + "".join(f"{'{% if' if i == 0 else '{% elif'} c == {name!r} %}}{src}"
+                    for i, (name, src) in enumerate(BOMBS.items()))
+          + "{% endif %}" + CHAT_TEMPLATE)
+HEALTHY = ([{"role": "user", "content": "hello world"}],
+           [{"role": "system", "content": "be short"}, {"role": "user", "content": "the water? ünï ✓"},
+            {"role": "assistant", "content": "light"}, {"role": "user", "content": "why\n\tso"}])
+
+
+@pytest.fixture(scope="module")
+def sandboxed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GenerateRuntime]:
+    """A runtime whose chat template is ROUTER, rendering under LIMIT_BYTES and SECONDS."""
+    from batchinf.config import settings
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BATCHINF_TEMPLATE_MEMORY_BYTES", str(LIMIT_BYTES))
+        mp.setenv("BATCHINF_TEMPLATE_SECONDS", str(SECONDS))
+        settings.cache_clear()
+        rt = GenerateRuntime(_llama_with_template(tmp_path_factory.mktemp("router"), ROUTER), {"context_length": 4096})
+    settings.cache_clear()
+    yield rt
+    rt.template_sandbox.close()
+
+
+def _stage(rt: GenerateRuntime, conversations: list[list[dict]]) -> list[dict]:
+    from types import SimpleNamespace
+
+    from batchinf.formats.record import InputRecord
+    from batchinf.tasks.generate import Generate, GenerateOptions
+
+    obj = SimpleNamespace(pin=SimpleNamespace(uri="file:///in/chats.jsonl"), options=GenerateOptions(max_tokens=8),
+                          max_length=rt.context_length)
+    records = [InputRecord(i, f"r{i}", None, messages=m) for i, m in enumerate(conversations)]
+    return Generate().stage(obj, rt, iter(records)).to_pylist()
+
+
+def _in_process(source: str, messages: list[dict], **variables: Any) -> str:
+    return render(compile_template(source), messages=messages, add_generation_prompt=True, **variables)
+
+
+@pytest.mark.parametrize("bomb", BOMBS)
+def test_a_bomb_record_gets_invalid_messages_and_its_batch_renders(sandboxed: GenerateRuntime, bomb: str) -> None:
+    t0 = time.monotonic()
+    rows = _stage(sandboxed, [HEALTHY[0], [{"role": "user", "content": bomb}], HEALTHY[1]])
+    elapsed = time.monotonic() - t0
+    print(f"{bomb}: {elapsed:.2f} s, peak RSS {sandboxed.template_sandbox.peak_rss() / 2**20:.0f} MiB so far")
+    assert rows[1]["error"] == "invalid_messages", rows[1]
+    assert rows[1]["message"].startswith("file:///in/chats.jsonl record 'r1': the bundle's chat template went past a limit")
+    for row, messages in zip((rows[0], rows[2]), HEALTHY):
+        assert row["error"] is None
+        assert row["input_ids"] == sandboxed.encode_rendered(_in_process(ROUTER, messages))
+    assert sandboxed.template_sandbox.peak_rss() <= LIMIT_BYTES
+    assert elapsed < 15        # unbounded, wordwrap alone runs for 20 s and the others build gigabytes
+
+
+def test_which_limit_stopped_a_bomb_is_named(sandboxed: GenerateRuntime) -> None:
+    out = sandboxed.render_chats([[{"role": "user", "content": b}] for b in ("format width", "wordwrap")])
+    assert "memory limit of 268435456 bytes (BATCHINF_TEMPLATE_MEMORY_BYTES)" in str(out[0])
+    assert "BATCHINF_TEMPLATE_SECONDS" in str(out[1]) and "its process was stopped" in str(out[1])
+
+
+def test_healthy_batches_render_as_the_in_process_renderer(sandboxed: GenerateRuntime) -> None:
+    conversations = [[{"role": "user", "content": f"question {i}: {'ab ' * (i % 7)}"}] for i in range(150)]
+    rows = _stage(sandboxed, conversations)      # more than RENDER_CHUNK records: several round trips
+    assert [r["input_ids"] for r in rows] == [sandboxed.encode_rendered(_in_process(ROUTER, m)) for m in conversations]
+
+
+def _smollm2_template() -> str:
+    from batchinf.runtime.gguf import GGUFFile
+    from tests.helpers.real_models import smollm2_gguf
+
+    with GGUFFile(smollm2_gguf()) as g:
+        return g.metadata["tokenizer.chat_template"]
+
+
+NORMAL = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] ~ '!' }}{% if loop.last %}"
+          "[{{ loop.length }}]{% endif %}{% endfor %}{{ (3 * 'ab') + 'c' }}{{ 2**10 }}{{ '%5d' % 3 }}"
+          "{{ messages|map(attribute='role')|join(',') }}{{ range(3)|list }}{{ 'a b'.split()|tojson }}"
+          "{{ bos_token }}{% if add_generation_prompt %}<go>{% endif %}")
+
+
+@pytest.mark.parametrize("which", ["smollm2", "tiny chatml", "normal"])
+def test_the_sandbox_renders_real_templates_identically(which: str) -> None:
+    from batchinf.runtime.template_sandbox import TemplateSandbox
+
+    source = {"smollm2": _smollm2_template, "tiny chatml": lambda: CHAT_TEMPLATE, "normal": lambda: NORMAL}[which]()
+    variables = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": None, "unk_token": None}
+    conversations = [*HEALTHY, MESSAGES + [{"role": "user", "content": "x" * 10000}],
+                     [{"role": "user", "content": "lone \ud800 surrogate, {{ not a template }}"}]]
+    sandbox = TemplateSandbox(source, variables, memory_bytes=LIMIT_BYTES, seconds=SECONDS)
+    try:
+        assert sandbox.render(conversations) == [_in_process(source, m, **variables) for m in conversations]
+    finally:
+        sandbox.close()
+
+
+def test_a_template_that_bombs_on_a_fixture_conversation_refuses_the_bundle(tmp_path: Path) -> None:
+    from batchinf.runtime.bundle import check_chat_template
+
+    template = "{% if messages|length > 1 %}" + BOMBS["format width"] + "{% endif %}" + CHAT_TEMPLATE
+    d = _llama_with_template(tmp_path, template)
+    rt = GenerateRuntime(d, {"context_length": 256, "chat_template": True})
+    with pytest.raises(BundleError, match="cannot render fixture conversation 1 .*memory limit"):
+        check_chat_template(rt, d)
+
+
+def test_a_template_that_bombs_while_compiling_refuses_the_bundle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from batchinf.config import settings
+    from batchinf.runtime.bundle import check_chat_template
+
+    # Jinja folds a filter of a constant at compile time: this one would run for a minute there
+    template = '{{ "' + "v" * 1500000 + '"|wordwrap(4) }}' + CHAT_TEMPLATE
+    monkeypatch.setenv("BATCHINF_TEMPLATE_SECONDS", str(SECONDS))
+    settings.cache_clear()
+    d = _llama_with_template(tmp_path, template)
+    rt = GenerateRuntime(d, {"context_length": 256, "chat_template": True})
+    t0 = time.monotonic()
+    with pytest.raises(BundleError, match="does not compile .*CPU time|does not compile .*did not start"):
+        check_chat_template(rt, d)
+    assert time.monotonic() - t0 < 15
+    settings.cache_clear()
+
+
+def test_the_sandbox_process_inherits_no_secret_and_no_descriptor(monkeypatch: pytest.MonkeyPatch) -> None:
+    from batchinf.runtime.template_sandbox import TemplateSandbox
+
+    if not Path("/proc/self/environ").exists():
+        pytest.skip("needs /proc")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t")
+    monkeypatch.setenv("BATCHINF_DATABASE_URL", "postgresql://user:pw@db/ledger")
+    r, w = os.pipe()
+    os.set_inheritable(w, True)         # a ledger socket or store connection a library left inheritable
+    sandbox = TemplateSandbox(CHAT_TEMPLATE, {}, memory_bytes=LIMIT_BYTES, seconds=SECONDS)
+    try:
+        assert sandbox.render([MESSAGES]) == [_in_process(CHAT_TEMPLATE, MESSAGES)]
+        pid = sandbox.pid
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert not [e for e in environ if e.startswith((b"AWS_", b"BATCHINF_"))], environ
+        assert sorted(int(fd) for fd in os.listdir(f"/proc/{pid}/fd")) == [0, 1, 2]
+        assert Path(f"/proc/{pid}/limits").read_text().count(str(LIMIT_BYTES)) == 2    # RLIMIT_AS soft and hard
+    finally:
+        sandbox.close()
+        os.close(r)
+        os.close(w)
+    assert sandbox.pid is None
+
+
+def test_a_forked_process_renders_with_its_own_sandbox(sandboxed: GenerateRuntime) -> None:
+    assert sandboxed.render_chat(HEALTHY[0]) == _in_process(ROUTER, HEALTHY[0])
+    parent_child = sandboxed.template_sandbox.pid
+    pid = os.fork()
+    if pid == 0:        # the fork must not talk over the parent's pipes, nor kill its process
+        ok = sandboxed.render_chat(HEALTHY[1]) == _in_process(ROUTER, HEALTHY[1]) \
+            and sandboxed.template_sandbox.pid != parent_child
+        sandboxed.template_sandbox.close()
+        os._exit(0 if ok else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert sandboxed.template_sandbox.pid == parent_child
+    assert sandboxed.render_chat(HEALTHY[1]) == _in_process(ROUTER, HEALTHY[1])
