@@ -244,6 +244,13 @@ def load_settings() -> Settings:
     )
 
 
+def sandbox_environment() -> dict[str, str]:
+    """All a chat template's sandbox process (runtime/template_sandbox.py) gets of the environment:
+    where Python finds modules (PYTHONPATH) and the time zone (TZ: strftime_now answers in the
+    parent's). Never credentials or a ledger URL."""
+    return {name: value for name in ("PYTHONPATH", "TZ") if (value := _text(name))}
+
+
 # A forked child (a Celery prefork worker) loads its own: its parent may have cached settings
 # before setting a variable for its children (`batchinf worker` sets BATCHINF_DEVICE so).
 os.register_at_fork(after_in_child=settings.cache_clear)

@@ -29,16 +29,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import jinja2
 import torch
 from tokenizers import Tokenizer
 
 from batchinf.config import settings
-from batchinf.errors import BundleError
-from batchinf.runtime.chat_template import TemplateLimitError, token_text
+from batchinf.runtime.chat_template import token_text
 from batchinf.runtime.sampling import SamplingParams, sample
 from batchinf.runtime.structured import vocab_of
-from batchinf.runtime.template_sandbox import TemplateCompileError, TemplateSandbox
+from batchinf.runtime.template_sandbox import bundle_sandbox, chat_results
 
 PREFILL_CHUNK_TOKENS = 4096     # padded positions per prefill forward pass
 PREFILL_PAD_SLACK = 1.25        # a prefill group's padded positions stay within this × its real tokens
@@ -84,15 +82,6 @@ class GenStats:                     # accumulated per runtime call; used for tok
 # --- the runtime ---------------------------------------------------------------------------------
 
 
-def _chat_error(e: jinja2.exceptions.TemplateError) -> ValueError:
-    if isinstance(e, TemplateLimitError):
-        err = ValueError(f"the bundle's chat template went past a limit rendering these messages: {e}")
-    else:
-        err = ValueError(f"the bundle's chat template rejected the messages: {e}")
-    err.__cause__ = e
-    return err
-
-
 @dataclass
 class _Seq:
     req: GenRequest
@@ -129,15 +118,9 @@ class GenerateRuntime:
         self.tokenizer.no_truncation()
         cfg = json.loads((self.root / "tokenizer_config.json").read_text()) \
             if (self.root / "tokenizer_config.json").is_file() else {}
-        source = cfg.get("chat_template")
-        if isinstance(source, list):    # [{"name": "default", "template": ...}, ...]
-            source = next((t["template"] for t in source if t.get("name") == "default"), None)
         self._template_vars = {k: token_text(cfg.get(k)) for k in
                                ("bos_token", "eos_token", "pad_token", "unk_token")}
-        # compiled and rendered in a sandbox process, started at the first render
-        self.template_sandbox = TemplateSandbox(source, self._template_vars,
-                                                memory_bytes=settings().template_memory_bytes,
-                                                seconds=settings().template_seconds) if source else None
+        self.template_sandbox = bundle_sandbox(cfg, self._template_vars)    # started at the first render
         self._dtype = dtype_override or meta.get("dtype", "float32")
         self.model: Any = None
         self.share_prefixes = True      # off only to measure what prefix sharing saves
@@ -149,18 +132,11 @@ class GenerateRuntime:
         return self.tokenizer.encode(prompt, add_special_tokens=True).ids
 
     def render_chats(self, conversations: list[list[dict]]) -> list[str | Exception]:
-        """Each conversation rendered with the chat template (add_generation_prompt), in one round trip to
-        its sandbox process, or the error that conversation's record gets: ValueError when the template
-        rejects it or goes past a limit rendering it, RuntimeError when it raises anything else.
-        Raises BundleError when the template does not compile."""
+        """Each conversation rendered with the chat template (add_generation_prompt) in one round trip
+        to its sandbox process, or that record's error (template_sandbox.chat_results)."""
         if self.template_sandbox is None:
             raise ValueError(f"bundle {self.root.name} has no chat template; send a plain prompt instead")
-        try:
-            results = self.template_sandbox.render(conversations)
-        except TemplateCompileError as e:
-            raise BundleError(f"{self.root / 'tokenizer_config.json'}: the chat template does not compile "
-                              f"({e}); fix or remove chat_template") from e
-        return [_chat_error(r) if isinstance(r, jinja2.exceptions.TemplateError) else r for r in results]
+        return chat_results(self.template_sandbox, conversations, self.root / "tokenizer_config.json")
 
     def render_chat(self, messages: list[dict]) -> str:
         (result,) = self.render_chats([messages])

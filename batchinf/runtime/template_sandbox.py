@@ -213,10 +213,11 @@ class TemplateSandbox:
     def _running(self) -> _Child:
         if self._child is not None:
             return self._child
-        env = {"PYTHONPATH": os.pathsep.join(filter(None, (str(Path(__file__).resolve().parents[2]),
-                                                           os.environ.get("PYTHONPATH"))))}
-        if "TZ" in os.environ:          # strftime_now answers in the parent's time zone
-            env["TZ"] = os.environ["TZ"]
+        from batchinf.config import sandbox_environment
+
+        env = sandbox_environment()     # batchinf itself first on the path, wherever it was imported from
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(Path(__file__).resolve().parents[2]),
+                                                          env.get("PYTHONPATH"))))
         child = _Child(env)
         self.starts += 1
         try:
@@ -258,6 +259,42 @@ class TemplateSandbox:
             self._child.stop()
             self.reaped_maxrss = max(self.reaped_maxrss, self._child.maxrss)
             self._child = None
+
+
+def bundle_sandbox(cfg: dict[str, Any], variables: dict[str, Any]) -> TemplateSandbox | None:
+    """tokenizer_config.json's chat template (the "default" one of a list) in a sandbox at Settings'
+    limits; None without one."""
+    from batchinf.config import settings
+
+    source = cfg.get("chat_template")
+    if isinstance(source, list):    # [{"name": "default", "template": ...}, ...]
+        source = next((t["template"] for t in source if t.get("name") == "default"), None)
+    if not source:
+        return None
+    return TemplateSandbox(source, variables, memory_bytes=settings().template_memory_bytes,
+                           seconds=settings().template_seconds)
+
+
+def chat_results(sandbox: TemplateSandbox, conversations: list[list[dict]], config: Path) -> list[str | Exception]:
+    """`sandbox.render`, its errors as a record gets them: ValueError when the template rejects the
+    messages or goes past a limit (RuntimeError for anything else it raised); BundleError, naming
+    `config`, when the template does not compile."""
+    from batchinf.errors import BundleError
+
+    try:
+        results = sandbox.render(conversations)
+    except TemplateCompileError as e:
+        raise BundleError(f"{config}: the chat template does not compile ({e}); fix or remove chat_template") from e
+    return [_chat_error(r) if isinstance(r, jinja2.exceptions.TemplateError) else r for r in results]
+
+
+def _chat_error(e: jinja2.exceptions.TemplateError) -> ValueError:
+    if isinstance(e, TemplateLimitError):
+        err = ValueError(f"the bundle's chat template went past a limit rendering these messages: {e}")
+    else:
+        err = ValueError(f"the bundle's chat template rejected the messages: {e}")
+    err.__cause__ = e
+    return err
 
 
 # --- child side ----------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import pytest
 from batchinf.errors import BundleError
 from batchinf.runtime.chat_template import TemplateLimitError, compile_template, render
 from batchinf.runtime.generate import GenerateRuntime
+from tests.helpers.template_bombs import BOMBS, router
 from tests.helpers.tiny_llama import CHAT_TEMPLATE, make_tiny_llama
 
 MESSAGES = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
@@ -114,33 +115,8 @@ def test_an_unsafe_attribute_renders_nothing() -> None:
 LIMIT_BYTES = 256 << 20
 SECONDS = 1.0       # a CPU-bound bomb is stopped after 2 s of CPU or SECONDS + WALL_GRACE of wall clock
 
-# Each builds far more than LIMIT_BYTES, or runs far longer than SECONDS, inside one filter, method,
-# operator or macro chain; the values differ from the ones issue 26 quotes.
-BOMBS = {
-    "format width": "{{ ('{0:>876543}' * 640).format('x') }}",
-    "percent width": "{{ ('%765432s' * 700) % (('y',) * 700) }}",
-    "format filter width": "{{ ('%654321s' * 900)|format(*(['z'] * 900)) }}",
-    "expandtabs": "{{ ('\\t' * 3000000).expandtabs(300) }}",
-    "indent": "{{ ('\\n' * 1500000)|indent(400, true, true) }}",
-    "center": "{{ (['c'] * 450)|map('center', 987654)|join }}",
-    "ljust": "{{ (['l'] * 300)|join('.'.ljust(999999)) }}",
-    "join separator": "{{ (['j'] * 900)|join('-' * 777777) }}",
-    "replace chain": "{{ ('ab' * 5000)|replace('a', 'aaaaaa')|replace('a', 'aaaaaa')|replace('a', 'aaaaaa')"
-                     "|replace('a', 'aaaaaa')|replace('a', 'aaaaaa') }}",
-    "translate": "{{ ('q' * 9000).translate({113: 'w' * 99999}) }}",
-    "wordwrap": "{{ ('w' * 1500000)|wordwrap(4) }}",       # quadratic: 3.5 s at 600,000 characters
-    "string repetition": "{% set s = 'r' * 15000000 %}{{ [s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s]|join }}",
-    "list growth": "{{ ([[0] * 7000000] * 9)|sum(start=[])|length }}",
-    "macro recursion": "{% macro m(n) %}{% if n > 0 %}{{ m(n - 1) }}{% endif %}{% endmacro %}{{ m(54321) }}",
-    "macro doubling": "{% macro m(s, n) %}{% if n > 0 %}{{ m(s ~ s, n - 1) }}{% else %}{{ s|length }}{% endif %}"
-                      "{% endmacro %}{{ m('ab', 30) }}",
-}
-
 # the tiny model's ChatML template, but a last message naming a bomb sets it off
-ROUTER = ("{% set c = messages[-1]['content'] %}"
-          + "".join(f"{'{% if' if i == 0 else '{% elif'} c == {name!r} %}}{src}"
-                    for i, (name, src) in enumerate(BOMBS.items()))
-          + "{% endif %}" + CHAT_TEMPLATE)
+ROUTER = router(CHAT_TEMPLATE)
 HEALTHY = ([{"role": "user", "content": "hello world"}],
            [{"role": "system", "content": "be short"}, {"role": "user", "content": "the water? ünï ✓"},
             {"role": "assistant", "content": "light"}, {"role": "user", "content": "why\n\tso"}])
@@ -189,7 +165,7 @@ def test_a_bomb_record_gets_invalid_messages_and_its_batch_renders(sandboxed: Ge
         assert row["error"] is None
         assert row["input_ids"] == sandboxed.encode_rendered(_in_process(ROUTER, messages))
     assert sandboxed.template_sandbox.peak_rss() <= LIMIT_BYTES
-    assert elapsed < 15        # unbounded, wordwrap alone runs for 20 s and the others build gigabytes
+    assert elapsed < 15        # unbounded, wordwrap alone runs for a minute and the others build gigabytes
 
 
 def test_which_limit_stopped_a_bomb_is_named(sandboxed: GenerateRuntime) -> None:
