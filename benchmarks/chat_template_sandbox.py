@@ -5,8 +5,10 @@ message; 20-80 words each) rendered with SmolLM2-135M-Instruct's template (from 
 tiny test model's ChatML template when it is missing), median of --reps repetitions of:
   (A) in process, as before: `chat_template.render` of the template compiled once;
   (B) the sandbox, one record per round trip (`TemplateSandbox.render([m])`);
-  (C) the sandbox, RENDER_CHUNK records per round trip (what staging does).
-Every output of (B) and (C) must equal (A)'s. The sandbox's start (a fresh interpreter compiling
+  (C) the sandbox, RENDER_CHUNK records per round trip;
+and, with SmolLM2's tokenizer, render + tokenize as staging does it: in process (before), and through
+the sandbox with the next chunk rendering while one is tokenized (`chat_results`, Generate.stage).
+Every output must equal the in-process one. The sandbox's start (a fresh interpreter compiling
 the template) is reported apart.
 
 Bombs: each of tests/helpers/template_bombs.py in a fresh sandbox at --memory-bytes and --seconds
@@ -33,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from batchinf.config import settings  # noqa: E402
 from batchinf.runtime.chat_template import compile_template, render  # noqa: E402
-from batchinf.runtime.template_sandbox import TemplateSandbox, peak_rss_of  # noqa: E402
+from batchinf.runtime.template_sandbox import TemplateSandbox, chat_results, peak_rss_of  # noqa: E402
 from batchinf.tasks.generate import RENDER_CHUNK  # noqa: E402
 from tests.helpers.template_bombs import BOMBS  # noqa: E402
 from tests.helpers.tiny_llama import CHAT_TEMPLATE  # noqa: E402
@@ -43,15 +45,17 @@ WORDS = ("time year people way day man thing woman life child world school state
 VARIABLES = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "pad_token": None, "unk_token": None}
 
 
-def template() -> tuple[str, str]:
+def template() -> tuple[str, str, Any]:
+    """The template's name, its source and its tokenizer (None without SmolLM2's GGUF)."""
     from tests.helpers.real_models import SMOLLM2_GGUF
 
     if not SMOLLM2_GGUF.is_file():
-        return "tiny ChatML (SmolLM2's GGUF is missing)", CHAT_TEMPLATE
+        return "tiny ChatML (SmolLM2's GGUF is missing)", CHAT_TEMPLATE, None
     from batchinf.runtime.gguf import GGUFFile
+    from batchinf.runtime.gguf_vocab import build_tokenizer
 
     with GGUFFile(SMOLLM2_GGUF) as g:
-        return "SmolLM2-135M-Instruct", g.metadata["tokenizer.chat_template"]
+        return "SmolLM2-135M-Instruct", g.metadata["tokenizer.chat_template"], build_tokenizer(g.metadata)
 
 
 def conversations(n: int) -> list[list[dict[str, str]]]:
@@ -69,7 +73,8 @@ def conversations(n: int) -> list[list[dict[str, str]]]:
     return out
 
 
-def render_cost(source: str, convs: list[list[dict]], reps: int, limits: dict[str, Any]) -> dict[str, Any]:
+def render_cost(source: str, tokenizer: Any, convs: list[list[dict]], reps: int, limits: dict[str, Any]
+                ) -> dict[str, Any]:
     compiled = compile_template(source)
     want = [render(compiled, messages=m, add_generation_prompt=True, **VARIABLES) for m in convs]
     sandbox = TemplateSandbox(source, VARIABLES, **limits)
@@ -86,22 +91,37 @@ def render_cost(source: str, convs: list[list[dict]], reps: int, limits: dict[st
     def chunked() -> list[Any]:
         return [r for i in range(0, len(convs), RENDER_CHUNK) for r in sandbox.render(convs[i:i + RENDER_CHUNK])]
 
+    def encode(texts: Any) -> list[Any]:
+        return [tokenizer.encode(t, add_special_tokens=False).ids for t in texts]
+
+    def in_process_tokenized() -> list[Any]:
+        return encode(render(compiled, messages=m, add_generation_prompt=True, **VARIABLES) for m in convs)
+
+    def staging_tokenized() -> list[Any]:       # as Generate.stage: the next chunk renders while one is tokenized
+        chunks = (convs[i:i + RENDER_CHUNK] for i in range(0, len(convs), RENDER_CHUNK))
+        return [ids for results in chat_results(sandbox, chunks, Path("tokenizer_config.json")) for ids in encode(results)]
+
     contenders = {"in process (before)": in_process, "sandbox, 1 record per round trip": one_per_trip,
-                  f"sandbox, {RENDER_CHUNK} records per round trip (staging)": chunked}
+                  f"sandbox, {RENDER_CHUNK} records per round trip": chunked}
+    if tokenizer is not None:
+        encode(want[:10])               # the tokenizer's first call builds its caches
+        contenders |= {"render + tokenize, in process (before)": in_process_tokenized,
+                       f"render + tokenize, sandbox ({RENDER_CHUNK} per trip, one ahead: staging)": staging_tokenized}
     seconds: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in range(reps):               # alternating, so that a drifting machine load weighs on all
         for name, fn in contenders.items():
             t0 = time.perf_counter()
             got = fn()
             seconds[name].append(time.perf_counter() - t0)
-            if got != want:
+            if got != (want if len(got) == len(want) and isinstance(got[0], str) else encode(want)):
                 raise SystemExit(f"{name}: the output differs from the in-process renderer's")
     per_s = {name: len(convs) / statistics.median(s) for name, s in seconds.items()}
-    base = per_s["in process (before)"]
+    base = {k: per_s["render + tokenize, in process (before)" if k.startswith("render + tokenize") else "in process (before)"]
+            for k in per_s}
     sandbox.close()
     return {"sandbox_start_s": round(start, 3), "records_per_s": {k: round(v) for k, v in per_s.items()},
             "us_per_record": {k: round(1e6 / v, 1) for k, v in per_s.items()},
-            "relative_to_in_process": {k: round(v / base, 2) for k, v in per_s.items()}}
+            "relative_to_in_process": {k: round(v / base[k], 2) for k, v in per_s.items()}}
 
 
 def bomb(name: str, limits: dict[str, Any]) -> dict[str, Any]:
@@ -143,10 +163,10 @@ def main() -> None:
     if a.short:
         a.records, a.reps = 50, 1
     limits = {"memory_bytes": a.memory_bytes, "seconds": a.seconds}
-    name, source = template()
+    name, source, tokenizer = template()
     convs = conversations(a.records)
     report = {"template": name, "records": a.records, "reps": a.reps, "limits": limits,
-              "render": render_cost(source, convs, a.reps, limits),
+              "render": render_cost(source, tokenizer, convs, a.reps, limits),
               "bombs": {b: bomb(b, limits) for b in (list(BOMBS)[:3] if a.short else BOMBS)}}
     ok = all(b["stopped"] and b["under_limit"] for b in report["bombs"].values())
     if a.json:
@@ -155,7 +175,7 @@ def main() -> None:
         r = report["render"]
         print(f"{a.records} chat records, template {name}, median of {a.reps}; sandbox start {r['sandbox_start_s']} s")
         for k, v in r["records_per_s"].items():
-            print(f"  {k:48s} {v:8d} records/s  {r['us_per_record'][k]:7.1f} us/record  x{r['relative_to_in_process'][k]}")
+            print(f"  {k:62s} {v:8d} records/s  {r['us_per_record'][k]:7.1f} us/record  x{r['relative_to_in_process'][k]}")
         print(f"bombs at {a.memory_bytes} bytes, {a.seconds:g} s:")
         for k, v in report["bombs"].items():
             print(f"  {k:20s} {v['seconds']:6.2f} s  peak RSS {v['peak_rss_mib']:6.1f} MiB  {v['error'][:90]}")

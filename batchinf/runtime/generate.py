@@ -131,12 +131,14 @@ class GenerateRuntime:
         """A plain completion prompt, with the special tokens the tokenizer adds (e.g. Llama's BOS)."""
         return self.tokenizer.encode(prompt, add_special_tokens=True).ids
 
+    def render_batches(self, batches: Iterable[list[list[dict]]]) -> Iterator[list[str | Exception]]:
+        """Each batch of conversations rendered with the chat template (add_generation_prompt) by its
+        sandbox process, or each one's error (template_sandbox.chat_results: the next batch is
+        rendered while the caller works on this one's)."""
+        return chat_results(self.template_sandbox, batches, self.root / "tokenizer_config.json")
+
     def render_chats(self, conversations: list[list[dict]]) -> list[str | Exception]:
-        """Each conversation rendered with the chat template (add_generation_prompt) in one round trip
-        to its sandbox process, or that record's error (template_sandbox.chat_results)."""
-        if self.template_sandbox is None:
-            raise ValueError(f"bundle {self.root.name} has no chat template; send a plain prompt instead")
-        return chat_results(self.template_sandbox, conversations, self.root / "tokenizer_config.json")
+        return next(self.render_batches([conversations]))
 
     def render_chat(self, messages: list[dict]) -> str:
         (result,) = self.render_chats([messages])

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import deque
 import os
 import select
 import signal
@@ -39,7 +40,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 import jinja2
 
@@ -157,34 +158,38 @@ class TemplateSandbox:
         self._child: _Child | None = None
         self._lock = threading.Lock()
         self._pid = os.getpid()
+        self._pending: deque[bytes] = deque()       # the submitted conversations not answered yet
+        self._out: list[str | Exception] = []       # the answers so far
 
     def render(self, conversations: list[list[dict]]) -> list[str | Exception]:
         """Each conversation rendered (add_generation_prompt), or its error: TemplateLimitError past a
         limit (its process is replaced), jinja2's TemplateError when the template rejects it, or
         RuntimeError for anything else the template raised. Raises TemplateCompileError when the
         template does not compile."""
+        self.submit(conversations)
+        return self.results()
+
+    def submit(self, conversations: list[list[dict]]) -> None:
+        """Send conversations to render; `results()` collects them (the caller works meanwhile). One
+        batch is outstanding at a time: submitting another drops the unread results of the last."""
         self._after_fork()
-        out: list[str | Exception] = []
-        pending = [json.dumps(c, ensure_ascii=False).encode("utf-8", "surrogatepass") for c in conversations]
         with self._lock:
-            while pending:
-                child = self._running()
-                try:
-                    child.send(b"[" + b",".join(pending) + b"]")
-                except OSError:          # it died idle (killed from outside): once more, with a fresh one
-                    self._stop()
-                    child = self._running()
-                    child.send(b"[" + b",".join(pending) + b"]")
-                done = 0
-                while done < len(pending):
-                    result, alive = self._reply(child)
-                    out.append(result)
-                    done += 1
-                    if not alive:
-                        self._stop()
-                        break
-                pending = pending[done:]
-        return out
+            self._collect()
+            self._out = []
+            self._pending = deque(json.dumps(c, ensure_ascii=False).encode("utf-8", "surrogatepass")
+                                  for c in conversations)
+            try:
+                self._send_pending()
+            except BaseException:
+                self._pending.clear()
+                raise
+
+    def results(self) -> list[str | Exception]:
+        """The results of the last `submit`, in its order (see `render`)."""
+        with self._lock:
+            self._collect()
+            out, self._out = self._out, []
+            return out
 
     def peak_rss(self) -> int:
         """The largest peak RSS, in bytes, of this sandbox's processes so far, the running one included
@@ -209,6 +214,27 @@ class TemplateSandbox:
     def _after_fork(self) -> None:
         if self._pid != os.getpid():        # the pipes are the parent's: leave them, start afresh
             self._pid, self._child, self._lock = os.getpid(), None, threading.Lock()
+            self._pending, self._out = deque(), []
+
+    def _send_pending(self) -> None:
+        if not self._pending:
+            return
+        batch = b"[" + b",".join(self._pending) + b"]"
+        try:
+            self._running().send(batch)
+        except OSError:          # it died idle (killed from outside): once more, with a fresh one
+            self._stop()
+            self._running().send(batch)
+
+    def _collect(self) -> None:
+        """Read the pending answers; after a trip, the rest goes to a fresh process."""
+        while self._pending:
+            result, alive = self._reply(self._child)
+            self._out.append(result)
+            self._pending.popleft()
+            if not alive:
+                self._stop()
+                self._send_pending()
 
     def _running(self) -> _Child:
         if self._child is not None:
@@ -275,17 +301,30 @@ def bundle_sandbox(cfg: dict[str, Any], variables: dict[str, Any]) -> TemplateSa
                            seconds=settings().template_seconds)
 
 
-def chat_results(sandbox: TemplateSandbox, conversations: list[list[dict]], config: Path) -> list[str | Exception]:
-    """`sandbox.render`, its errors as a record gets them: ValueError when the template rejects the
-    messages or goes past a limit (RuntimeError for anything else it raised); BundleError, naming
-    `config`, when the template does not compile."""
+def chat_results(sandbox: TemplateSandbox | None, batches: Iterable[list[list[dict]]], config: Path
+                 ) -> Iterator[list[str | Exception]]:
+    """Each batch's conversations rendered, or the errors their records get: ValueError when the
+    template rejects the messages or goes past a limit (RuntimeError for anything else it raised);
+    raises BundleError, naming `config`, when the template does not compile. The next batch goes
+    to the sandbox before this one's results are yielded: its process renders while the caller
+    tokenizes these."""
     from batchinf.errors import BundleError
 
+    it = iter(batches)
+    if sandbox is None:
+        for batch in it:
+            yield [ValueError(f"bundle {config.parent.name} has no chat template; send a plain prompt instead")] * len(batch)
+        return
     try:
-        results = sandbox.render(conversations)
+        if (batch := next(it, None)) is not None:
+            sandbox.submit(batch)
+        while batch is not None:
+            results = sandbox.results()
+            if (batch := next(it, None)) is not None:
+                sandbox.submit(batch)
+            yield [_chat_error(r) if isinstance(r, jinja2.exceptions.TemplateError) else r for r in results]
     except TemplateCompileError as e:
         raise BundleError(f"{config}: the chat template does not compile ({e}); fix or remove chat_template") from e
-    return [_chat_error(r) if isinstance(r, jinja2.exceptions.TemplateError) else r for r in results]
 
 
 def _chat_error(e: jinja2.exceptions.TemplateError) -> ValueError:

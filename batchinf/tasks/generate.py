@@ -5,8 +5,9 @@ one continuous batch over the whole shard."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from collections import deque
 from itertools import islice
+from pathlib import Path
 from typing import Annotated, Any, Callable, Iterator
 
 import pyarrow as pa
@@ -126,14 +127,24 @@ class Generate(Task):
         schema_problems: dict[str, str | None] = {}     # each distinct schema compiled once
         rendered: dict[int, Any] = {}       # ordinal -> chat text or its error, for the records read ahead
 
+        def chats(chunk: list[Any]) -> list[Any]:
+            return [r for r in chunk if r.error is None and r.messages is not None]
+
         def render_ahead() -> Iterator[Any]:
-            """The records, each chunk's chats rendered in one round trip to the template's sandbox."""
-            it = iter(records)
-            while chunk := list(islice(it, RENDER_CHUNK)):
-                chats = [r for r in chunk if r.error is None and r.messages is not None]
+            """The records; each chunk's chats rendered in one round trip to the template's sandbox,
+            the next chunk's while this one's are tokenized."""
+            chunks: deque[list[Any]] = deque()      # read and sent, not handed out yet
+
+            def batches() -> Iterator[list[list[dict]]]:
+                it = iter(records)
+                while chunk := list(islice(it, RENDER_CHUNK)):
+                    chunks.append(chunk)
+                    yield [r.messages for r in chats(chunk)]
+
+            for results in runtime.render_batches(batches()):
+                chunk = chunks.popleft()
                 rendered.clear()
-                if chats:
-                    rendered.update(zip((r.ordinal for r in chats), runtime.render_chats([r.messages for r in chats])))
+                rendered.update(zip((r.ordinal for r in chats(chunk)), results))
                 yield from chunk
 
         for row, r, where in usable_records(obj, render_ahead(), rows):

@@ -180,6 +180,33 @@ def test_healthy_batches_render_as_the_in_process_renderer(sandboxed: GenerateRu
     assert [r["input_ids"] for r in rows] == [sandboxed.encode_rendered(_in_process(ROUTER, m)) for m in conversations]
 
 
+def test_bombs_across_chunks_fail_only_their_records(sandboxed: GenerateRuntime) -> None:
+    # chunks of RENDER_CHUNK: a trip replaces the process mid-chunk, the next chunk is sent ahead
+    bombs = {5: "join separator", 63: "macro recursion", 64: "center", 140: "list growth"}
+    conversations = [[{"role": "user", "content": bombs.get(i, f"question {i}")}] for i in range(150)]
+    rows = _stage(sandboxed, conversations)
+    assert [i for i, r in enumerate(rows) if r["error"] == "invalid_messages"] == sorted(bombs)
+    assert all(rows[i]["input_ids"] == sandboxed.encode_rendered(_in_process(ROUTER, m))
+               for i, m in enumerate(conversations) if i not in bombs)
+
+
+def test_a_second_submit_drops_the_unread_results_of_the_first(sandboxed: GenerateRuntime) -> None:
+    sandbox = sandboxed.template_sandbox
+    sandbox.submit([HEALTHY[0], [{"role": "user", "content": "indent"}]])
+    sandbox.submit([HEALTHY[1]])
+    assert sandbox.results() == [_in_process(ROUTER, HEALTHY[1])] and sandbox.results() == []
+
+
+def test_chat_records_of_a_bundle_without_a_template_get_invalid_messages(tmp_path: Path) -> None:
+    d = make_tiny_llama(tmp_path / "m")
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    del cfg["chat_template"]
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    rt = GenerateRuntime(d, {"context_length": 256})
+    rows = _stage(rt, [HEALTHY[0]])
+    assert rows[0]["error"] == "invalid_messages" and "has no chat template; send a plain prompt" in rows[0]["message"]
+
+
 def _smollm2_template() -> str:
     from batchinf.runtime.gguf import GGUFFile
     from tests.helpers.real_models import smollm2_gguf
