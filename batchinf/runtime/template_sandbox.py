@@ -7,7 +7,7 @@ filter or string method runs in C or in the standard library, where no check rea
 that cannot outgrow its limits, whatever it calls:
 
 - address space: RLIMIT_AS at `memory_bytes` (BATCHINF_TEMPLATE_MEMORY_BYTES); a bigger
-  allocation raises MemoryError in the child, which reports it and exits (a fresh child follows);
+  allocation raises MemoryError in the child, which reports it and is then replaced;
 - CPU: before each record RLIMIT_CPU's soft limit is set that many seconds (BATCHINF_TEMPLATE_SECONDS,
   rounded up, plus one) past the CPU the child has used, so the kernel stops a render stuck in C code
   (SIGXCPU); the in-child deadline of `seconds` ends the ordinary cases gracefully first;
@@ -19,8 +19,9 @@ A render that trips a limit, or whose child dies, is that record's TemplateLimit
 replaced and the rest of the batch goes to the new one. The child is a fresh interpreter
 (`python -m batchinf.runtime.template_sandbox`), not a fork: it gets no open file or socket beyond
 its pipes (close_fds), no environment but PYTHONPATH and TZ (so no store credentials), and none of
-the parent's memory. It starts once per runtime (about 0.1 s) and renders many records per round
-trip. Child to parent is a status byte and UTF-8 text, never pickle: a child that escaped the
+the parent's memory. It starts once per runtime (about 0.1 s) and renders a batch of records per
+round trip; `submit` sends the next batch before the caller works on this one's `results`, so
+staging tokenizes while the child renders. Child to parent is a status byte and UTF-8 text, never pickle: a child that escaped the
 sandbox could not make the parent run anything.
 """
 
@@ -40,7 +41,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import jinja2
 
@@ -178,18 +179,24 @@ class TemplateSandbox:
             self._out = []
             self._pending = deque(json.dumps(c, ensure_ascii=False).encode("utf-8", "surrogatepass")
                                   for c in conversations)
-            try:
-                self._send_pending()
-            except BaseException:
-                self._pending.clear()
-                raise
+            self._guarded(self._send_pending)
 
     def results(self) -> list[str | Exception]:
         """The results of the last `submit`, in its order (see `render`)."""
         with self._lock:
-            self._collect()
+            self._guarded(self._collect)
             out, self._out = self._out, []
             return out
+
+    def _guarded(self, step: Callable[[], None]) -> None:
+        """A step that fails (a compile error, or a time limit's exception in the middle of a frame)
+        leaves no half-sent or half-read frame behind: the process is stopped, its batch dropped."""
+        try:
+            step()
+        except BaseException:
+            self._stop()
+            self._pending.clear()
+            raise
 
     def peak_rss(self) -> int:
         """The largest peak RSS, in bytes, of this sandbox's processes so far, the running one included

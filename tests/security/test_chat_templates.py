@@ -197,6 +197,27 @@ def test_a_second_submit_drops_the_unread_results_of_the_first(sandboxed: Genera
     assert sandbox.results() == [_in_process(ROUTER, HEALTHY[1])] and sandbox.results() == []
 
 
+def test_a_time_limit_raised_mid_render_leaves_the_sandbox_usable(sandboxed: GenerateRuntime) -> None:
+    """Celery's soft time limit arrives as an exception from a signal handler, wherever the parent is."""
+    import signal
+
+    class SoftTimeLimit(Exception):
+        pass
+
+    def fire(signum: int, frame: Any) -> None:
+        raise SoftTimeLimit
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(SoftTimeLimit):
+            sandboxed.render_chats([[{"role": "user", "content": "wordwrap"}], HEALTHY[0]])
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert sandboxed.render_chats([HEALTHY[1]]) == [_in_process(ROUTER, HEALTHY[1])]
+
+
 def test_chat_records_of_a_bundle_without_a_template_get_invalid_messages(tmp_path: Path) -> None:
     d = make_tiny_llama(tmp_path / "m")
     cfg = json.loads((d / "tokenizer_config.json").read_text())
