@@ -81,3 +81,15 @@ def test_plan_scale_short_mode(tmp_path: Path) -> None:
     assert ledger["commits"] > 0 and ledger["committed"] == ledger["commits"]
     assert ledger["ledger_errors"] == 0, "a ledger fault (e.g. a deadlock) under concurrent commits"
     assert ledger["idle"]["status_ms"] > 0 and ledger["under_load"]["tick_ms_p50"] > 0
+
+
+def test_chat_template_sandbox_short_mode(tmp_path: Path) -> None:
+    """Every contender renders what the in-process renderer does (the script exits non-zero
+    otherwise), and each bomb it replays is stopped with the sandbox's peak RSS under its limit."""
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "chat_template_sandbox.py"), "--short", "--json"],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    report = json.loads(r.stdout)
+    assert report["records"] == 50 and len(report["bombs"]) == 3
+    assert all(v > 0 for v in report["render"]["records_per_s"].values())
+    assert all(b["stopped"] and b["under_limit"] and b["peak_rss_mib"] > 0 for b in report["bombs"].values())
