@@ -320,3 +320,38 @@ def test_a_forked_process_renders_with_its_own_sandbox(sandboxed: GenerateRuntim
     assert os.waitpid(pid, 0)[1] == 0
     assert sandboxed.template_sandbox.pid == parent_child
     assert sandboxed.render_chat(HEALTHY[1]) == _in_process(ROUTER, HEALTHY[1])
+
+
+@pytest.mark.integration
+def test_a_job_whose_records_set_off_bombs_succeeds_with_their_error_rows(
+        tmp_path: Path, bi_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pyarrow.parquet as pq
+
+    from batchinf.bundles import import_bundle
+    from batchinf.config import settings
+    from batchinf.controller import drive
+    from batchinf.manifest import parse_manifest
+    from batchinf.submit import submit
+    from batchinf.verify import verify_output
+
+    monkeypatch.setenv("BATCHINF_TEMPLATE_MEMORY_BYTES", str(LIMIT_BYTES))
+    monkeypatch.setenv("BATCHINF_TEMPLATE_SECONDS", str(SECONDS))
+    settings.cache_clear()
+    import_bundle(_llama_with_template(tmp_path, ROUTER), "router", alias="prod")
+    inp, out = tmp_path / "in", tmp_path / "out"
+    inp.mkdir()
+    bombs = ("format width", "wordwrap", "list growth")
+    rows = [{"id": f"c{i}", "messages": [{"role": "user", "content": f"question {i}"}]} for i in range(6)]
+    rows[1:1] = [{"id": b, "messages": [{"role": "user", "content": b}]} for b in bombs]
+    (inp / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    m = {"name": "template-bombs", "task": "generate", "bundle": "router@prod", "options": {"max_tokens": 2},
+         "input": {"uri": str(inp) + "/", "messages_field": "messages"}, "output": {"uri": str(out)}}
+    job_id, _ = submit(parse_manifest(m))
+    assert drive(job_id, workers=1, threads=1) == "succeeded"
+    assert verify_output(str(out))["ok"]
+    ids = sorted(pq.read_table(out, ignore_prefixes=["_", "errors", "."]).column("record_id").to_pylist())
+    assert ids == [f"c{i}" for i in range(6)]
+    errors = {e["record_id"]: e for e in pq.read_table(out / "errors").to_pylist()}
+    assert sorted(errors) == sorted(bombs) and {e["error"] for e in errors.values()} == {"invalid_messages"}
+    assert "BATCHINF_TEMPLATE_MEMORY_BYTES" in errors["format width"]["message"]
+    assert "BATCHINF_TEMPLATE_SECONDS" in errors["wordwrap"]["message"]
