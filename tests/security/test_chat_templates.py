@@ -174,6 +174,19 @@ def test_which_limit_stopped_a_bomb_is_named(sandboxed: GenerateRuntime) -> None
     assert "BATCHINF_TEMPLATE_SECONDS" in str(out[1]) and "its process was stopped" in str(out[1])
 
 
+def test_the_kernel_stops_a_render_stuck_in_c_past_its_cpu_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    from batchinf.runtime import template_sandbox
+
+    monkeypatch.setattr(template_sandbox, "WALL_GRACE", 120.0)     # so that the wall clock cannot come first
+    sandbox = template_sandbox.TemplateSandbox(BOMBS["wordwrap"], {}, memory_bytes=LIMIT_BYTES, seconds=SECONDS)
+    try:
+        (result,) = sandbox.render([MESSAGES])
+        assert isinstance(result, TemplateLimitError) and "used up its CPU time" in str(result)
+        assert sandbox.pid is None and sandbox.starts == 1        # that process is gone; the next render starts one
+    finally:
+        sandbox.close()
+
+
 def test_healthy_batches_render_as_the_in_process_renderer(sandboxed: GenerateRuntime) -> None:
     conversations = [[{"role": "user", "content": f"question {i}: {'ab ' * (i % 7)}"}] for i in range(150)]
     rows = _stage(sandboxed, conversations)      # more than RENDER_CHUNK records: several round trips
