@@ -148,7 +148,8 @@ def _kill(proc: subprocess.Popen, owner: int) -> None:
 
 class TemplateSandbox:
     """A chat template compiled and rendered in a sandbox process (started at the first render).
-    Thread-safe; a forked copy of its owner starts its own process."""
+    `render` is thread-safe (a `submit`/`results` pair belongs to one caller); a forked copy of its
+    owner starts its own process."""
 
     def __init__(self, source: str, variables: dict[str, Any], *, memory_bytes: int, seconds: float) -> None:
         self.config = json.dumps({"source": source, "variables": variables, "memory_bytes": memory_bytes,
