@@ -115,6 +115,10 @@ class Settings:
     malloc_keep_bytes: int          # BATCHINF_MALLOC_KEEP_BYTES: a process that loads a model serves allocations up
                                     # to this size from the heap and keeps this much freed memory (runtime/malloc.py);
                                     # 0 leaves glibc's defaults
+    template_memory_bytes: int      # BATCHINF_TEMPLATE_MEMORY_BYTES: address space of the process that renders a
+                                    # bundle's chat template (runtime/template_sandbox.py; default 512 MiB)
+    template_seconds: float         # BATCHINF_TEMPLATE_SECONDS: one record's chat-template render, at most (5 s:
+                                    # the in-sandbox deadline; CPU limit one second more, the parent kills at +2 s)
     # --- bounds (see LIMITS)
     limits: dict[str, int]          # LIMITS' variables: the operator's default of each tenant-overridable bound
     max_kv_cache_bytes: int         # BATCHINF_MAX_KV_CACHE_BYTES: a worker's KV-cache budget per generate call
@@ -258,6 +262,8 @@ def load_settings() -> Settings:
         prometheus_multiproc_dir=_text("PROMETHEUS_MULTIPROC_DIR"),
         pack_weights=_flag("BATCHINF_PACK_WEIGHTS", True),
         malloc_keep_bytes=_int("BATCHINF_MALLOC_KEEP_BYTES", 1 << 30),
+        template_memory_bytes=_int("BATCHINF_TEMPLATE_MEMORY_BYTES", 512 << 20),
+        template_seconds=_float("BATCHINF_TEMPLATE_SECONDS", 5.0),
         limits={name: _int(var, default) for name, (var, default, _) in LIMITS.items()},
         max_kv_cache_bytes=_int("BATCHINF_MAX_KV_CACHE_BYTES", LIMITS["kv_cache_bytes"][1]),
         max_error_rows=_int("BATCHINF_MAX_ERROR_ROWS", 1_000_000),
@@ -268,6 +274,13 @@ def load_settings() -> Settings:
         failpoints=_text("BATCHINF_FAILPOINTS") or "",
         failpoints_seed=_text("BATCHINF_FAILPOINTS_SEED"),
     )
+
+
+def sandbox_environment() -> dict[str, str]:
+    """All a chat template's sandbox process (runtime/template_sandbox.py) gets of the environment:
+    where Python finds modules (PYTHONPATH) and the time zone (TZ: strftime_now answers in the
+    parent's). Never credentials or a ledger URL."""
+    return {name: value for name in ("PYTHONPATH", "TZ") if (value := _text(name))}
 
 
 # A forked child (a Celery prefork worker) loads its own: its parent may have cached settings

@@ -321,6 +321,8 @@ def check_chat_template(runtime: Any, src: Path) -> None:
     for i, messages in enumerate(CHAT_FIXTURES):
         try:
             runtime.render_chat(messages)
+        except BundleError:         # it does not compile
+            raise
         except Exception as e:  # noqa: BLE001 -- whatever the template does, the bundle is refused with it
             if i == 0 or isinstance(e.__cause__, TemplateLimitError) or not isinstance(e, ValueError):
                 raise BundleError(f"{src / 'tokenizer_config.json'}: the chat template cannot render fixture "

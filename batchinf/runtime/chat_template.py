@@ -12,6 +12,9 @@ cost, so a template with nested `range(100000)` loops, a line that builds a 2 GB
 - `~` concatenation, calls and filters check their sizes; integer arguments are capped at MAX_ARG;
 - a render streams through `template.generate()` and stops past MAX_OUTPUT_CHARS or
   RENDER_SECONDS of wall clock (checked at every loop iteration, operator, call and chunk).
+
+These checks are the first line only: a bundle's template compiles and renders in
+`template_sandbox.py`'s process, whose memory and CPU limits stop what they cannot see.
 """
 
 from __future__ import annotations

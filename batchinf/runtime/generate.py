@@ -29,15 +29,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import jinja2
 import torch
 from tokenizers import Tokenizer
 
 from batchinf.config import settings
-from batchinf.errors import BundleError
-from batchinf.runtime.chat_template import TemplateLimitError, compile_template, render, token_text
+from batchinf.runtime.chat_template import token_text
 from batchinf.runtime.sampling import SamplingParams, sample
 from batchinf.runtime.structured import vocab_of
+from batchinf.runtime.template_sandbox import bundle_sandbox, chat_results
 
 PREFILL_CHUNK_TOKENS = 4096     # padded positions per prefill forward pass
 PREFILL_PAD_SLACK = 1.25        # a prefill group's padded positions stay within this × its real tokens
@@ -119,16 +118,9 @@ class GenerateRuntime:
         self.tokenizer.no_truncation()
         cfg = json.loads((self.root / "tokenizer_config.json").read_text()) \
             if (self.root / "tokenizer_config.json").is_file() else {}
-        source = cfg.get("chat_template")
-        if isinstance(source, list):    # [{"name": "default", "template": ...}, ...]
-            source = next((t["template"] for t in source if t.get("name") == "default"), None)
-        try:
-            self._template = compile_template(source) if source else None
-        except jinja2.exceptions.TemplateError as e:
-            raise BundleError(f"{self.root / 'tokenizer_config.json'}: the chat template does not compile "
-                              f"({e}); fix or remove chat_template") from e
         self._template_vars = {k: token_text(cfg.get(k)) for k in
                                ("bos_token", "eos_token", "pad_token", "unk_token")}
+        self.template_sandbox = bundle_sandbox(cfg, self._template_vars)    # started at the first render
         self._dtype = dtype_override or meta.get("dtype", "float32")
         self.model: Any = None
         self.share_prefixes = True      # off only to measure what prefix sharing saves
@@ -139,20 +131,29 @@ class GenerateRuntime:
         """A plain completion prompt, with the special tokens the tokenizer adds (e.g. Llama's BOS)."""
         return self.tokenizer.encode(prompt, add_special_tokens=True).ids
 
+    def render_batches(self, batches: Iterable[list[list[dict]]]) -> Iterator[list[str | Exception]]:
+        """Each batch of conversations rendered with the chat template (add_generation_prompt) by its
+        sandbox process, or each one's error (template_sandbox.chat_results: the next batch is
+        rendered while the caller works on this one's)."""
+        return chat_results(self.template_sandbox, batches, self.root / "tokenizer_config.json")
+
+    def render_chats(self, conversations: list[list[dict]]) -> list[str | Exception]:
+        return next(self.render_batches([conversations]))
+
     def render_chat(self, messages: list[dict]) -> str:
-        if self._template is None:
-            raise ValueError(f"bundle {self.root.name} has no chat template; send a plain prompt instead")
-        try:
-            return render(self._template, messages=messages, add_generation_prompt=True, **self._template_vars)
-        except TemplateLimitError as e:
-            raise ValueError(f"the bundle's chat template went past a limit rendering these messages: {e}") from e
-        except jinja2.exceptions.TemplateError as e:
-            raise ValueError(f"the bundle's chat template rejected the messages: {e}") from e
+        (result,) = self.render_chats([messages])
+        if isinstance(result, Exception):
+            raise result
+        return result
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
         """Messages rendered with the chat template (add_generation_prompt) and tokenized the way
         transformers' apply_chat_template does: the template writes the special tokens itself."""
-        return self.tokenizer.encode(self.render_chat(messages), add_special_tokens=False).ids
+        return self.encode_rendered(self.render_chat(messages))
+
+    def encode_rendered(self, text: str) -> list[int]:
+        """A rendered chat (render_chats) tokenized as encode_chat does."""
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     encode_fixture = encode_prompt
 

@@ -5,6 +5,8 @@ one continuous batch over the whole shard."""
 from __future__ import annotations
 
 import json
+from collections import deque
+from itertools import islice
 from pathlib import Path
 from typing import Annotated, Any, Callable, Iterator
 
@@ -16,6 +18,8 @@ from batchinf.manifest_rules import BOOLEAN, INT32_MAX, LIMITED, STOP, TOKEN_IDS
 from batchinf.tasks.base import RECORD_FIELDS, STAGE_SCHEMA, RunOutput, StagedRows, Task, ok_rows, record_columns, usable_records
 from batchinf.tasks.batching import GenOutcome, generate_isolating
 from batchinf.tasks.embed import DEVICES
+
+RENDER_CHUNK = 64        # chat records rendered per round trip to the chat template's sandbox process
 
 # input_ids are the prompt's; each record carries its own resolved sampling params, so a worker
 # needs nothing but the staged shard (and a retry reads the very same params)
@@ -121,9 +125,36 @@ class Generate(Task):
         opts = obj.options or GenerateOptions()
         rows = StagedRows(GENERATE_STAGE_SCHEMA)
         schema_problems: dict[str, str | None] = {}     # each distinct schema compiled once
-        for row, r, where in usable_records(obj, records, rows):
+        rendered: dict[int, Any] = {}       # ordinal -> chat text or its error, for the records read ahead
+
+        def chats(chunk: list[Any]) -> list[Any]:
+            return [r for r in chunk if r.error is None and r.messages is not None]
+
+        def render_ahead() -> Iterator[Any]:
+            """The records; each chunk's chats rendered in one round trip to the template's sandbox,
+            the next chunk's while this one's are tokenized."""
+            chunks: deque[list[Any]] = deque()      # read and sent, not handed out yet
+
+            def batches() -> Iterator[list[list[dict]]]:
+                it = iter(records)
+                while chunk := list(islice(it, RENDER_CHUNK)):
+                    chunks.append(chunk)
+                    yield [r.messages for r in chats(chunk)]
+
+            for results in runtime.render_batches(batches()):
+                chunk = chunks.popleft()
+                rendered.clear()
+                rendered.update(zip((r.ordinal for r in chats(chunk)), results))
+                yield from chunk
+
+        for row, r, where in usable_records(obj, render_ahead(), rows):
             try:
-                ids = runtime.encode_chat(r.messages) if r.messages is not None else runtime.encode_prompt(r.text)
+                if r.messages is None:
+                    ids = runtime.encode_prompt(r.text)
+                elif isinstance(text := rendered.pop(r.ordinal), Exception):
+                    raise text
+                else:
+                    ids = runtime.encode_rendered(text)
             except Exception as exc:  # noqa: BLE001 -- a template that rejects a record fails that record
                 row.update(error="invalid_messages" if r.messages is not None else "invalid_prompt",
                            message=f"{where}: {exc}")

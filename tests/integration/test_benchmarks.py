@@ -97,3 +97,15 @@ def test_hostile_neighbours_short_mode(tmp_path: Path) -> None:
     answers = rows["chunked bodies"]["attack_ended"].removeprefix("answered ").split(", ")
     assert len(answers) == 3 and all(a.endswith(" 413") for a in answers), answers
     assert all(r["victim_s"] > 0 and r["serve_peak_rss_mib"] > 0 for r in rows.values())
+
+
+def test_chat_template_sandbox_short_mode(tmp_path: Path) -> None:
+    """Every contender renders what the in-process renderer does (the script exits non-zero
+    otherwise), and each bomb it replays is stopped with the sandbox's peak RSS under its limit."""
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "chat_template_sandbox.py"), "--short", "--json"],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    report = json.loads(r.stdout)
+    assert report["records"] == 50 and len(report["bombs"]) == 3
+    assert all(v > 0 for v in report["render"]["records_per_s"].values())
+    assert all(b["stopped"] and b["under_limit"] and b["peak_rss_mib"] > 0 for b in report["bombs"].values())

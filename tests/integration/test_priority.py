@@ -17,6 +17,7 @@ from batchinf.ledger.db import tx
 from batchinf.ledger.tables import attempts, jobs, shards
 from batchinf.manifest import parse_manifest
 from batchinf.submit import submit
+from tests.helpers.env import OPERATOR
 from tests.helpers.cluster import Cluster, exactly_once, job, wait
 from tests.helpers.corpus import manifest, write_jsonl
 
@@ -47,7 +48,7 @@ def test_urgent_jobs_overtake_a_running_backfill(cluster: Cluster, tmp_path: Pat
     for i in range(2):
         write_jsonl(tmp_path / f"urgent{i}.jsonl", 60, seed=5 + i)
         urgent.append(submit(parse_manifest(manifest(str(tmp_path / f"urgent{i}.jsonl"), f"{s3_bucket}/urgent{i}/",
-                                                     shards={"max_records": 20}, priority=10)))[0])
+                                                     shards={"max_records": 20}, priority=10)), OPERATOR)[0])
     for u in urgent:
         assert wait(u, cluster, timeout=120)["status"] == "succeeded"
     wait(backfill, cluster, timeout=120)
