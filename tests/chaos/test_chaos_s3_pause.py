@@ -1,5 +1,5 @@
-"""A hung S3 server in distributed mode: a private moto server SIGSTOPped while the controller
-pins a job. The stuck call is logged with its job and object while it hangs, times out into a
+"""A hung S3 server in distributed mode: a private moto server SIGSTOPped while a worker pins a
+job (the pinning task). The stuck call is logged with its job and object while it hangs, times out into a
 TransientError (BATCHINF_S3_READ_TIMEOUT x BATCHINF_S3_MAX_ATTEMPTS), the step is retried, and
 after SIGCONT the job succeeds with exactly-once coverage."""
 
@@ -42,7 +42,7 @@ def test_paused_s3_is_logged_and_the_job_recovers(tmp_path: Path, bi_home: Path,
             os.kill(moto.pid, signal.SIGSTOP)
             try:
                 cluster.controller()
-                log = cluster.logs / "controller.log"
+                log = cluster.logs / "w1.log"          # pinning is a task on the workers, never the controller's tick
                 stuck = _wait_for_log(log, "still waiting for s3 ", bucket, f"(job {job_id})")
                 failed = _wait_for_log(log, f"job {job_id}: pinning inputs", "TransientError")
                 print(f"\n{stuck}\n{failed}")
