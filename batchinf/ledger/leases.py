@@ -283,7 +283,7 @@ def _end_target(conn: Connection, shard_id: str, attempt: int, max_attempts: int
             return ShardStatus.QUARANTINED, counts, ""
     if len(lost) >= LOST_ATTEMPTS_FACTOR * max(1, max_attempts):
         return ShardStatus.FAILED, counts, (f"its worker was lost in {len(lost)} attempts, {len(lost) - len(charged)} "
-                                            "of them before it ran a record (loading the bundle?)")
+                                            "of them while not running records (loading the bundle, writing or committing)")
     return ShardStatus.RETRYING, counts, ""
 
 

@@ -11,6 +11,7 @@ import os
 import random
 import signal
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from sqlalchemy import func, select
 
 from batchinf.ledger.db import tx
 from batchinf.ledger.tables import attempts, shards
-from tests.helpers.cluster import SLOW, Cluster, exactly_once, job, leased_worker_pid, wait
+from tests.helpers.cluster import SLOW, Cluster, exactly_once, job, wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.slow]
 SEEDS = range(int(os.environ.get("BATCHINF_CHAOS_SEEDS", "1")))
@@ -30,16 +31,25 @@ def _attempts(job_id: str) -> list:
                             .where(shards.c.job_id == job_id).order_by(attempts.c.shard_id, attempts.c.number)).all()
 
 
+def _random_lease_holder(rng: random.Random) -> int | None:
+    """The pid of a pool process holding a lease now, drawn at random (a fault hits any worker)."""
+    with tx() as conn:
+        owners = sorted(conn.execute(select(shards.c.lease_owner).where(
+            shards.c.status == "running", shards.c.lease_owner.is_not(None))).scalars())
+    return int(rng.choice(owners).rsplit(":", 1)[1]) if owners else None
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_killed_workers_release_at_once_and_quarantine_nothing(seed: int, cluster: Cluster, tmp_path: Path,
                                                                s3_bucket: str) -> None:
-    """A pool process holding a lease is killed with SIGKILL every 1.5-3.5 s while an 8-shard job
-    runs, under a 60 s lease: each kill releases its lease at once (the job could not finish in
-    time otherwise), and the job ends `succeeded`, every record exactly once, no shard quarantined,
-    every lost attempt swept."""
+    """A pool process holding a lease, drawn at random, is killed with SIGKILL every 2-4.5 s while
+    a 12-shard job runs, under a 60 s lease and 3 attempts a shard: each kill releases its lease at
+    once (the job could not finish in time otherwise), and the job ends `succeeded`, every record
+    exactly once, no shard quarantined, every lost attempt swept."""
     rng = random.Random(f"kill-storm:{seed}")
     cluster.env["BATCHINF_LEASE_SECONDS"] = "60"          # expiry alone would stall the job a minute a kill
-    job_id, good = job(tmp_path, s3_bucket, n=192, max_records=24)
+    cluster.env["BATCHINF_MAX_ATTEMPTS"] = "3"            # the default
+    job_id, good = job(tmp_path, s3_bucket, n=288, max_records=24)
     cluster.controller()
     cluster.worker("w1", **SLOW)
     cluster.worker("w2", **SLOW)
@@ -47,8 +57,8 @@ def test_killed_workers_release_at_once_and_quarantine_nothing(seed: int, cluste
     from batchinf.ledger.status import status
 
     while status(job_id)["status"] not in ("succeeded", "failed") and time.monotonic() - t0 < 150:
-        time.sleep(rng.uniform(1.5, 3.5))
-        if (pid := leased_worker_pid()) is not None:
+        time.sleep(rng.uniform(2.0, 4.5))   # about a restarted worker's attempt (2-3 s): progress is possible
+        if (pid := _random_lease_holder(rng)) is not None:
             try:
                 os.kill(pid, signal.SIGKILL)
                 kills += 1
@@ -62,10 +72,12 @@ def test_killed_workers_release_at_once_and_quarantine_nothing(seed: int, cluste
     with tx() as conn:
         quarantined = conn.execute(select(func.count()).select_from(shards).where(
             shards.c.job_id == job_id, shards.c.status == "quarantined")).scalar()
-    print(f"{kills} kills, {len(rows)} attempts, {len(released)} released at once, "
+    print(f"{kills} kills, {len(rows)} attempts, {len(released)} released at once "
+          f"({sum(a.computing_at is not None for a in released)} while running records), "
           f"{sum(a.error is not None and 'stopped heartbeating' in a.error for a in rows)} by expiry, "
-          f"job done in {took:.1f} s")
-    assert kills >= 4 and released, f"the scenario killed nothing that held a lease\n{cluster.log_tail()}"
+          f"most lost attempts of one shard {max(Counter(a.shard_id for a in released).values(), default=0)} "
+          f"(3 quarantined it before), job done in {took:.1f} s")
+    assert kills >= 3 and released, f"the scenario killed nothing that held a lease\n{cluster.log_tail()}"
     assert quarantined == 0
     assert sorted({a.status for a in rows}) in (["committed"], ["committed", "swept"])
 
