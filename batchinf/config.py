@@ -54,6 +54,8 @@ class Settings:
     max_attempts: int               # BATCHINF_MAX_ATTEMPTS: attempts per shard before it fails
     job_retry_budget: int           # BATCHINF_JOB_RETRY_BUDGET: failed attempts per job before it fails;
                                     # 0: max(10, shards)
+    retry_elsewhere_seconds: float  # BATCHINF_RETRY_ELSEWHERE_SECONDS: for this long after an attempt failed or
+                                    # lost its worker on a host, that host leaves the shard to others (if any)
     speculate_factor: float         # BATCHINF_SPECULATE_FACTOR: a tail shard running this many times its
     speculate_min_seconds: float    # bucket's median (and BATCHINF_SPECULATE_MIN_SECONDS at least) gets a
                                     # speculative attempt; 0: off
@@ -230,6 +232,7 @@ def load_settings() -> Settings:
         heartbeat_seconds=_float("BATCHINF_HEARTBEAT_SECONDS", 5.0),
         max_attempts=_int("BATCHINF_MAX_ATTEMPTS", 3),
         job_retry_budget=_int("BATCHINF_JOB_RETRY_BUDGET", 0),
+        retry_elsewhere_seconds=_float("BATCHINF_RETRY_ELSEWHERE_SECONDS", 30.0),
         speculate_factor=_float("BATCHINF_SPECULATE_FACTOR", 3.0),
         speculate_min_seconds=_float("BATCHINF_SPECULATE_MIN_SECONDS", 30.0),
         min_shard_tokens=max(1, _int("BATCHINF_MIN_SHARD_TOKENS", 10_000)),

@@ -22,7 +22,7 @@ import time
 from multiprocessing.synchronize import Event as EventType
 from typing import Callable
 
-from batchinf import logs, metrics
+from batchinf import failpoints, logs, metrics
 from batchinf.config import settings
 from batchinf.ledger import jobs as job_repo
 from batchinf.ledger import leases
@@ -111,13 +111,16 @@ def run_lease(lease: Lease, device: str, parent_pid: int | None = None,
 
 
 def _run_lease(lease: Lease, device: str, parent_pid: int | None, nearly_done: Callable[[], None] | None) -> None:
-    from batchinf.execute import Heartbeat, execute_shard
+    from batchinf.heartbeat import Heartbeat
 
-    hb = Heartbeat(lease, parent_pid, nearly_done)
+    hb = Heartbeat(lease, parent_pid, nearly_done)     # first, before any heavy import or load
     hb.start()
     try:
+        failpoints.hit("execute.load")
+        from batchinf.execute import execute_shard
+
         log.info("shard %s attempt %d started", lease.shard_id, lease.attempt)
-        result = execute_shard(lease, device=device, heartbeat=hb)
+        result = execute_shard(lease, device=pick_device(device), heartbeat=hb)
         log.info("shard %s attempt %d committed: %d rows, %d error rows", lease.shard_id, lease.attempt,
                  result.output_rows, result.error_rows)
     except Exception as exc:  # noqa: BLE001 -- every failure is classified and charged to its shard
@@ -135,16 +138,22 @@ def _run_lease(lease: Lease, device: str, parent_pid: int | None, nearly_done: C
         hb.stop()
 
 
-def run_shard(shard_id: str, device: str = "auto", *, speculative: bool = False) -> None:
+def run_shard(shard_id: str, device: str = "auto", *, speculative: bool = False, host: str | None = None) -> bool:
     """Distributed mode (a Celery task): lease the named shard and run it. A message for a shard
     that is not queued (duplicate delivery, already leased or committed) does nothing. A
-    speculative message runs a straggler's twin attempt, unless this worker runs the original."""
+    speculative message runs a straggler's twin attempt, unless this worker runs the original.
+    `host`: this worker's failure domain (its Celery node). False when the shard's last attempt
+    failed or lost its worker on this host and another host may take it (`leases.retry_elsewhere`):
+    the caller hands the message back to the queue."""
     if speculative:
-        lease = retrying(leases.claim_speculative, shard_id, worker_name())
+        lease = retrying(leases.claim_speculative, shard_id, worker_name(), host)
     else:
-        lease = retrying(leases.claim_shard, shard_id, worker_name(), settings().lease_seconds)
+        if host and retrying(leases.retry_elsewhere, shard_id, host, settings().retry_elsewhere_seconds):
+            return False
+        lease = retrying(leases.claim_shard, shard_id, worker_name(), settings().lease_seconds, host)
     if lease is not None:
-        run_lease(lease, pick_device(device))
+        run_lease(lease, device)
+    return True
 
 
 def plan_objects_here(job: Job, idxs: list[int], processes: int) -> None:

@@ -7,10 +7,8 @@ attempt's keys are recorded in the ledger, and only those are promoted at publis
 from __future__ import annotations
 
 import hashlib
-import os
-import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -18,6 +16,7 @@ from batchinf import failpoints, metrics, sizing
 from batchinf.bundles import open_runtime
 from batchinf.config import settings
 from batchinf.errors import StaleAttemptError
+from batchinf.heartbeat import Heartbeat
 from batchinf.ledger import jobs as job_repo
 from batchinf.ledger import leases
 from batchinf.ledger import shards as shard_repo
@@ -25,6 +24,7 @@ from batchinf.ledger import splits
 from batchinf.ledger.models import Lease, Shard, ShardResult
 from batchinf.parts import ERROR_SCHEMA, STAGE_ROW_GROUP, PartWriter, error_row, open_parquet, read_table, write_table
 from batchinf.plan import shard_id
+from batchinf.retry import retrying
 from batchinf.store import get_store, join
 from batchinf.tasks import get_task
 from batchinf.tasks.batching import (  # noqa: F401 -- re-exported: the batching helpers' old home
@@ -35,47 +35,6 @@ from batchinf.tasks.batching import (  # noqa: F401 -- re-exported: the batching
     isolate,
     token_budget_batches,
 )
-
-class Heartbeat(threading.Thread):
-    """Extends the lease while the attempt runs; flags `lost` when the fencing token is gone.
-    `on_nearly_done` is called once the attempt starts its shard's last chunk (`nearly_done`)."""
-
-    def __init__(self, lease: Lease, parent_pid: int | None = None,
-                 on_nearly_done: Callable[[], None] | None = None) -> None:
-        super().__init__(daemon=True)
-        self.lease, self.parent_pid, self.on_nearly_done = lease, parent_pid, on_nearly_done
-        self.lost = threading.Event()
-        self.records_done = 0       # records of the shard finished so far, sent with each heartbeat
-        self._stop = threading.Event()
-
-    def nearly_done(self, least: int, soon: int) -> None:
-        """The attempt starts its shard's last chunk: report its progress now rather than at the
-        next beat, and ask for a running shard of the job to split for this worker meanwhile
-        (`splits.request_split`, with the job's `sizing.split_bounds`), then call
-        `on_nearly_done`; the driver also counts this worker as about to idle from then on."""
-        try:
-            leases.heartbeat(self.lease, settings().lease_seconds, self.records_done)
-            splits.request_split(self.lease.job_id, None, least, soon_work=soon)
-        except Exception:  # noqa: BLE001 -- only the split comes later: the driver asks when idle
-            pass
-        if self.on_nearly_done is not None:
-            self.on_nearly_done()
-
-    def run(self) -> None:
-        s = settings()
-        while not self._stop.wait(s.heartbeat_seconds):
-            if self.parent_pid is not None and os.getppid() != self.parent_pid:
-                os._exit(1)  # embedded driver died: do not outlive it
-            try:
-                if not leases.heartbeat(self.lease, s.lease_seconds, self.records_done):
-                    self.lost.set()
-                    return
-            except Exception:  # noqa: BLE001 -- a missed heartbeat is retried on the next tick
-                continue
-
-    def stop(self) -> None:
-        self._stop.set()
-
 
 SPLIT_POLL_SECONDS = 0.25   # a split request waits at most this long (one indexed read per poll)
 
@@ -205,6 +164,7 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
     chunk = sizing.split_chunk_work()         # 0: no splitting; else at least a batch a chunk
     chunk = chunk and max(chunk, int(getattr(m.options, "max_batch_tokens", 0) or 0))
     wanted = SplitWatch(lease, min(SPLIT_POLL_SECONDS, settings().heartbeat_seconds)) if chunk else None
+    retrying(leases.computing, lease, True)     # from here a lost worker counts against the records
     try:
         for staged in _staged_chunks(shard.input_uri, task.streams, chunk):
             # split only while the rest is worth handing over (the request may be a chunk old)
@@ -232,6 +192,7 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
                 rest = np.asarray(run.deferred, dtype=np.int64)
             done += staged.num_rows - len(run.deferred)
             done_tokens += sum(c["n_tokens"]) - sum(c["n_tokens"][i] for i in run.deferred)
+        retrying(leases.computing, lease, False)
         children = [] if rest is None else _split_children(job.work_uri, shard, lease, rest)
     except BaseException:
         results.discard()

@@ -112,6 +112,8 @@ def _run(job: Job, d: Dispatcher, slots: int | None) -> None:
         _give_up(job, problem)
         return
     if shard_repo.verify_when_done(job.id):
+        if d.sweeps:        # every shard is done: the last ones' losers too (none is left to a later tick)
+            _sweep(job)
         return
     fresh = shard_repo.dispatch_ready(job.id, limit=slots) if slots != 0 else []
     resend = [x for x in shard_repo.stale_queued(job.id, d.requeue_seconds) if x not in fresh] \
@@ -131,8 +133,8 @@ def _run(job: Job, d: Dispatcher, slots: int | None) -> None:
 
 
 def _sweep(job: Job) -> None:
-    """Delete the files of attempts that lost (their worker died or was fenced off) once their
-    shard is committed, so no zombie can still be writing them."""
+    """Delete the files of attempts that lost (failed, their worker died or stalled, or a twin won)
+    once their shard is done (`attempts.losers`), and mark them `swept`."""
     for shard_id, number in attempt_repo.losers(job.id):
         base = join(job.work_uri, "attempts", shard_id, f"a{number}")
         get_store(base).delete_prefix(base)

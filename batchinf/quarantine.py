@@ -1,4 +1,5 @@
-"""Poison isolation. A quarantined shard (every attempt killed its worker) is split into two
+"""Poison isolation. A quarantined shard (its attempts' workers died while running its records,
+on more than one host where the fleet has several: `ledger.leases._end_target`) is split into two
 child shards, recursively, until the killing record is alone; a one-record quarantined shard
 becomes a `poison` error row. Every other record still gets its result."""
 
@@ -41,7 +42,7 @@ def _record_poison(job: Job, sh: Shard, staged: pa.Table) -> None:
     source = staged.column("source").cast(pa.string())[0].as_py()
     row = error_row(r["record_id"], source, r["ordinal"], "poison",
                     f"record {r['record_id']!r} ({source} record {r['ordinal']}) killed the worker "
-                    f"process in each of {sh.attempt} attempts; quarantined", sh.attempt)
+                    f"process running it (its shard's attempts ran out: {sh.attempt}); quarantined", sh.attempt)
     uri = join(job.work_uri, "attempts", sh.id, "poison", "errors.parquet")
     sha = write_table(uri, pa.Table.from_pylist([row], schema=ERROR_SCHEMA))
     shard_repo.record_poison(sh, row, uri, sha)

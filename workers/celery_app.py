@@ -7,11 +7,14 @@ Correctness comes from the ledger, not the broker: a task leases its shard in th
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from typing import Any, Iterator
 
-from celery import Celery
+from billiard.exceptions import WorkerLostError
+from celery import Celery, Task
 from celery.signals import setup_logging
+from celery.worker.request import Request
 
 from batchinf.config import settings
 from batchinf.dispatch import Dispatcher
@@ -21,6 +24,8 @@ from batchinf.ledger.models import Job
 RECENT_WORKER_SECONDS = 600.0    # a worker that ran an attempt this recently counts as live
 FLEET_REFRESH_SECONDS = 10.0     # how often the controller asks the broker which workers consume the queue
 FLEET_RETRY_SECONDS = 2.0        # ... and, while none answered, how soon it asks again
+RETRY_ELSEWHERE_COUNTDOWN = 1.0  # a shard left to other hosts is offered again this much later
+log = logging.getLogger("batchinf.workers")
 
 app = Celery("batchinf")
 app.conf.update(
@@ -79,11 +84,42 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-@app.task(name="batchinf.execute_shard")
-def execute_shard(shard_id: str, speculative: bool = False) -> None:
+class ShardRequest(Request):
+    """A shard task's request in the worker's main process: when the pool process running it dies
+    (WorkerLostError: killed, OOM, segfault), its lease is released at once (`leases.release_dead`)
+    instead of when it expires, so the shard is retried now. Celery requeues the message
+    (task_reject_on_worker_lost), and sends no task_failure signal for it: hence this hook."""
+
+    def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> Any:
+        exc = getattr(exc_info, "exception", None)
+        exc = getattr(exc, "exc", exc)                  # an ExceptionWithTraceback
+        stopped = getattr(self, "_already_cancelled", False) or getattr(self, "_already_revoked", False)
+        if self.worker_pid and isinstance(exc, (WorkerLostError, SystemExit)) and not stopped:
+            _release_dead(self.worker_pid, str(exc) or type(exc).__name__)
+        return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+
+
+def _release_dead(pid: int, why: str) -> None:
+    from batchinf.dispatch import worker_name
+    from batchinf.ledger import leases
+    from batchinf.retry import retrying
+
+    try:
+        n = retrying(leases.release_dead, [worker_name(pid)], why, attempts=3)
+    except Exception as exc:  # noqa: BLE001 -- the lease then expires as before
+        log.warning("could not release the lease of dead pool process %d: %s", pid, exc)
+        return
+    log.warning("pool process %d died (%s): %d lease(s) released", pid, why, n)
+
+
+@app.task(name="batchinf.execute_shard", bind=True, Request=ShardRequest)
+def execute_shard(self: Task, shard_id: str, speculative: bool = False) -> None:
+    """Run the shard on this worker, whose node name (`--hostname`) is the attempt's host; a shard
+    that should retry on another host (`dispatch.run_shard` False) goes back to the queue."""
     from batchinf.dispatch import run_shard
 
-    run_shard(shard_id, settings().device, speculative=speculative)
+    if not run_shard(shard_id, settings().device, speculative=speculative, host=self.request.hostname):
+        execute_shard.apply_async(args=[shard_id], countdown=RETRY_ELSEWHERE_COUNTDOWN)
 
 
 @app.task(name="batchinf.pin_job")

@@ -9,7 +9,7 @@ from sqlalchemy import Connection, func, select, update
 from batchinf.ledger import events
 from batchinf.ledger.db import tx
 from batchinf.ledger.events import now
-from batchinf.ledger.states import ATTEMPT_LOSERS, AttemptStatus, ShardStatus, attempt_sources, values
+from batchinf.ledger.states import ATTEMPT_LOSERS, SHARD_DONE, AttemptStatus, attempt_sources, values
 from batchinf.ledger.tables import attempts, shards
 
 
@@ -38,12 +38,13 @@ def end_attempt(conn: Connection, shard_id: str, number: int | None, to: Attempt
 
 
 def losers(job_id: str) -> list[tuple[str, int]]:
-    """(shard, attempt) of attempts that lost (failed, lost, superseded) on committed shards: no
-    zombie can still be writing their files."""
+    """(shard, attempt) of attempts that lost (failed, lost to a dead or stalled worker,
+    superseded) on shards that are done (committed, or quarantined and split): no attempt of those
+    can commit any more, and no zombie is still allowed to write their files."""
     with tx() as conn:
         return [tuple(r) for r in conn.execute(
             select(attempts.c.shard_id, attempts.c.number).join(shards, shards.c.id == attempts.c.shard_id)
-            .where(shards.c.job_id == job_id, shards.c.status == ShardStatus.COMMITTED.value,
+            .where(shards.c.job_id == job_id, shards.c.status.in_(values(SHARD_DONE)),
                    attempts.c.status.in_(values(ATTEMPT_LOSERS)))).all()]
 
 

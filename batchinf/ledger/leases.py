@@ -24,7 +24,7 @@ from batchinf.ledger.db import tx
 from batchinf.ledger.events import now
 from batchinf.ledger.models import Lease, ShardResult, bounded_error
 from batchinf.ledger.shards import transition as transition_shard
-from batchinf.ledger.states import AttemptStatus, JobStatus, ShardStatus, attempt_sources, shard_sources, values
+from batchinf.ledger.states import AttemptStatus, JobStatus, ShardStatus, attempt_sources, shard_sources
 from batchinf.ledger.tables import attempts, jobs, record_errors, shards
 from batchinf.retry import compute_backoff
 
@@ -35,13 +35,19 @@ def _next_attempt(shard_id: Any) -> Any:
             .where(attempts.c.shard_id == shard_id).scalar_subquery())
 
 
-def _take(conn: Connection, shard_id: str, job_id: str, worker: str, lease_seconds: float) -> Lease | None:
+def _host(worker: str, host: str | None) -> str:
+    """An attempt's host: the one named (a Celery node), else the machine in `worker` (host:pid)."""
+    return host or worker.rpartition(":")[0] or worker
+
+
+def _take(conn: Connection, shard_id: str, job_id: str, worker: str, lease_seconds: float,
+          host: str | None = None) -> Lease | None:
     t = now()
     number = conn.execute(_TAKE, {"b_shard": shard_id, "lease_owner": worker, "lease_expires_at": t + lease_seconds,
                                   "updated_at": t}).scalar()
     if number is None:
         return None
-    conn.execute(_NEW_ATTEMPT, {"shard_id": shard_id, "number": number, "worker": worker,
+    conn.execute(_NEW_ATTEMPT, {"shard_id": shard_id, "number": number, "worker": worker, "host": _host(worker, host),
                                 "status": AttemptStatus.RUNNING.value, "started_at": t, "heartbeat_at": t})
     events.record(conn, job_id, "shard", ShardStatus.QUEUED.value, ShardStatus.RUNNING.value,
                   shard_id=shard_id, detail={"attempt": number, "worker": worker})
@@ -64,12 +70,12 @@ _NEXT_QUEUED = (select(shards.c.id).where(shards.c.job_id == bindparam("b_job"),
 _NEXT_QUEUED_PG = _NEXT_QUEUED.with_for_update(skip_locked=True)
 
 
-def _claim(q: Any, worker: str, lease_seconds: float) -> Lease | None:
+def _claim(q: Any, worker: str, lease_seconds: float, host: str | None) -> Lease | None:
     with tx() as conn:
         if conn.dialect.name == "postgresql":
             q = q.with_for_update(of=shards, skip_locked=True)
         row = conn.execute(q).first()
-        return _take(conn, row.id, row.job_id, worker, lease_seconds) if row else None
+        return _take(conn, row.id, row.job_id, worker, lease_seconds, host) if row else None
 
 
 def _queued_of_running_jobs() -> Any:
@@ -77,7 +83,8 @@ def _queued_of_running_jobs() -> Any:
             .where(shards.c.status == ShardStatus.QUEUED.value, jobs.c.status == JobStatus.RUNNING.value))
 
 
-def claim_next(job_ids: Iterable[str] | None, worker: str, lease_seconds: float) -> Lease | None:
+def claim_next(job_ids: Iterable[str] | None, worker: str, lease_seconds: float,
+               host: str | None = None) -> Lease | None:
     """Lease the next queued shard (of the given jobs, or any running job), highest priority job
     first, then in the job's dispatch order: one probe of the dispatch-order index per running
     job, not a sort of every queued shard."""
@@ -86,17 +93,38 @@ def claim_next(job_ids: Iterable[str] | None, worker: str, lease_seconds: float)
         probe = _NEXT_QUEUED_PG if conn.dialect.name == "postgresql" else _NEXT_QUEUED
         for job_id in order.scalars().all():
             if (shard_id := conn.execute(probe, {"b_job": job_id}).scalar()) is not None:
-                return _take(conn, shard_id, job_id, worker, lease_seconds)
+                return _take(conn, shard_id, job_id, worker, lease_seconds, host)
     return None
 
 
-def claim_shard(shard_id: str, worker: str, lease_seconds: float) -> Lease | None:
+def claim_shard(shard_id: str, worker: str, lease_seconds: float, host: str | None = None) -> Lease | None:
     """Lease one named shard; None when it is not queued (duplicate delivery, already leased or
-    committed) or its job is not running."""
-    return _claim(_queued_of_running_jobs().where(shards.c.id == shard_id), worker, lease_seconds)
+    committed) or its job is not running. `host`: the worker's failure domain (default: its machine)."""
+    return _claim(_queued_of_running_jobs().where(shards.c.id == shard_id), worker, lease_seconds, host)
 
 
-def claim_speculative(shard_id: str, worker: str) -> Lease | None:
+def retry_elsewhere(shard_id: str, host: str, seconds: float) -> bool:
+    """True when `host` should leave this shard to another host: its last attempt failed or was
+    lost on `host` less than `seconds` ago and another host ran an attempt lately (LIVE_HOST_SECONDS).
+    A broken host (a full scratch disk, a bad GPU) then does not spend the shard's attempts."""
+    with tx() as conn:
+        last = conn.execute(select(attempts.c.host, attempts.c.status, attempts.c.finished_at)
+                            .where(attempts.c.shard_id == shard_id).order_by(attempts.c.number.desc()).limit(1)).first()
+        if (last is None or last.host != host or (last.finished_at or 0.0) < now() - seconds
+                or last.status not in (AttemptStatus.FAILED.value, AttemptStatus.LOST.value)):
+            return False
+        return conn.execute(_hosts_seen(conn, besides=host).limit(1)).first() is not None
+
+
+def computing(lease: Lease, on: bool) -> None:
+    """The attempt starts (on) or stops running its shard's records: a worker lost meanwhile
+    counts against them (`_end_target`)."""
+    with tx() as conn:
+        conn.execute(update(attempts).where(attempts.c.shard_id == lease.shard_id, attempts.c.number == lease.attempt)
+                     .values(computing_at=now() if on else None))
+
+
+def claim_speculative(shard_id: str, worker: str, host: str | None = None) -> Lease | None:
     """Start a speculative attempt beside the running one, on another worker; None when the
     shard is not running, already has a twin, or `worker` is the one running it."""
     with tx() as conn:
@@ -114,7 +142,7 @@ def claim_speculative(shard_id: str, worker: str) -> Lease | None:
             return None
         number = conn.execute(select(_next_attempt(shard_id))).scalar()
         t = now()
-        conn.execute(insert(attempts).values(shard_id=shard_id, number=number, worker=worker,
+        conn.execute(insert(attempts).values(shard_id=shard_id, number=number, worker=worker, host=_host(worker, host),
                                              status=AttemptStatus.RUNNING.value, started_at=t, heartbeat_at=t))
         events.record(conn, job_id, "attempt", None, AttemptStatus.RUNNING.value, shard_id=shard_id,
                       detail={"attempt": number, "worker": worker, "speculative": True})
@@ -215,12 +243,56 @@ def _retry_budget_spent(conn: Connection, job_id: str) -> int | None:
     return budget if failed > budget else None
 
 
+LIVE_HOST_SECONDS = 600.0    # a host that started, heartbeated or ended an attempt this recently is in the fleet
+LOST_ATTEMPTS_FACTOR = 5     # lost attempts that never ran a record fail the shard past this × max_attempts
+
+
+def _hosts_seen(conn: Connection, besides: str | None = None) -> Any:
+    """Hosts (failure domains) of attempts active in the last LIVE_HOST_SECONDS, other than `besides`."""
+    t = now() - LIVE_HOST_SECONDS
+    q = select(attempts.c.host).distinct().where(
+        attempts.c.host.is_not(None), func.coalesce(attempts.c.finished_at, attempts.c.heartbeat_at, attempts.c.started_at) >= t)
+    return q if besides is None else q.where(attempts.c.host != besides)
+
+
+def _end_target(conn: Connection, shard_id: str, attempt: int, max_attempts: int,
+                outcome: AttemptStatus) -> tuple[ShardStatus, bool, str]:
+    """Where the shard holding attempt `attempt` goes as that attempt ends with `outcome`, whether
+    the attempt counts against the shard's records, and why a terminal target was chosen.
+
+    A failed attempt counts; a lost one counts only if its worker was running the shard's records
+    (`computing_at`: not downloading or loading the bundle, writing or committing), since a worker
+    killed or stalled around them says nothing about them. Once `max_attempts` count: a shard whose
+    counted attempts all lost their worker is quarantined (a record in it kills workers) if they
+    ran on two hosts or more, or the fleet has one host; one killed on a single host of a larger
+    fleet retries elsewhere (that host's infrastructure is the suspect); any failed attempt among
+    them fails the shard. Lost attempts that did not count fail it only past
+    LOST_ATTEMPTS_FACTOR × max_attempts (a worker that dies before it computes, e.g. while loading)."""
+    rows = conn.execute(select(attempts.c.number, attempts.c.status, attempts.c.host, attempts.c.computing_at)
+                        .where(attempts.c.shard_id == shard_id)).all()
+    status = {r.number: (outcome.value if r.number == attempt else r.status) for r in rows}
+    lost = [r for r in rows if status[r.number] == AttemptStatus.LOST.value]
+    charged = [r for r in lost if r.computing_at is not None]
+    failed = sum(1 for v in status.values() if v == AttemptStatus.FAILED.value)
+    counts = outcome is AttemptStatus.FAILED or any(r.number == attempt for r in charged)
+    if failed + len(charged) >= max_attempts:
+        if failed:
+            return ShardStatus.FAILED, counts, ""
+        hosts = {r.host for r in charged}
+        if outcome is AttemptStatus.LOST and len(hosts) >= min(2, len(conn.execute(_hosts_seen(conn)).all())):
+            return ShardStatus.QUARANTINED, counts, ""
+    if len(lost) >= LOST_ATTEMPTS_FACTOR * max(1, max_attempts):
+        return ShardStatus.FAILED, counts, (f"its worker was lost in {len(lost)} attempts, {len(lost) - len(charged)} "
+                                            "of them while not running records (loading the bundle, writing or committing)")
+    return ShardStatus.RETRYING, counts, ""
+
+
 def _end_lease(conn: Connection, shard_id: str, attempt: int, error: str, max_attempts: int,
                outcome: AttemptStatus) -> ShardStatus | None:
     """An attempt that raised (FAILED) or lost its worker (LOST) ends. For the attempt holding the
-    shard: retry later; out of attempts, a shard whose every attempt lost its worker is quarantined
-    (a record in it kills workers), one whose attempts raised fails, and fails its job. A
-    speculative attempt just ends: the attempt holding the shard carries on."""
+    shard: retry (after a backoff unless it was lost without counting, see `_end_target`), or
+    quarantine or fail the shard (a failed shard fails its job). A speculative attempt just ends:
+    the attempt holding the shard carries on."""
     job_id, holder = conn.execute(select(shards.c.job_id, shards.c.attempt).where(shards.c.id == shard_id)).one()
     if holder != attempt:
         end_attempt(conn, shard_id, attempt, outcome, error=error[:4000])
@@ -229,16 +301,12 @@ def _end_lease(conn: Connection, shard_id: str, attempt: int, error: str, max_at
         error = (f"the job's retry budget is spent ({budget} failed attempts; set "
                  f"BATCHINF_JOB_RETRY_BUDGET to allow more); last error: {error}")
         max_attempts = 0
-    target = ShardStatus.RETRYING
-    if attempt >= max_attempts:
-        others = conn.execute(select(attempts.c.status).where(
-            attempts.c.shard_id == shard_id, attempts.c.number != attempt)).scalars().all()
-        killed = outcome is AttemptStatus.LOST and all(
-            s in values({AttemptStatus.LOST, AttemptStatus.SWEPT, AttemptStatus.SUPERSEDED}) for s in others)
-        target = ShardStatus.QUARANTINED if killed else ShardStatus.FAILED
+    target, counts, why = _end_target(conn, shard_id, attempt, max_attempts, outcome)
+    if why:
+        error = f"{why}; last error: {error}"
     if not transition_shard(conn, shard_id, target, fence=attempt, detail={"attempt": attempt, "error": error[:2000]},
                             lease_owner=None, lease_expires_at=None, last_error=error[:4000],
-                            not_before=now() + compute_backoff(attempt)):
+                            not_before=now() + (compute_backoff(attempt) if counts else 0.0)):
         return None
     end_attempt(conn, shard_id, attempt, outcome, error=error[:4000])
     if target is ShardStatus.FAILED:
@@ -253,34 +321,44 @@ def fail_attempt(lease: Lease, error: str, max_attempts: int) -> ShardStatus | N
         return _end_lease(conn, lease.shard_id, lease.attempt, error, max_attempts, AttemptStatus.FAILED)
 
 
-def expire_leases(job_id: str | None, max_attempts: int, *, dead_owners: Iterable[str] = ()) -> int:
+def expire_leases(job_id: str | None, max_attempts: int, *, dead_owners: Iterable[str] = (),
+                  only_dead: bool = False, why: str = "") -> int:
     """Running shards whose lease expired (or whose owner is known dead) go to retrying, unless a
     live speculative attempt runs beside the lost one: that attempt then holds the shard. Silent
-    speculative attempts are marked lost. Returns how many leases expired."""
+    speculative attempts are marked lost. `only_dead`: only the dead owners' attempts (`why` they
+    died goes into their error). Returns how many leases expired."""
     t = now()
     dead = list(dead_owners)
+    if only_dead and not dead:
+        return 0
     lease_seconds = settings().lease_seconds
+
+    def lost(worker: str) -> str:
+        if worker in dead:
+            return f"lease released (worker {worker} died{': ' + why if why else ''})"
+        return f"lease lost (worker {worker} stopped heartbeating)"
+
     with tx() as conn:
         cond = [shards.c.status == ShardStatus.RUNNING.value]
         if job_id is not None:
             cond.append(shards.c.job_id == job_id)
-        silent = attempts.c.heartbeat_at < t - lease_seconds
-        if dead:
+        silent = attempts.c.worker.in_(dead) if only_dead else attempts.c.heartbeat_at < t - lease_seconds
+        if dead and not only_dead:
             silent = silent | attempts.c.worker.in_(dead)
         twins = conn.execute(select(attempts.c.shard_id, attempts.c.number, attempts.c.worker)
                              .join(shards, shards.c.id == attempts.c.shard_id)
                              .where(*cond, attempts.c.status == AttemptStatus.RUNNING.value,
                                     attempts.c.number != shards.c.attempt, silent)).all()
         for r in twins:
-            _end_lease(conn, r.shard_id, r.number, f"lease lost (speculative attempt on {r.worker} "
-                       "stopped heartbeating)", max_attempts, AttemptStatus.LOST)
-        expired = shards.c.lease_expires_at < t
-        if dead:
+            _end_lease(conn, r.shard_id, r.number, f"speculative attempt: {lost(r.worker)}", max_attempts,
+                       AttemptStatus.LOST)
+        expired = shards.c.lease_owner.in_(dead) if only_dead else shards.c.lease_expires_at < t
+        if dead and not only_dead:
             expired = expired | shards.c.lease_owner.in_(dead)
         rows = conn.execute(select(shards.c.id, shards.c.job_id, shards.c.attempt, shards.c.lease_owner)
                             .where(*cond, expired)).all()
         for r in rows:
-            error = f"lease lost (worker {r.lease_owner} stopped heartbeating)"
+            error = lost(r.lease_owner)
             twin = conn.execute(select(attempts.c.number, attempts.c.worker, attempts.c.heartbeat_at).where(
                 attempts.c.shard_id == r.id, attempts.c.number != r.attempt,
                 attempts.c.status == AttemptStatus.RUNNING.value)).first()
@@ -292,6 +370,12 @@ def expire_leases(job_id: str | None, max_attempts: int, *, dead_owners: Iterabl
                 attempt=twin.number, lease_owner=twin.worker,
                 lease_expires_at=(twin.heartbeat_at or t) + lease_seconds, updated_at=t))
     return len(rows)
+
+
+def release_dead(workers: Iterable[str], why: str) -> int:
+    """Workers known to have died (Celery's WorkerLostError, an exited pool process) lose their
+    attempts now, not when their leases expire: their shards are retried at once."""
+    return expire_leases(None, settings().max_attempts, dead_owners=workers, only_dead=True, why=why)
 
 
 def release_leases(job_id: str) -> None:

@@ -136,6 +136,8 @@ attempts = Table(
     Column("heartbeat_at", Float, nullable=True),
     Column("finished_at", Float, nullable=True),
     Column("error", Text, nullable=True),
+    Column("host", String(200), nullable=True),         # its worker's failure domain (Celery node, else machine)
+    Column("computing_at", Float, nullable=True),       # set while it runs the shard's records (not loading or writing)
 )
 
 # the attempts still running: a job's live worker seconds without a scan of its finished ones

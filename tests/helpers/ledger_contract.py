@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy import create_engine, func, insert, inspect, select, update
 
 from batchinf import tenants
+from batchinf.config import settings
 from batchinf.errors import LedgerError, StaleAttemptError
 from batchinf.ledger import db
 from batchinf.ledger import leases as lease_repo
@@ -82,22 +83,28 @@ def test_claim_heartbeat_commit_with_fencing(ledger: str) -> None:
     assert row.status == "committed" and row.output_sha256 == "a" * 64 and att == ["committed"]
 
 
-def _claim_again(job_id: str, attempt: int) -> models.Lease:
+def _claim_again(job_id: str, attempt: int, worker: str = "w:1", host: str | None = None) -> models.Lease:
     shard_repo.dispatch_ready(job_id)
     with tx() as conn:   # skip backoff
         conn.execute(update(shards).values(not_before=0))
     shard_repo.dispatch_ready(job_id)
-    lease = lease_repo.claim_next([job_id], "w:1", 30)
+    lease = lease_repo.claim_next([job_id], worker, 30, host)
     assert lease is not None and lease.attempt == attempt
     return lease
 
 
+def _shard_status(job_id: str, ordinal: int = 0) -> str:
+    with tx() as conn:
+        return conn.execute(select(shards.c.status).where(shards.c.id == f"{job_id}-s{ordinal}")).scalar()
+
+
 def test_lost_leases_retry_then_quarantine(ledger: str) -> None:
-    """Every attempt lost its worker: after the bounded attempts the shard is quarantined (for
-    poison isolation), and the job keeps running."""
+    """Every attempt lost its worker while running the shard's records: after the bounded attempts
+    the shard is quarantined (for poison isolation), and the job keeps running."""
     job_id = _job(n_shards=1)
     for attempt in (1, 2):
         lease = _claim_again(job_id, attempt)
+        lease_repo.computing(lease, True)
         with tx() as conn:
             conn.execute(update(shards).values(lease_expires_at=0))
         assert lease_repo.expire_leases(job_id, max_attempts=2) == 1
@@ -105,6 +112,60 @@ def test_lost_leases_retry_then_quarantine(ledger: str) -> None:
     with tx() as conn:
         assert conn.execute(select(shards.c.status)).scalar() == "quarantined"
         assert conn.execute(select(jobs.c.status)).scalar() == "running"
+
+
+def test_workers_lost_outside_the_records_do_not_quarantine(ledger: str) -> None:
+    """Attempts whose worker died while loading or writing (not running records) are
+    infrastructure: they retry without backoff, never quarantine the shard, and fail it only
+    past LOST_ATTEMPTS_FACTOR x max_attempts, saying so."""
+    job_id = _job(n_shards=1)
+    cap = lease_repo.LOST_ATTEMPTS_FACTOR * settings().max_attempts
+    for attempt in range(1, cap + 1):
+        lease = _claim_again(job_id, attempt)
+        if attempt == 1:                          # it ran records, then stopped: not while it died
+            lease_repo.computing(lease, True)
+            lease_repo.computing(lease, False)
+        assert lease_repo.release_dead(["w:1"], "signal 9 (SIGKILL)") == 1
+        if attempt < cap:
+            assert _shard_status(job_id) == "retrying"
+            with tx() as conn:
+                assert conn.execute(select(shards.c.not_before)).scalar() <= events.now()
+    assert _shard_status(job_id) == "failed"
+    with tx() as conn:
+        error = conn.execute(select(jobs.c.error)).scalar()
+        lost = conn.execute(select(attempts.c.error).where(attempts.c.number == 1)).scalar()
+    assert f"lost in {cap} attempts, {cap} of them while not running records" in error
+    assert lost == "lease released (worker w:1 died: signal 9 (SIGKILL))"
+
+
+def test_workers_killed_on_one_host_of_two_do_not_quarantine(ledger: str) -> None:
+    """Lost attempts that ran the records on one host of a fleet of two are that host's fault:
+    the shard retries; once they span two hosts, the records are the suspects: quarantined."""
+    job_id = _job(n_shards=2)
+    shard_repo.dispatch_ready(job_id)
+    other = lease_repo.claim_next([job_id], "b:7", 30, "node-b")        # node-b is in the fleet (s0)
+    for attempt in (1, 2, 3):
+        lease = _claim_again(job_id, attempt, "a:1", "node-a")
+        lease_repo.computing(lease, True)
+        lease_repo.release_dead(["a:1"], "signal 9 (SIGKILL)")
+        assert _shard_status(job_id, 1) == "retrying", attempt
+    assert lease_repo.retry_elsewhere(lease.shard_id, "node-a", 30)
+    assert not lease_repo.retry_elsewhere(lease.shard_id, "node-b", 30)
+    assert not lease_repo.retry_elsewhere(lease.shard_id, "node-a", 0)  # not for longer than asked
+    lease_repo.commit_attempt(other, _result())
+    lease = _claim_again(job_id, 4, "b:8", "node-b")
+    lease_repo.computing(lease, True)
+    lease_repo.release_dead(["b:8"], "signal 11 (SIGSEGV)")
+    assert _shard_status(job_id, 1) == "quarantined"
+
+
+def test_a_failure_on_the_only_host_retries_there(ledger: str) -> None:
+    job_id = _job(n_shards=1)
+    lease = _claim_again(job_id, 1, "a:1", "node-a")
+    lease_repo.fail_attempt(lease, "OSError: [Errno 28] No space left on device", max_attempts=3)
+    assert not lease_repo.retry_elsewhere(lease.shard_id, "node-a", 30)  # no other host was seen
+    with tx() as conn:
+        assert conn.execute(select(attempts.c.host)).scalar() == "node-a"
 
 
 def test_raising_attempts_fail_the_shard_and_job(ledger: str) -> None:

@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("batchinf.parts", "batchinf.openai_output"),
     ("batchinf.ledger",),
     ("batchinf.bundles", "batchinf.tenants", "batchinf.scopes", "batchinf.limits", "batchinf.submit", "batchinf.pinning",
-     "batchinf.metrics", "batchinf.openai_batches", "batchinf.retries"),
+     "batchinf.metrics", "batchinf.openai_batches", "batchinf.retries", "batchinf.heartbeat"),
     ("batchinf.plan_summary", "batchinf.plan_parts", "batchinf.bucketing", "batchinf.sizing"),
     ("batchinf.plan", "batchinf.execute", "batchinf.verify", "batchinf.schedules"),
     ("batchinf.quarantine", "batchinf.dispatch"),
