@@ -182,13 +182,15 @@ class Bench:
     # --- the attacks: each starts, returns a function that waits for its end and says how it ended
 
     def _evil_job(self, name: str, input_: dict[str, Any]) -> Callable[[], str]:
+        self.runs += 1
+        name = f"{name}-{self.runs}"
         job = self.submit("evil", {"name": name, "bundle": "tiny@prod", "input": input_,
                                    "output": {"uri": str(self.tmp / "evil" / "out" / name) + "/"}})
         return lambda: (lambda s: f"{s['status']}: {(s.get('error') or '')[:90]}")(self.wait("evil", job))
 
     def same_file_many_times(self) -> Callable[[], str]:
         big = self.tmp / "evil" / "in" / "big.jsonl"
-        with open(big, "wb") as f:
+        with open(big, "wb") as f:      # (written again each time: the same bytes)
             line = json.dumps({"id": "x", "text": "y" * 1000}).encode() + b"\n"
             f.write(line * ((20 if self.short else 200) << 10))
         listing = self.tmp / "evil" / "in" / "listing.jsonl"
@@ -205,6 +207,8 @@ class Bench:
     def gzip_bomb(self) -> Callable[[], str]:
         bomb = self.tmp / "evil" / "in" / "bomb" / "a.jsonl.gz"
         bomb.parent.mkdir(exist_ok=True)
+        if bomb.exists():
+            return self._evil_job("gzip-bomb", {"uri": str(bomb.parent) + "/"})
         with gzip.open(bomb, "wb", compresslevel=9) as f:
             f.write(json.dumps({"id": "b0", "text": "real"}).encode() + b"\n")
             block = b" " * (1 << 20)

@@ -4,13 +4,16 @@ ledger, in a thread of the test process."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -47,6 +50,16 @@ class Service:
             headers["Authorization"] = f"Bearer {token or self.tokens[tenant or '']}"
         return httpx.Client(base_url=self.url, headers=headers, timeout=30)
 
+    def wait(self, tenant: str, job_id: str, timeout: float = 120) -> dict[str, Any]:
+        """The job's status object once it is final (or `timeout` has passed), as `tenant` sees it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.client(tenant) as c:
+                s = c.get(f"/v1/jobs/{job_id}").json()
+            if s["status"] in ("succeeded", "failed", "cancelled", "expired") or time.monotonic() > deadline:
+                return s
+            time.sleep(0.5)
+
     def drive(self, job_id: str) -> threading.Thread:
         """Run the job to a terminal state with one local worker process, in the background."""
         from batchinf.controller import drive
@@ -56,6 +69,12 @@ class Service:
         t.start()
         self.drivers.append(t)
         return t
+
+
+def checksums(root: Path) -> dict[str, str]:
+    """sha256 of every file under `root`, by relative path: what a victim's files were."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def start_service(root: Path) -> Iterator[Service]:

@@ -7,13 +7,10 @@ byte of them reaches the job (or its error message)."""
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -25,7 +22,7 @@ from batchinf.manifest import parse_manifest
 from batchinf.scopes import Caller
 from batchinf.store import get_store
 from batchinf.submit import submit
-from tests.helpers.api_service import Service, cli, start_service
+from tests.helpers.api_service import Service, checksums, cli, start_service
 from tests.helpers.corpus import manifest, write_jsonl
 from tests.helpers.stages import InProcess
 
@@ -41,35 +38,20 @@ def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
         yield s
 
 
-def _checksums(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def _wait(svc: Service, tenant: str, job_id: str, timeout: float = 120) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        with svc.client(tenant) as c:
-            s = c.get(f"/v1/jobs/{job_id}").json()
-        if s["status"] in ("succeeded", "failed", "cancelled", "expired") or time.monotonic() > deadline:
-            return s
-        time.sleep(0.5)
-
-
 def test_a_retry_through_the_api_writes_only_where_the_tenant_may(svc: Service) -> None:
     """The operator ran a job for a tenant without grants (the CLI may); that tenant's retry of it
     through the API is its own request: confined, so no output it names, nor the default one, is
     writable, and another tenant's granted prefix stays untouched."""
     victim = svc.root / "out" / "acme-kept"
     write_jsonl(victim / "seed.jsonl", 4, bad=False)
-    before = _checksums(victim)
+    before = checksums(victim)
     src = svc.root / "ops" / "in" / "a.jsonl"
     write_jsonl(src, 25, seed=4)                     # with bad lines: error rows to retry
     m = manifest(str(src.parent) + "/", str(svc.root / "ops" / "out") + "/", name="ops-for-drifter")
     old, _ = submit(parse_manifest(m), Caller(LOOSE, operator=True))
     assert not jobs.get(old).confined
     svc.drive(old).join(timeout=120)
-    assert _wait(svc, LOOSE, old)["status"] == "succeeded"
+    assert svc.wait(LOOSE, old)["status"] == "succeeded"
 
     targets = [f"file://{victim}/x/", f"{victim}/y/", f"{svc.root}/out/drifter-new/", "/var/tmp/drifter-retry/", None]
     with svc.client(LOOSE) as c:
@@ -78,7 +60,7 @@ def test_a_retry_through_the_api_writes_only_where_the_tenant_may(svc: Service) 
             assert r.status_code == 422, (out, r.text)
             assert f"outside the prefixes tenant '{LOOSE}' may" in r.text, (out, r.text)
         assert [j["job_id"] for j in c.get("/v1/jobs").json()["items"]] == [old]     # no job was created
-    assert _checksums(victim) == before
+    assert checksums(victim) == before
     assert not Path("/var/tmp/drifter-retry").exists() and not (svc.root / "out" / "drifter-new").exists()
 
     # a tenant that may read the input still writes only inside its write grants
@@ -87,7 +69,7 @@ def test_a_retry_through_the_api_writes_only_where_the_tenant_may(svc: Service) 
         own = c.post("/v1/jobs", json=manifest(str(svc.root / "in" / "globex-retry") + "/",
                                                str(svc.root / "out" / "globex-retry") + "/", name="g-retry")).json()
     svc.drive(own["job_id"]).join(timeout=120)
-    assert _wait(svc, "globex", own["job_id"])["status"] == "succeeded"
+    assert svc.wait("globex", own["job_id"])["status"] == "succeeded"
     with svc.client("globex") as c:
         for out in (f"file://{svc.root}/in/globex-retry-out/", f"{svc.root}/elsewhere/"):    # read-only, ungranted
             r = c.post(f"/v1/jobs/{own['job_id']}/retry", json={"errors": ["all"], "output": out})

@@ -4,16 +4,13 @@ published output checksummed before and after."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers.api_service import Service, start_service
+from tests.helpers.api_service import Service, checksums, start_service
 from tests.helpers.corpus import manifest, write_jsonl
 
 pytestmark = pytest.mark.integration
@@ -24,24 +21,9 @@ def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     yield from start_service(tmp_path_factory.mktemp("confine"))
 
 
-def _checksums(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
-
-
 def _post(svc: Service, tenant: str, m: dict[str, Any]) -> Any:
     with svc.client(tenant) as c:
         return c.post("/v1/jobs", json=m)
-
-
-def _wait(svc: Service, tenant: str, job_id: str, timeout: float = 120) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        with svc.client(tenant) as c:
-            s = c.get(f"/v1/jobs/{job_id}").json()
-        if s["status"] in ("succeeded", "failed", "cancelled", "expired") or time.monotonic() > deadline:
-            return s
-        time.sleep(0.5)
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +38,7 @@ def victim(svc: Service) -> dict[str, Any]:
     assert r.status_code == 201, r.text
     job = r.json()
     svc.drive(job["job_id"]).join(timeout=120)
-    assert _wait(svc, "acme", job["job_id"])["status"] == "succeeded"
+    assert svc.wait("acme", job["job_id"])["status"] == "succeeded"
     return {"job": job, "out": svc.root / "out" / "acme-private", "src": src}
 
 
@@ -64,7 +46,7 @@ def test_another_tenants_prefixes_are_out_of_reach(svc: Service, victim: dict[st
     """globex holds the same grants as acme here (read in/, write out/), so only output ownership
     stands between them: every spelling of acme's published output is refused, nothing of acme's
     is named, and acme's bytes do not change."""
-    before = _checksums(victim["out"])
+    before = checksums(victim["out"])
     write_jsonl(svc.root / "in" / "globex" / "a.jsonl", 5, bad=False)
     out = victim["out"]
     for spelling in (str(out), str(out) + "/./", str(out) + "//", str(out / "errors"), str(out.parent / "x" / ".." /
@@ -73,7 +55,7 @@ def test_another_tenants_prefixes_are_out_of_reach(svc: Service, victim: dict[st
         r = _post(svc, "globex", m)
         assert r.status_code == 422, (spelling, r.text)
         assert victim["job"]["job_id"] not in r.text and "another job" in r.text
-    assert _checksums(victim["out"]) == before
+    assert checksums(victim["out"]) == before
 
 
 def test_reads_outside_the_grants_are_refused_before_anything_is_read(svc: Service, victim: dict[str, Any]) -> None:
@@ -114,7 +96,7 @@ def test_an_input_manifest_naming_another_tenants_object_fails_at_pinning(svc: S
     assert r.status_code == 201, r.text
     job_id = r.json()["job_id"]
     svc.drive(job_id).join(timeout=120)
-    final = _wait(svc, "globex", job_id)
+    final = svc.wait("globex", job_id)
     assert final["status"] == "failed" and "acme-copy.jsonl" in final["error"]
     assert "outside the prefixes tenant 'globex' may read" in final["error"]
     with svc.client("globex") as c:
