@@ -200,7 +200,7 @@ class Bench:
     def many_objects(self) -> Callable[[], str]:
         wide = self.tmp / "evil" / "in" / "wide"
         wide.mkdir(exist_ok=True)
-        for i in range(300 if self.short else 3000):
+        for i in range(200 if self.short else 600):
             (wide / f"p{i:05d}.jsonl").write_text(json.dumps({"id": f"w{i}", "text": f"wide {i}"}) + "\n")
         return self._evil_job("wide", {"uri": str(wide) + "/"})
 
