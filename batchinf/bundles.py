@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,7 @@ def local_dir(digest: str) -> Path:
 
 
 _loaded: dict[tuple[str, str, bool], Any] = {}
+_loading = threading.RLock()
 
 
 def open_runtime(digest: str, *, device: str = "cpu", with_model: bool = True) -> Any:
@@ -125,19 +127,24 @@ def open_runtime(digest: str, *, device: str = "cpu", with_model: bool = True) -
     key = (digest, device, with_model)
     if with_model:
         require_device(device)
-    if key not in _loaded:
-        root = local_dir(digest)
-        meta = rb.read_meta(root)
-        rb.verify_files(root, meta, digest, cache_dir=settings().home / "cache" / "verified")
-        task = get_task(meta.get("task", "embed"))
-        runtime = task.open_runtime(root, meta, device)
-        task.verify_inputs(runtime)
-        if with_model:
-            keep_freed_memory(settings().malloc_keep_bytes)
-            runtime.load_model()
-            task.verify_model(runtime)
-        _loaded[key] = runtime
-    return _loaded[key]
+    with _loading:          # the controller plans several jobs at once on threads: one load each
+        return _loaded[key] if key in _loaded else _load(key)
+
+
+def _load(key: tuple[str, str, bool]) -> Any:
+    digest, device, with_model = key
+    root = local_dir(digest)
+    meta = rb.read_meta(root)
+    rb.verify_files(root, meta, digest, cache_dir=settings().home / "cache" / "verified")
+    task = get_task(meta.get("task", "embed"))
+    runtime = task.open_runtime(root, meta, device)
+    task.verify_inputs(runtime)
+    if with_model:
+        keep_freed_memory(settings().malloc_keep_bytes)
+        runtime.load_model()
+        task.verify_model(runtime)
+    _loaded[key] = runtime
+    return runtime
 
 
 def require_device(device: str) -> None:

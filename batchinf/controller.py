@@ -120,7 +120,8 @@ class Controller:
         moved = False
         self._beside = {j: (t, f) for j, (t, f) in self._beside.items() if not f.done()}
         for job_id in job_repo.active_ids():
-            if job_id in self._beside:
+            if job_id in self._beside:      # still stepping beside the tick: keep its lease
+                job_repo.lock(job_id, self.name, max(30.0, 10 * self.tick_seconds))
                 continue
             try:
                 if job_repo.lock(job_id, self.name, max(30.0, 10 * self.tick_seconds)):

@@ -43,13 +43,19 @@ class Bounds:
                                 f"{self.tenant} input_objects VALUE`)")
         self.in_time()
 
-    def add(self, pin: ObjectPin) -> None:
-        self.bytes += pin.size
+    def add(self, uri: str, size: int) -> None:
+        """The object's bytes (before any of them is read, where the listing tells its size)."""
+        self.bytes += size
         if self.bytes > self.max_bytes:
             raise ManifestError(f"the input objects hold more than {self.max_bytes} bytes together (limit "
-                                f"input_bytes; reached at {pin.uri}); split the job, or ask the operator to raise "
+                                f"input_bytes; reached at {uri}); split the job, or ask the operator to raise "
                                 f"it (`batchinf tenant limit {self.tenant} input_bytes VALUE`)")
         self.in_time()
+
+    def listed(self, uri: str, size: int) -> None:
+        """One more object of a listing, and its bytes."""
+        self.count(uri)
+        self.add(uri, size)
 
     def in_time(self) -> None:
         if time.monotonic() > self.deadline:
@@ -68,8 +74,7 @@ def pin_again(job: Job, pins: list[ObjectPin]) -> list[ObjectPin]:
     storage, bounds = Storage(job.tenant, job.confined), Bounds(job.tenant)
     for pin in pins:
         storage.check(pin.uri, "input object")
-        bounds.count(pin.uri)
-        bounds.add(pin)
+        bounds.listed(pin.uri, pin.size)
     return pins
 
 
@@ -78,24 +83,21 @@ def list_inputs(spec: InputSpec, storage: Storage, bounds: Bounds) -> list[Objec
     objects under `input.uri` (hidden ones aside), or those an input manifest names."""
     if spec.uri:
         uri = normalize_uri(spec.uri)
-        pins = visible(uri, storage.list(uri, "input", each=bounds.count), spec.include_hidden)
-        for pin in pins:
-            bounds.add(pin)
+        keep = (lambda u: True) if spec.include_hidden else (lambda u: not hidden(uri, u))
+        pins = storage.list(uri, "input", keep=keep, each=bounds.listed)
         if not pins:
             raise InputError(f"input {uri} has no objects; check input.uri (a prefix ends with /)")
         return pins
     return _pins_from_input_manifest(normalize_uri(spec.manifest or ""), storage, bounds)
 
 
-def visible(prefix: str, pins: list[ObjectPin], include_hidden: bool = False) -> list[ObjectPin]:
-    """The listed objects without the files Spark, Hive, Arrow and batchinf itself keep beside the
-    data (`_SUCCESS`, `_common_metadata`, `.part-0.parquet.crc`, `_work/`): every name below the
-    prefix whose segments start with neither `_` nor `.` (all of them with `include_hidden`, the
-    manifest's `input.include_hidden`). An object named on its own is kept."""
-    def hidden(uri: str) -> bool:
-        rel = uri[len(prefix):] if uri.startswith(prefix) and uri != prefix else ""
-        return any(seg.startswith(("_", ".")) for seg in rel.split("/"))
-    return pins if include_hidden else [p for p in pins if not hidden(p.uri)]
+def hidden(prefix: str, uri: str) -> bool:
+    """Whether a listed object is one of the files Spark, Hive, Arrow and batchinf itself keep beside
+    the data (`_SUCCESS`, `_common_metadata`, `.part-0.parquet.crc`, `_work/`): a name below the
+    prefix with a segment starting with `_` or `.` (read all the same with the manifest's
+    `input.include_hidden`). An object named on its own is never hidden."""
+    rel = uri[len(prefix):] if uri.startswith(prefix) and uri != prefix else ""
+    return any(seg.startswith(("_", ".")) for seg in rel.split("/"))
 
 
 def _pins_from_input_manifest(uri: str, storage: Storage, bounds: Bounds) -> list[ObjectPin]:
@@ -123,7 +125,7 @@ def _pins_from_input_manifest(uri: str, storage: Storage, bounds: Bounds) -> lis
     with ThreadPoolExecutor(max_workers=min(16, len(listed))) as pool:
         try:
             for pin in pool.map(lambda e: storage.head(e[0], "input object", version_id=e[1]), listed):
-                bounds.add(pin)
+                bounds.add(pin.uri, pin.size)
                 pins.append(pin)
         except BaseException:
             pool.shutdown(cancel_futures=True)

@@ -111,14 +111,19 @@ class Storage:
         """`check` for `what` as a callable (planning tasks carry it), None when unconfined."""
         return _Checker(self, what) if self.confined else None
 
-    def list(self, prefix: str, what: str, each: Callable[[str], None] | None = None) -> list[ObjectPin]:
-        """The objects under `prefix`, every one checked (and passed to `each`, a bound) first."""
+    def list(self, prefix: str, what: str, keep: Callable[[str], bool] = lambda uri: True,
+             each: Callable[[str, int], None] | None = None) -> list[ObjectPin]:
+        """The objects under `prefix` that `keep` keeps, every one checked, and passed to `each` (a
+        bound) with its size, before any byte of it is read."""
         self.check(prefix, what)
 
-        def gate(uri: str) -> None:
+        def gate(uri: str, size: int) -> bool:
+            if not keep(uri):
+                return False
             self.check(uri, what + " object")
             if each is not None:
-                each(uri)
+                each(uri, size)
+            return True
         return get_store(prefix).list(prefix, check=gate)
 
     def head(self, uri: str, what: str, version_id: str | None = None) -> ObjectPin:

@@ -43,12 +43,13 @@ def submit(manifest: JobManifest, caller: Caller, *, schedule: str | None = None
     _check_max_length(manifest, digest)
     where = "input.uri" if manifest.input.uri else "input.manifest"
     plain = caller.operator
-    input_uri = scopes.real(scopes.canonical(manifest.input.uri or manifest.input.manifest or "", where, plain))
-    output_uri = scopes.as_prefix(scopes.real(scopes.canonical(manifest.output_uri, "output.uri", plain)))
+    given_input = scopes.canonical(manifest.input.uri or manifest.input.manifest or "", where, plain)
+    given_output = scopes.as_prefix(scopes.canonical(manifest.output_uri, "output.uri", plain))
     confined = caller.confined
-    if confined:
-        scopes.check(tenant, input_uri, scopes.READ, "input")
-        scopes.check(tenant, output_uri, scopes.WRITE, "output")
+    if confined:        # checked by their real paths; a refusal names them as written (no symlink target shows)
+        scopes.check(tenant, given_input, scopes.READ, "input")
+        scopes.check(tenant, given_output, scopes.WRITE, "output")
+    input_uri, output_uri = scopes.real(given_input), scopes.as_prefix(scopes.real(given_output))
     scopes.check_output(tenant, output_uri, input_uri)
     if get_store(output_uri).exists(join(output_uri, "_SUCCESS")):
         raise ManifestError(f"output {output_uri} already holds a published job (_SUCCESS exists); "

@@ -47,6 +47,9 @@ def _jsonl(uri: str, text: str, count: Callable[[str], None]) -> list[Entry]:
         try:
             entry = json.loads(line)
             if "uri" in entry:
+                if "://" not in str(entry["uri"]) and not str(entry["uri"]).startswith("/"):
+                    raise ManifestError(f"input manifest {uri} line {n}: uri {str(entry['uri'])[:200]!r} is neither a "
+                                        "URI nor an absolute path; write s3://bucket/key or file:///absolute/path")
                 obj = normalize_uri(entry["uri"])
             else:
                 bucket = entry.get("bucket") or entry["Bucket"]

@@ -33,10 +33,9 @@ import torch
 from tokenizers import Tokenizer
 
 from batchinf.config import settings
-from batchinf.runtime.chat_template import token_text
 from batchinf.runtime.sampling import SamplingParams, sample
 from batchinf.runtime.structured import vocab_of
-from batchinf.runtime.template_sandbox import bundle_sandbox, chat_results
+from batchinf.runtime.template_sandbox import ThreadSandboxes, chat_results
 
 PREFILL_CHUNK_TOKENS = 4096     # padded positions per prefill forward pass
 PREFILL_PAD_SLACK = 1.25        # a prefill group's padded positions stay within this × its real tokens
@@ -118,12 +117,12 @@ class GenerateRuntime:
         self.tokenizer.no_truncation()
         cfg = json.loads((self.root / "tokenizer_config.json").read_text()) \
             if (self.root / "tokenizer_config.json").is_file() else {}
-        self._template_vars = {k: token_text(cfg.get(k)) for k in
-                               ("bos_token", "eos_token", "pad_token", "unk_token")}
-        self.template_sandbox = bundle_sandbox(cfg, self._template_vars)    # started at the first render
+        self._sandboxes = ThreadSandboxes(cfg)     # the chat template's, one per rendering thread
         self._dtype = dtype_override or meta.get("dtype", "float32")
         self.model: Any = None
         self.share_prefixes = True      # off only to measure what prefix sharing saves
+
+    template_sandbox = property(lambda self: self._sandboxes.get(), doc="this thread's chat-template sandbox")
 
     # -- prompts --
 

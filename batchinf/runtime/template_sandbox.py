@@ -295,18 +295,31 @@ class TemplateSandbox:
             self._child = None
 
 
-def bundle_sandbox(cfg: dict[str, Any], variables: dict[str, Any]) -> TemplateSandbox | None:
-    """tokenizer_config.json's chat template (the "default" one of a list) in a sandbox at Settings'
-    limits; None without one."""
-    from batchinf.config import settings
+class ThreadSandboxes:
+    """A bundle's chat template (tokenizer_config.json's, the "default" one of a list), rendered in a
+    sandbox process of each thread that renders with it, at Settings' limits when this was made:
+    a submit/results pair is one caller's, and a controller plans several tenants' jobs at once on
+    threads that share one runtime, so one thread's answers never reach another's records."""
 
-    source = cfg.get("chat_template")
-    if isinstance(source, list):    # [{"name": "default", "template": ...}, ...]
-        source = next((t["template"] for t in source if t.get("name") == "default"), None)
-    if not source:
-        return None
-    return TemplateSandbox(source, variables, memory_bytes=settings().template_memory_bytes,
-                           seconds=settings().template_seconds)
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        from batchinf.config import settings
+        from batchinf.runtime.chat_template import token_text
+
+        source = cfg.get("chat_template")
+        if isinstance(source, list):    # [{"name": "default", "template": ...}, ...]
+            source = next((t["template"] for t in source if t.get("name") == "default"), None)
+        self.source = source or None
+        self.variables = {k: token_text(cfg.get(k)) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
+        self.limits = {"memory_bytes": settings().template_memory_bytes, "seconds": settings().template_seconds}
+        self._local = threading.local()
+
+    def get(self) -> TemplateSandbox | None:
+        """This thread's sandbox; None when the bundle has no chat template."""
+        if self.source is None:
+            return None
+        if not hasattr(self._local, "box"):
+            self._local.box = TemplateSandbox(self.source, self.variables, **self.limits)
+        return self._local.box
 
 
 def chat_results(sandbox: TemplateSandbox | None, batches: Iterable[list[list[dict]]], config: Path

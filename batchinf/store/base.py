@@ -153,11 +153,11 @@ class Store(abc.ABC):
     """One backend per uri scheme. Every method takes full uris; errors are batchinf errors naming the uri."""
 
     @abc.abstractmethod
-    def list(self, prefix_uri: str, check: Callable[[str], None] | None = None) -> list[ObjectPin]:
+    def list(self, prefix_uri: str, check: Callable[[str, int], bool] | None = None) -> list[ObjectPin]:
         """Every object under the prefix (a 'directory'), sorted by uri; a uri naming one object lists just it.
-        Directory markers (keys ending in '/') are skipped; a missing prefix lists nothing. `check(uri)`
-        runs for every object before any byte of it is read or hashed (a grant check, a count); what
-        it raises stops the listing."""
+        Directory markers (keys ending in '/') are skipped; a missing prefix lists nothing. `check(uri,
+        size)` runs for every object before any byte of it is read or hashed (a grant check, bounds):
+        False leaves the object out; what it raises stops the listing."""
 
     @abc.abstractmethod
     def head(self, uri: str, version_id: str | None = None) -> ObjectPin:

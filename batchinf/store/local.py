@@ -67,7 +67,7 @@ def _atomic_write(path: Path, uri: str, write: Callable[[BinaryIO], object]) -> 
 class LocalStore(Store):
     """Objects are regular files; 'prefixes' are directories."""
 
-    def list(self, prefix_uri: str, check: Callable[[str], None] | None = None) -> list[ObjectPin]:
+    def list(self, prefix_uri: str, check: Callable[[str, int], bool] | None = None) -> list[ObjectPin]:
         root = _path(prefix_uri)
         files = [root] if root.is_file() else sorted(
             Path(d) / name
@@ -75,9 +75,9 @@ class LocalStore(Store):
             for name in names
             if not name.endswith(TMP_SUFFIX)
         )
-        if check is not None:
-            for p in files:                 # every name checked before any file is hashed
-                check("file://" + str(p))
+        if check is not None:               # every name checked (by its size too) before any file is hashed
+            with _os_errors("list", prefix_uri):
+                files = [p for p in files if check("file://" + str(p), p.stat().st_size)]
         return sorted((_pin(p) for p in files), key=lambda pin: pin.uri)
 
     def head(self, uri: str, version_id: str | None = None) -> ObjectPin:

@@ -153,23 +153,19 @@ def _version(vid: str | None) -> str | None:
     return None if vid in (None, "", "null") else vid
 
 
-def _checked(check: Callable[[str], None] | None) -> Callable[[str], bool]:
-    """`check` as a filter that keeps every uri it does not refuse (a refusal stops the listing)."""
-    def keep(uri: str) -> bool:
-        if check is not None:
-            check(uri)
-        return True
-    return keep
+def _checked(check: Callable[[str, int], bool] | None) -> Callable[[str, int], bool]:
+    return check if check is not None else (lambda uri, size: True)
 
 
 class S3Store(Store):
     """Objects are S3 keys; 'prefixes' are key prefixes ending in '/'."""
 
-    def list(self, prefix_uri: str, check: Callable[[str], None] | None = None) -> list[ObjectPin]:
+    def list(self, prefix_uri: str, check: Callable[[str, int], bool] | None = None) -> list[ObjectPin]:
         bucket, key = _bucket_key(prefix_uri)
         if key and not key.endswith("/"):
             try:
-                return [self.head(prefix_uri)]      # the prefix itself was checked: no byte is read
+                pin = self.head(prefix_uri)         # a HEAD reads no byte of it
+                return [pin] if check is None or check(pin.uri, pin.size) else []
             except InputError:
                 key += "/"
         checked = _checked(check)
@@ -179,7 +175,7 @@ class S3Store(Store):
                     ObjectPin(f"s3://{bucket}/{v['Key']}", v["Size"], v["ETag"].strip('"'), _version(v.get("VersionId")))
                     for page in client().get_paginator("list_object_versions").paginate(Bucket=bucket, Prefix=key, **_owner())
                     for v in page.get("Versions", [])
-                    if v["IsLatest"] and not v["Key"].endswith("/") and checked(f"s3://{bucket}/{v['Key']}")
+                    if v["IsLatest"] and not v["Key"].endswith("/") and checked(f"s3://{bucket}/{v['Key']}", v["Size"])
                 ]
             except ClientError as exc:
                 if _code(exc)[0] not in _NO_VERSION_LISTING:
@@ -188,7 +184,7 @@ class S3Store(Store):
                     ObjectPin(f"s3://{bucket}/{o['Key']}", o["Size"], o["ETag"].strip('"'), None)
                     for page in client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key, **_owner())
                     for o in page.get("Contents", [])
-                    if not o["Key"].endswith("/") and checked(f"s3://{bucket}/{o['Key']}")
+                    if not o["Key"].endswith("/") and checked(f"s3://{bucket}/{o['Key']}", o["Size"])
                 ]
         return sorted(pins, key=lambda pin: pin.uri)
 

@@ -144,7 +144,7 @@ class Generate(Task):
             for results in runtime.render_batches(batches()):
                 chunk = chunks.popleft()
                 rendered.clear()
-                rendered.update(zip((r.ordinal for r in chats(chunk)), results))
+                rendered.update(zip((r.ordinal for r in chats(chunk)), results, strict=True))
                 yield from chunk
 
         for row, r, where in usable_records(obj, render_ahead(), rows):

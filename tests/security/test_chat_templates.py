@@ -369,3 +369,28 @@ def test_a_job_whose_records_set_off_bombs_succeeds_with_their_error_rows(
     assert sorted(errors) == sorted(bombs) and {e["error"] for e in errors.values()} == {"invalid_messages"}
     assert "BATCHINF_TEMPLATE_MEMORY_BYTES" in errors["format width"]["message"]
     assert "BATCHINF_TEMPLATE_SECONDS" in errors["wordwrap"]["message"]
+
+
+def test_threads_sharing_a_runtime_render_with_sandboxes_of_their_own() -> None:
+    """Two jobs (tenants) planned at once on threads sharing a runtime: each thread's submit and
+    results pair with its own conversations, never the other's, even interleaved."""
+    import threading
+
+    from batchinf.runtime.template_sandbox import ThreadSandboxes
+
+    boxes = ThreadSandboxes({"chat_template": "{% for m in messages %}[{{ m['content'] }}]{% endfor %}"})
+    gate, got = threading.Barrier(2), {}
+
+    def render(tenant: str) -> None:
+        sandbox = boxes.get()
+        sandbox.submit([[{"role": "user", "content": f"{tenant}-{i}"}] for i in range(20)])
+        gate.wait()                                 # both have submitted before either collects
+        got[tenant] = sandbox.results()
+        sandbox.close()
+
+    threads = [threading.Thread(target=render, args=(t,)) for t in ("acme", "globex")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert got == {t: [f"[{t}-{i}]" for i in range(20)] for t in ("acme", "globex")}

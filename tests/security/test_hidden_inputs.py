@@ -15,25 +15,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchinf.store import ObjectPin
-from batchinf.pinning import visible
+from batchinf.pinning import hidden
 from tests.helpers.corpus import manifest
 
 
-def _pin(uri: str) -> ObjectPin:
-    return ObjectPin(uri=uri, size=1, etag="e", version_id=None)
-
-
-def test_visible_skips_names_starting_with_underscore_or_dot_below_the_prefix() -> None:
+def test_hidden_are_names_starting_with_underscore_or_dot_below_the_prefix() -> None:
     p = "s3://b/ds/"
     names = ["part-0.parquet", "_SUCCESS", "_common_metadata", ".part-0.parquet.crc", "year=2024/part-1.parquet",
              "_temporary/0/part-2.parquet", "sub/.hidden/x.parquet", "errors/part-0.parquet", "a_b.parquet"]
-    pins = [_pin(p + n) for n in names]
-    assert [x.uri[len(p):] for x in visible(p, pins)] == [
+    assert [n for n in names if not hidden(p, p + n)] == [
         "part-0.parquet", "year=2024/part-1.parquet", "errors/part-0.parquet", "a_b.parquet"]
-    assert visible(p, pins, include_hidden=True) == pins
     # an object named on its own is read even if its name starts with _
-    assert visible("s3://b/ds/_one.jsonl", [_pin("s3://b/ds/_one.jsonl")]) == [_pin("s3://b/ds/_one.jsonl")]
+    assert not hidden("s3://b/ds/_one.jsonl", "s3://b/ds/_one.jsonl")
 
 
 def _run(path: Path, m: dict) -> subprocess.CompletedProcess:

@@ -96,11 +96,13 @@ def test_a_job_is_bounded_in_objects_and_bytes_per_tenant(tmp_path: Path, tiny_b
     error = _pin(tmp_path, root, [str(f) for f in files], name="heavy")
     assert f"more than {2 * size + 1} bytes together (limit input_bytes" in error
     assert "p0.jsonl" in hashed                         # HEADed (hashed) until the bound was passed
-    # a listed prefix is bounded the same way
+    # a listed prefix is bounded the same way, by the sizes the listing tells: nothing is hashed
+    hashed.clear()
     m = manifest(str(root / "in" / "data") + "/", str(root / "out" / "prefix") + "/", name="prefix")
     job_id, _ = submit(parse_manifest(m), Caller("umbrella"))
     step(job_id, InProcess())
     assert "limit input_bytes" in (jobs.get(job_id).error or "")
+    assert hashed == []
 
 
 def test_an_oversized_input_manifest_is_refused_unread(tmp_path: Path, tiny_bundle: str,
@@ -130,3 +132,22 @@ def test_relative_paths_of_a_tenant_request_are_refused_without_resolving_them(t
     job_id, _ = submit(parse_manifest(manifest(str(root / "in") + "/", str(root / "out" / "cli"))),
                        Caller("umbrella", operator=True))
     assert jobs.get(job_id).confined         # the tenant has grants: confined whoever submits
+
+
+def test_refusals_name_uris_as_written_and_never_resolve_them_on_the_server(tmp_path: Path, tiny_bundle: str) -> None:
+    from batchinf.errors import ManifestError
+
+    root = _tenant(tmp_path)
+    secret_dir = tmp_path / "server-secret-dir"
+    write_jsonl(secret_dir / "a.jsonl", 2, bad=False)
+    link = root / "in" / "innocent"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(secret_dir)
+    m = manifest(str(link) + "/", str(root / "out" / "x") + "/", name="link")
+    with pytest.raises(ManifestError, match="outside the prefixes tenant 'umbrella' may read") as err:
+        submit(parse_manifest(m), Caller("umbrella"))
+    assert str(link) in str(err.value) and "server-secret-dir" not in str(err.value)
+    for entry in ("~/notes.jsonl", "relative/notes.jsonl"):
+        error = _pin(tmp_path, root, [entry], name=f"entry-{len(entry)}")
+        assert "neither a URI nor an absolute path" in error, error
+        assert str(Path.home()) not in error and str(Path.cwd()) not in error
