@@ -34,15 +34,10 @@ from typing import Any, Callable
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.api_under_attack import _cli  # noqa: E402 -- the same CLI runner
+
 TERMINAL = ("succeeded", "failed", "cancelled", "expired")
-
-
-def _cli(env: dict[str, str], *args: str) -> str:
-    r = subprocess.run([sys.executable, "-m", "batchinf.cli", *args], env=env, capture_output=True, text=True,
-                       timeout=300)
-    if r.returncode:
-        raise SystemExit(f"batchinf {' '.join(args)} failed: {r.stderr[-2000:]}")
-    return r.stdout
 
 
 class Sampler:
@@ -103,7 +98,6 @@ def _chunked(url: str, token: str, path: str, mib: int, content_type: str, head:
 
 class Bench:
     def __init__(self, short: bool) -> None:
-        sys.path.insert(0, str(ROOT))
         from tests.helpers.tiny_models import make_tiny_bert
 
         self.short = short
