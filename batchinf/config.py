@@ -47,7 +47,7 @@ class Settings:
     max_manifest_bytes: int         # BATCHINF_MAX_INPUT_MANIFEST_BYTES: the largest input manifest, and S3
                                     # Inventory data file, a job may name (64 MiB)
     plan_range_bytes: int           # BATCHINF_PLAN_RANGE_BYTES: a larger uncompressed JSONL / Parquet input
-                                    # is planned in parts of about this size (plan_parts.py)
+                                    # is planned in parts of about this size (planning/ranges.py)
     # --- leases, retries, speculation
     lease_seconds: float            # BATCHINF_LEASE_SECONDS: a shard lease not heartbeated this long is expired
     heartbeat_seconds: float        # BATCHINF_HEARTBEAT_SECONDS: how often a running shard renews its lease

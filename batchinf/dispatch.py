@@ -62,7 +62,7 @@ class Dispatcher:
     def pin(self, job: Job) -> None:
         """Pin a submitted job's inputs: here, now (one job's driver), or by sending a pinning task
         (a controller of many jobs, whose tick must not wait on one job's listing and hashing)."""
-        from batchinf.plan import pin_job
+        from batchinf.planning.plan import pin_job
 
         pin_job(job)
 
@@ -159,7 +159,7 @@ def run_shard(shard_id: str, device: str = "auto", *, speculative: bool = False,
 def plan_objects_here(job: Job, idxs: list[int], processes: int) -> None:
     """Stage objects on this machine, their planning parts in a process pool when there are
     several (plan.plan_objects)."""
-    from batchinf.plan import plan_objects
+    from batchinf.planning.plan import plan_objects
 
     plan_objects(job.id, idxs, processes)
 

@@ -12,7 +12,8 @@ from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
-from batchinf import failpoints, metrics, sizing
+from batchinf import failpoints, metrics
+from batchinf.planning import sizing
 from batchinf.bundles import open_runtime
 from batchinf.config import settings
 from batchinf.errors import StaleAttemptError
@@ -23,7 +24,7 @@ from batchinf.ledger import shards as shard_repo
 from batchinf.ledger import splits
 from batchinf.ledger.models import Lease, Shard, ShardResult
 from batchinf.parts import ERROR_SCHEMA, STAGE_ROW_GROUP, PartWriter, error_row, open_parquet, read_table, write_table
-from batchinf.plan import shard_id
+from batchinf.planning.plan import shard_id
 from batchinf.retry import retrying
 from batchinf.store import get_store, join
 from batchinf.tasks import get_task

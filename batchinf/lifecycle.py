@@ -15,7 +15,8 @@ import logging
 import time
 from typing import Callable
 
-from batchinf import logs, metrics, sizing
+from batchinf import logs, metrics
+from batchinf.planning import sizing
 from batchinf.config import settings
 from batchinf.dispatch import Dispatcher
 from batchinf.ledger import attempts as attempt_repo
@@ -27,7 +28,7 @@ from batchinf.ledger.events import now
 from batchinf.ledger.models import Demand, InputObject, Job
 from batchinf.ledger.states import JOB_TERMINAL, JobStatus
 from batchinf.limits import error_budget_problem
-from batchinf.plan import finish_plan, pin_job
+from batchinf.planning.plan import finish_plan, pin_job
 from batchinf.quarantine import resolve_quarantined
 from batchinf.retry import Outcome, classify, compute_backoff
 from batchinf.store import get_store, join

@@ -13,7 +13,7 @@ The two choke points:
   confined once that tenant has grants.
 - `Storage`: a job's reads of the objects its tenant names (input prefixes, input manifests, S3
   Inventory files, the objects they list, image URIs), checked against the grants before any byte
-  is read or hashed. Only `pinning.py` and the planning readers hold one; nothing else reads
+  is read or hashed. Only `planning/pin.py` and the planning readers hold one; nothing else reads
   tenant-named objects (tests/unit/test_architecture.py keeps it so).
 """
 

@@ -25,7 +25,7 @@ from batchinf.ledger import shards as shard_repo
 from batchinf.ledger.events import now
 from batchinf.ledger.models import Job, Shard
 from batchinf.ledger.states import SHARD_DONE, JobStatus, ShardStatus
-from batchinf.openai_output import RenderContext, fingerprint, render_not_run, render_part, render_to_path
+from batchinf.openai.output import RenderContext, fingerprint, render_not_run, render_part, render_to_path
 from batchinf.parts import digest_of_uri, read_table
 from batchinf.store import get_store, join, normalize_uri
 from batchinf.store.base import transient_os_error

@@ -125,7 +125,7 @@ def execute_shard(self: Task, shard_id: str, speculative: bool = False) -> None:
 @app.task(name="batchinf.pin_job")
 def pin_job(job_id: str) -> None:
     """Pin a submitted job's inputs on a worker. Pinning itself fails the job past
-    BATCHINF_PIN_TIME_LIMIT (pinning.Bounds); the task's own limits, a little later, stop a call
+    BATCHINF_PIN_TIME_LIMIT (planning.pin.Bounds); the task's own limits, a little later, stop a call
     stuck inside one object (a failed step, charged to the job)."""
     from batchinf.lifecycle import pin_now
 
@@ -134,8 +134,8 @@ def pin_job(job_id: str) -> None:
 
 @app.task(name="batchinf.plan_object")
 def plan_object(job_id: str, idx: int) -> None:
-    """Plan one object; a large one's parts (plan_parts.py) are sent as `plan_part` tasks."""
-    from batchinf.plan import plan_one_object
+    """Plan one object; a large one's parts (planning/ranges.py) are sent as `plan_part` tasks."""
+    from batchinf.planning.plan import plan_one_object
 
     with _timed_out(job_id, idx):
         plan_one_object(job_id, idx, send_parts=lambda parts: _send_parts(job_id, idx, parts))
@@ -143,7 +143,7 @@ def plan_object(job_id: str, idx: int) -> None:
 
 @app.task(name="batchinf.plan_part")
 def plan_part(job_id: str, idx: int, k: int) -> None:
-    from batchinf.plan import plan_sent_part
+    from batchinf.planning.plan import plan_sent_part
 
     with _timed_out(job_id, idx):
         plan_sent_part(job_id, idx, k)

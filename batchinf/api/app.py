@@ -10,7 +10,7 @@ from fastapi import FastAPI, Request, Response
 from batchinf import metrics
 from batchinf.api import errors, lineage, ui
 from batchinf.api.body import BodyLimit
-from batchinf.api.openai_routes import router as openai_router
+from batchinf.openai.routes import router as openai_router
 from batchinf.api.routes import MAX_MANIFEST_BYTES, router
 from batchinf.config import settings
 

@@ -32,7 +32,7 @@ def files_upload(path: str, purpose: str, tenant: str, as_json: bool) -> None:
     """Upload a JSONL batch input file (checked line by line); prints its file id."""
     from pathlib import Path
 
-    from batchinf.openai_batches import upload_file
+    from batchinf.openai.batches import upload_file
 
     with open(path, "rb") as fh:
         emit(upload_file(tenant, Path(path).name, purpose, fh), as_json, _print_file)
@@ -45,7 +45,7 @@ def files_upload(path: str, purpose: str, tenant: str, as_json: bool) -> None:
 @friendly
 def files_list(purpose: str | None, tenant: str, as_json: bool) -> None:
     """This tenant's files, newest first."""
-    from batchinf.openai_batches import list_files
+    from batchinf.openai.batches import list_files
 
     emit(list_files(tenant, purpose=purpose), as_json, lambda rows: [_print_file(f) for f in rows])
 
@@ -57,7 +57,7 @@ def files_list(purpose: str | None, tenant: str, as_json: bool) -> None:
 @friendly
 def files_show(file_id: str, tenant: str, as_json: bool) -> None:
     """One file object."""
-    from batchinf.openai_batches import get_file
+    from batchinf.openai.batches import get_file
 
     emit(get_file(tenant, file_id), as_json, _print_file)
 
@@ -71,7 +71,7 @@ def files_show(file_id: str, tenant: str, as_json: bool) -> None:
 def files_download(file_id: str, output: str | None, tenant: str, as_json: bool) -> None:
     """Write a file's content (e.g. a batch's output or error file) to stdout or --output (with
     --json: to --output, printing {id, output, bytes})."""
-    from batchinf.openai_batches import file_content
+    from batchinf.openai.batches import file_content
 
     chunks = file_content(tenant, file_id)
     if output is None:
@@ -96,7 +96,7 @@ def files_download(file_id: str, output: str | None, tenant: str, as_json: bool)
 @friendly
 def files_delete(file_id: str, tenant: str, as_json: bool) -> None:
     """Delete a file (its object too)."""
-    from batchinf.openai_batches import delete_file
+    from batchinf.openai.batches import delete_file
 
     emit(delete_file(tenant, file_id), as_json, lambda r: click.echo(f"{r['id']} deleted"))
 
@@ -126,7 +126,7 @@ def _print_batch(b: dict[str, Any]) -> None:
 def batches_create(input_file_id: str, endpoint: str, completion_window: str, metadata: str | None,
                    tenant: str, as_json: bool) -> None:
     """Create a batch from an uploaded file."""
-    from batchinf.openai_batches import create_batch
+    from batchinf.openai.batches import create_batch
 
     meta = json.loads(metadata) if metadata else None
     emit(create_batch(tenant, input_file_id, endpoint, completion_window, meta), as_json, _print_batch)
@@ -140,7 +140,7 @@ def batches_create(input_file_id: str, endpoint: str, completion_window: str, me
 @friendly
 def batches_list(limit: int, after: str | None, tenant: str, as_json: bool) -> None:
     """This tenant's batches, newest first."""
-    from batchinf.openai_batches import list_batches
+    from batchinf.openai.batches import list_batches
 
     emit(list_batches(tenant, after=after, limit=limit), as_json, lambda page: [_print_batch(b) for b in page["data"]])
 
@@ -152,7 +152,7 @@ def batches_list(limit: int, after: str | None, tenant: str, as_json: bool) -> N
 @friendly
 def batches_show(batch_id: str, tenant: str, as_json: bool) -> None:
     """One batch object (status, counts, output and error file ids)."""
-    from batchinf.openai_batches import get_batch
+    from batchinf.openai.batches import get_batch
 
     emit(get_batch(tenant, batch_id), as_json, _print_batch)
 
@@ -165,7 +165,7 @@ def batches_show(batch_id: str, tenant: str, as_json: bool) -> None:
 def batches_cancel(batch_id: str, tenant: str, as_json: bool) -> None:
     """Cancel a batch: answers so far stay; requests not run get batch_cancelled lines."""
     from batchinf.controller import cancel
-    from batchinf.openai_batches import cancel_batch, get_batch
+    from batchinf.openai.batches import cancel_batch, get_batch
 
     _, job_id = cancel_batch(tenant, batch_id)
     cancel(job_id)       # finishes it here when no worker holds a lease; else its driver does

@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import BinaryIO, Iterator, Protocol
 
 from batchinf.formats.jsonl import read_jsonl
-from batchinf.formats.openai_batch import read_openai_batch
 from batchinf.formats.parquet import read_parquet
 from batchinf.formats.record import InputRecord
 
@@ -39,6 +38,7 @@ def _parquet(fh: BinaryIO, uri: str, id_field: str, text_field: str, *,
 
 def _openai_batch(fh: BinaryIO, uri: str, id_field: str, text_field: str, *,
                   kind: str, task: str) -> Iterator[InputRecord]:
+    from batchinf.openai.lines import read_openai_batch   # it reads lines with formats.jsonl: imported late
     return read_openai_batch(fh, uri, task)
 
 

@@ -165,7 +165,7 @@ def part_objects(fh: BinaryIO, uri: str, start: int, stop: int, tally: dict[str,
     object, `fh` seekable: a line starting before `start` is skipped, the one running past `stop`
     read to its end. Ordinals and line numbers count from the part's start (0 and 1), and
     `tally` gets the part's lines and records: the global planning step shifts them by those of
-    the parts before it (plan_parts.py). A read error raises (the attempt fails), it is no row."""
+    the parts before it (planning/ranges.py). A read error raises (the attempt fails), it is no row."""
     fh.seek(max(0, start - 1))
     skipped = _skip_line(fh, 1 << 20) if start > 0 and fh.read(1) != b"\n" else 0
     tally.update(lines=0, records=0)

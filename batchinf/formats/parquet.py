@@ -25,7 +25,7 @@ def read_parquet(fh: BinaryIO, uri: str, id_field: str, text_field: str, *,
                  tally: dict[str, int] | None = None) -> Iterator[InputRecord]:
     """Records of a Parquet object, streamed page by page (a buffered stream, no pre-buffering),
     so a file with one enormous row group is read within a fixed memory cap. With `row_groups`
-    (a part of the object, plan_parts.py), those only, their rows numbered from 0 and counted in
+    (a part of the object, planning/ranges.py), those only, their rows numbered from 0 and counted in
     `tally` (the global planning step shifts them by the rows before)."""
     tally = {} if tally is None else tally
     tally.update(lines=0, records=0)

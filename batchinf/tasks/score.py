@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field
 
-from batchinf.formats.openai_batch import RERANK
+from batchinf.openai.lines import RERANK
 from batchinf.manifest_rules import (BOOLEAN, LIMITED, MAX_LABELS, MAX_LENGTH, Part, choice, nullable,
                                      positive)
 from batchinf.tasks.base import (RECORD_FIELDS, STAGE_FIELDS, RunOutput, StagedRows, Task, chunks, ok_rows,

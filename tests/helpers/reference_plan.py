@@ -1,6 +1,6 @@
 """The global planning step as it was before it worked from summaries: every staged record in
 memory, duplicates found with one dict, shards taken from the concatenated table. Tests compare
-the bounded-memory step (batchinf/bucketing.py) with it, shard file by shard file."""
+the bounded-memory step (batchinf/planning/bucketing.py) with it, shard file by shard file."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from batchinf.plan import ERROR_BUCKET, bucket_bounds, cut, shard_id
+from batchinf.planning.plan import ERROR_BUCKET, bucket_bounds, cut, shard_id
 
 
 def reference_shards(job_id: str, uris: list[str], staged: list[pa.Table], max_records: int, max_tokens: int,

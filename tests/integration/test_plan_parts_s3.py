@@ -21,7 +21,7 @@ from batchinf.controller import drive
 from batchinf.ledger import jobs
 from batchinf.manifest import parse_manifest
 from batchinf.parts import read_table
-from batchinf.plan import object_tasks, part_tasks, pin_job
+from batchinf.planning.plan import object_tasks, part_tasks, pin_job
 from batchinf.store import get_store
 from tests.helpers.corpus import awkward_jsonl as _awkward
 from tests.helpers.corpus import manifest, texts

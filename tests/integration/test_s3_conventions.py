@@ -23,7 +23,7 @@ from batchinf.errors import ManifestError
 from batchinf.manifest import parse_manifest
 from batchinf.store import get_store
 from batchinf.store import s3 as s3store
-from batchinf.pinning import Bounds, list_inputs
+from batchinf.planning.pin import Bounds, list_inputs
 from batchinf.scopes import Storage
 
 pytestmark = pytest.mark.integration

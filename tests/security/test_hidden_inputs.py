@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchinf.pinning import hidden
+from batchinf.planning.pin import hidden
 from tests.helpers.corpus import manifest
 
 

@@ -22,19 +22,20 @@ def external_imports() -> dict[str, set[str]]:
 # Lowest first; a module may import its own layer or lower ones. The first matching prefix wins.
 LAYERS: list[tuple[str, ...]] = [
     ("batchinf.errors", "batchinf.config", "batchinf.checks", "batchinf.failpoints", "batchinf.digests",
-     "batchinf.cron", "batchinf.documents", "batchinf.version", "batchinf.logs"),
+     "batchinf.cron", "batchinf.documents", "batchinf.version", "batchinf.logs",
+     "batchinf.planning", "batchinf.openai"),   # the packages themselves import nothing
     ("batchinf.store", "batchinf.manifest", "batchinf.manifest_rules", "batchinf.formats", "batchinf.runtime", "batchinf.retry",
-     "batchinf.tasks"),
-    ("batchinf.parts", "batchinf.openai_output"),
+     "batchinf.openai.lines", "batchinf.tasks"),
+    ("batchinf.parts", "batchinf.openai.output"),
     ("batchinf.ledger",),
-    ("batchinf.bundles", "batchinf.tenants", "batchinf.scopes", "batchinf.limits", "batchinf.submit", "batchinf.pinning",
-     "batchinf.metrics", "batchinf.openai_batches", "batchinf.retries", "batchinf.heartbeat"),
-    ("batchinf.plan_summary", "batchinf.plan_parts", "batchinf.bucketing", "batchinf.sizing"),
-    ("batchinf.plan", "batchinf.execute", "batchinf.verify", "batchinf.schedules"),
+    ("batchinf.bundles", "batchinf.tenants", "batchinf.scopes", "batchinf.limits", "batchinf.submit", "batchinf.planning.pin",
+     "batchinf.metrics", "batchinf.openai.batches", "batchinf.retries", "batchinf.heartbeat"),
+    ("batchinf.planning.summary", "batchinf.planning.ranges", "batchinf.planning.bucketing", "batchinf.planning.sizing"),
+    ("batchinf.planning.plan", "batchinf.execute", "batchinf.verify", "batchinf.schedules"),
     ("batchinf.quarantine", "batchinf.dispatch"),
     ("batchinf.lifecycle",),
     ("batchinf.controller", "batchinf.dryrun"),
-    ("batchinf.api",),
+    ("batchinf.api", "batchinf.openai.routes", "batchinf.openai.schemas"),
     ("batchinf.cli", "batchinf.__main__", "batchinf.workers"),
 ]
 
@@ -147,7 +148,7 @@ def test_submit_has_no_default_caller_and_the_api_is_never_the_operator() -> Non
     assert param.default is inspect.Parameter.empty and param.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
     assert Caller("t").confined     # a tenant's request is confined with or without grants (no ledger read)
     for m, p in modules():
-        if m.startswith(("batchinf.api", "batchinf.openai_batches")):
+        if m.startswith(("batchinf.api", "batchinf.openai.batches")):
             assert "operator=True" not in p.read_text(), f"{m} creates a job as the operator"
 
 
@@ -156,16 +157,16 @@ def test_submit_has_no_default_caller_and_the_api_is_never_the_operator() -> Non
 STORE_USERS = {
     "batchinf.scopes": "Storage itself",
     "batchinf.submit": "the output prefix's _SUCCESS, after the grant check",
-    "batchinf.plan": "pinned objects (checked when pinned) and the job's work files",
-    "batchinf.plan_parts": "pinned objects, checked when pinned",
-    "batchinf.plan_summary": "the job's work files",
+    "batchinf.planning.plan": "pinned objects (checked when pinned) and the job's work files",
+    "batchinf.planning.ranges": "pinned objects, checked when pinned",
+    "batchinf.planning.summary": "the job's work files",
     "batchinf.execute": "pinned objects and the job's work files",
     "batchinf.verify": "the job's work files and output",
     "batchinf.lifecycle": "the job's work files",
     "batchinf.parts": "the job's work files and output",
-    "batchinf.openai_output": "the job's output",
+    "batchinf.openai.output": "the job's output",
     "batchinf.retries": "the old job's output (its lineage files)",
-    "batchinf.openai_batches": "the tenant's own space in the files store",
+    "batchinf.openai.batches": "the tenant's own space in the files store",
     "batchinf.bundles": "the operator's bundle store",
     "batchinf.limits": "the operator's bundle store",
     "batchinf.tasks.classify_image": "image URIs, each passed to the job's Storage check first",

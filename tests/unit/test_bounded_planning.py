@@ -15,11 +15,11 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from batchinf import bucketing
+from batchinf.planning import bucketing
 from batchinf.ledger import jobs, lineage, shards
 from batchinf.manifest import parse_manifest
 from batchinf.parts import STAGE_ROW_GROUP, read_table, write_table
-from batchinf.plan import bucket_bounds, cut, finish_plan, object_tasks, plan_object
+from batchinf.planning.plan import bucket_bounds, cut, finish_plan, object_tasks, plan_object
 from batchinf.tasks import base
 from batchinf.submit import submit
 from tests.helpers.env import OPERATOR
@@ -115,7 +115,7 @@ def _planned_objects(tmp_path: Path, name: str, per_object: int, objects: int = 
     """A job of `objects` objects of `per_object` records each, pinned, its objects staged (unless
     not `stage`), the global step not run."""
     from batchinf.dispatch import plan_objects_here
-    from batchinf.plan import pin_job
+    from batchinf.planning.plan import pin_job
 
     rng = random.Random(5)
     root = tmp_path / name / "in"

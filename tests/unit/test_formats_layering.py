@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tests.helpers.imports import ROOT, cycles, import_graph
 # The input-format and part-file layer: no import cycle may pass through any of these modules.
-LAYER = ("batchinf.formats", "batchinf.openai_output", "batchinf.parts", "batchinf.digests",
+LAYER = ("batchinf.formats", "batchinf.openai.output", "batchinf.parts", "batchinf.digests",
          "batchinf.store", "batchinf.checks")
 
 
@@ -36,7 +36,7 @@ def test_the_cycle_finder_finds_cycles() -> None:
 def test_the_graph_sees_function_local_imports() -> None:
     graph = import_graph(ROOT)
     assert "batchinf.formats.jsonl" in graph["batchinf.formats"]
-    assert "batchinf.formats.record" in graph["batchinf.formats.openai_batch"]
+    assert "batchinf.formats.record" in graph["batchinf.openai.lines"]
     assert "batchinf.runtime.tokenizer" in graph["batchinf.tasks.embed"]   # imported inside a function
 
 
@@ -52,8 +52,8 @@ def test_formats_and_openai_output_stay_apart() -> None:
     graph = import_graph(ROOT)
     formats = [m for m in graph if _in(m, ("batchinf.formats",))]
     for m in formats:
-        assert not _in_any(_reachable(graph, m), ("batchinf.openai_output", "batchinf.parts")), m
-    assert not _in_any(_reachable(graph, "batchinf.openai_output"), ("batchinf.formats",))
+        assert not _in_any(_reachable(graph, m), ("batchinf.openai.output", "batchinf.parts")), m
+    assert not _in_any(_reachable(graph, "batchinf.openai.output"), ("batchinf.formats",))
     assert graph["batchinf.digests"] == set()
 
 

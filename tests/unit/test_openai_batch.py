@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from batchinf.digests import sha256_file
-from batchinf.formats.openai_batch import read_openai_batch
-from batchinf.openai_output import RenderContext, error_line, render_part, result_line
+from batchinf.openai.lines import read_openai_batch
+from batchinf.openai.output import RenderContext, error_line, render_part, result_line
 from batchinf.parts import ERROR_SCHEMA, GENERATION_SCHEMA
 
 URI = "file:///data/batch.jsonl"

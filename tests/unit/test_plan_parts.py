@@ -1,4 +1,4 @@
-"""A large input object is planned in parts (plan_parts.py): JSONL by byte ranges aligned to line
+"""A large input object is planned in parts (planning/ranges.py): JSONL by byte ranges aligned to line
 starts, Parquet by runs of row groups, compressed objects whole. Whatever the parts, the staged
 shards, their ledger rows and the plan are exactly those of planning every object whole:
 ordinals, line numbers in messages and duplicate ids count in the whole object."""
@@ -19,8 +19,8 @@ from batchinf.config import settings
 from batchinf.formats.jsonl import json_objects, part_objects
 from batchinf.ledger import jobs, shards
 from batchinf.manifest import parse_manifest
-from batchinf.plan import object_tasks, part_tasks
-from batchinf.plan_parts import Part, object_parts, renumber
+from batchinf.planning.plan import object_tasks, part_tasks
+from batchinf.planning.ranges import Part, object_parts, renumber
 from batchinf.store import ObjectPin
 from batchinf.submit import submit
 from tests.helpers.env import OPERATOR
@@ -196,7 +196,7 @@ def test_a_dry_run_reports_the_same_counts(tmp_path: Path, tiny_bundle: str, mon
 
 def test_a_broker_sends_the_parts_and_the_last_one_staged_records_the_object(
         tmp_path: Path, tiny_bundle: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from batchinf.plan import finish_plan, pin_job, plan_one_object, plan_sent_part
+    from batchinf.planning.plan import finish_plan, pin_job, plan_one_object, plan_sent_part
 
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.jsonl").write_bytes(_awkward(8, 80, "a") + b"\n{not json\n")
@@ -226,9 +226,9 @@ def test_a_broker_sends_the_parts_and_the_last_one_staged_records_the_object(
 
 def test_a_global_step_that_cuts_other_parts_is_refused(tmp_path: Path, tiny_bundle: str,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    from batchinf.bucketing import StagedMismatch
+    from batchinf.planning.bucketing import StagedMismatch
     from batchinf.dispatch import plan_objects_here
-    from batchinf.plan import finish_plan, pin_job
+    from batchinf.planning.plan import finish_plan, pin_job
 
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.jsonl").write_bytes(_awkward(9, 40, "a"))

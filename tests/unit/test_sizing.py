@@ -13,13 +13,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchinf.bucketing import cut_all, cut_groups, extra_work
+from batchinf.planning.bucketing import cut_all, cut_groups, extra_work
 from batchinf.ledger import jobs, shards
 from batchinf.ledger.states import JobStatus
 from batchinf.lifecycle import step
 from batchinf.manifest import parse_manifest
 from batchinf.config import settings as config
-from batchinf.sizing import SHARDS_PER_WORKER, cut_balanced, cut_groups_balanced, min_shard_work, target_work
+from batchinf.planning.sizing import SHARDS_PER_WORKER, cut_balanced, cut_groups_balanced, min_shard_work, target_work
 from batchinf.submit import submit
 from tests.helpers.env import OPERATOR
 from tests.helpers.corpus import manifest, write_jsonl

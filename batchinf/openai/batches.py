@@ -25,14 +25,14 @@ from typing import Any, BinaryIO, Iterator
 from batchinf.bundles import get_info, resolve_ref
 from batchinf.config import settings
 from batchinf.errors import BundleError, InputError, LedgerError, NotFoundError
-from batchinf.formats.openai_batch import ENDPOINT_TASK
+from batchinf.openai.lines import ENDPOINT_TASK
 from batchinf.ledger import jobs as job_repo
 from batchinf.ledger import openai_files as repo
 from batchinf.ledger.events import now
 from batchinf.ledger.states import JobStatus
 from batchinf.ledger.status import status as job_status
 from batchinf.manifest import parse_duration, parse_manifest
-from batchinf.openai_output import NOT_RUN_MESSAGES
+from batchinf.openai.output import NOT_RUN_MESSAGES
 from batchinf.store import get_store, join
 from batchinf.scopes import Caller
 from batchinf.submit import submit

@@ -1,5 +1,5 @@
 """The global planning step without global memory: it merges the planning tasks' summaries
-(plan_summary.py), never every record. Its memory depends on the number of objects, distinct
+(planning/summary.py), never every record. Its memory depends on the number of objects, distinct
 token lengths, one id range and one shard, not on the number of records.
 
 - Duplicate ids: the id space is split into ranges by the objects' id samples (about
@@ -28,8 +28,8 @@ import pyarrow.parquet as pq
 
 from batchinf.errors import BatchinfError
 from batchinf.parts import local_copy
-from batchinf.plan_summary import ids_uri
-from batchinf.sizing import cut_groups_balanced
+from batchinf.planning.summary import ids_uri
+from batchinf.planning.sizing import cut_groups_balanced
 
 DEDUP_RANGE_RECORDS = 1 << 20     # ids compared at once by the duplicate check
 ERROR_BUCKET = -1
@@ -63,7 +63,7 @@ def id_splits(summaries: list[dict[str, Any]], per_range: int = 0) -> list[str]:
 def find_duplicates(ids_paths: list[str | None], summaries: list[dict[str, Any]], uris: list[str],
                     bases: list[int] | None = None) -> Dups:
     """Every record whose id an earlier record of the job (in pinned order) has, with its message.
-    The staged objects may be parts of objects (plan_parts.py): `uris` name their objects and
+    The staged objects may be parts of objects (planning/ranges.py): `uris` name their objects and
     `bases` shift their ordinals into their objects'."""
     out: Dups = {}
     splits = id_splits(summaries)
@@ -222,7 +222,7 @@ def cursors(paths: list[str], keeps: list[set[int] | None], dups: Dups, *, inval
             shifts: list[Callable[[pa.Table], pa.Table]] | None = None) -> list[Cursor]:
     """One cursor per object over its kept valid rows (duplicates aside) or its kept invalid ones
     (duplicates included, with their error and message); `shifts` renumber each one's rows first
-    (a part of an object, plan_parts.py)."""
+    (a part of an object, planning/ranges.py)."""
     out = []
     for o, path in enumerate(paths):
         mine = dups.get(o, {})

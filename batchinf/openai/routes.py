@@ -9,7 +9,7 @@ from fastapi.responses import StreamingResponse
 
 from batchinf.api.auth import Tenant
 from batchinf.api.errors import ApiError
-from batchinf.api.openai_schemas import BatchCreate, BatchList, BatchObject, FileDeleted, FileList, FileObject
+from batchinf.openai.schemas import BatchCreate, BatchList, BatchObject, FileDeleted, FileList, FileObject
 from batchinf.api.schemas import ErrorBody
 
 router = APIRouter()
@@ -33,7 +33,7 @@ def upload_file(request: Request, tenant: Tenant, file: Annotated[UploadFile, Fi
                 purpose: Annotated[str, Form(max_length=32)]) -> Any:
     """Upload a batch input file (JSONL, one request per line); stored in the tenant's space."""
     from batchinf.config import settings
-    from batchinf.openai_batches import upload_file as upload
+    from batchinf.openai.batches import upload_file as upload
 
     if int(request.headers.get("content-length") or 0) > settings().max_file_bytes + (1 << 16):
         raise ApiError(413, "too_large", f"the file is over {settings().max_file_bytes} bytes "
@@ -44,7 +44,7 @@ def upload_file(request: Request, tenant: Tenant, file: Annotated[UploadFile, Fi
 @router.get("/v1/files", response_model=FileList, tags=["openai"], responses=_errors(401, 422, 503))
 def list_files(tenant: Tenant, purpose: Annotated[str | None, Query(max_length=32, pattern=r"^[a-z_]+$")] = None,
                after: After = None, limit: Annotated[int, Query(ge=1, le=10000)] = 10000) -> Any:
-    from batchinf.openai_batches import list_files as listing
+    from batchinf.openai.batches import list_files as listing
 
     rows = listing(tenant, purpose=purpose, after=after, limit=limit + 1)
     data = rows[:limit]
@@ -54,7 +54,7 @@ def list_files(tenant: Tenant, purpose: Annotated[str | None, Query(max_length=3
 
 @router.get("/v1/files/{file_id}", response_model=FileObject, tags=["openai"], responses=_errors(401, 404, 422, 503))
 def get_file(file_id: FileId, tenant: Tenant) -> Any:
-    from batchinf.openai_batches import get_file as get
+    from batchinf.openai.batches import get_file as get
 
     return get(tenant, file_id)
 
@@ -63,7 +63,7 @@ def get_file(file_id: FileId, tenant: Tenant) -> Any:
             responses={200: {"content": {"application/octet-stream": {"schema": {"type": "string"}}},
                              "description": "the file's bytes"}, **_errors(401, 404, 422, 503)})
 def file_content(file_id: FileId, tenant: Tenant) -> StreamingResponse:
-    from batchinf.openai_batches import file_content as content
+    from batchinf.openai.batches import file_content as content
 
     return StreamingResponse(content(tenant, file_id), media_type="application/octet-stream")
 
@@ -71,7 +71,7 @@ def file_content(file_id: FileId, tenant: Tenant) -> StreamingResponse:
 @router.delete("/v1/files/{file_id}", response_model=FileDeleted, tags=["openai"],
                responses=_errors(401, 404, 422, 503))
 def delete_file(file_id: FileId, tenant: Tenant) -> Any:
-    from batchinf.openai_batches import delete_file as delete
+    from batchinf.openai.batches import delete_file as delete
 
     return delete(tenant, file_id)
 
@@ -79,14 +79,14 @@ def delete_file(file_id: FileId, tenant: Tenant) -> Any:
 @router.post("/v1/batches", response_model=BatchObject, tags=["openai"], responses=_errors(400, 401, 404, 422, 503))
 def create_batch(body: BatchCreate, tenant: Tenant) -> Any:
     """Create a batch from an uploaded file: a batchinf job underneath, visible in /v1/jobs."""
-    from batchinf.openai_batches import create_batch as create
+    from batchinf.openai.batches import create_batch as create
 
     return create(tenant, body.input_file_id, body.endpoint, body.completion_window, body.metadata)
 
 
 @router.get("/v1/batches", response_model=BatchList, tags=["openai"], responses=_errors(401, 422, 503))
 def list_batches(tenant: Tenant, after: After = None, limit: Limit = 20) -> Any:
-    from batchinf.openai_batches import list_batches as listing
+    from batchinf.openai.batches import list_batches as listing
 
     return listing(tenant, after=after, limit=limit)
 
@@ -94,7 +94,7 @@ def list_batches(tenant: Tenant, after: After = None, limit: Limit = 20) -> Any:
 @router.get("/v1/batches/{batch_id}", response_model=BatchObject, tags=["openai"],
             responses=_errors(401, 404, 422, 503))
 def get_batch(batch_id: BatchId, tenant: Tenant) -> Any:
-    from batchinf.openai_batches import get_batch as get
+    from batchinf.openai.batches import get_batch as get
 
     return get(tenant, batch_id)
 
@@ -103,6 +103,6 @@ def get_batch(batch_id: BatchId, tenant: Tenant) -> Any:
              responses=_errors(401, 404, 409, 422, 503))
 def cancel_batch(batch_id: BatchId, tenant: Tenant) -> Any:
     """Stop the batch: answers so far stay; requests not run get batch_cancelled error lines."""
-    from batchinf.openai_batches import cancel_batch as cancel
+    from batchinf.openai.batches import cancel_batch as cancel
 
     return cancel(tenant, batch_id)[0]

@@ -14,7 +14,7 @@ override the job's options for that line and are checked like the manifest's opt
 line's error row. Body keys
 that do not change the answer (IGNORED) are accepted and ignored; anything batchinf cannot honour
 (_NOT_SUPPORTED, unknown keys) becomes the line's error row, saying why and what to do -- never
-a silently different answer. The response lines are rendered by batchinf.openai_output.
+a silently different answer. The response lines are rendered by batchinf.openai.output.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ sets and staged files), so a planner that crashes is simply run again.
 
 Staged files (under the job's work prefix):
   plan/obj-00000.parquet     one per input object: every record, tokenized or with its error
-  plan/obj-00001.p0003.parquet  one per part of an object planned in parts (plan_parts.py)
+  plan/obj-00001.p0003.parquet  one per part of an object planned in parts (planning/ranges.py)
   shards/b003-00012.parquet  one per shard: the records it owns, sorted by token length
 """
 
@@ -24,7 +24,9 @@ from typing import Any, Callable
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401 -- pa.compute
-from batchinf import bucketing, failpoints, plan_parts
+from batchinf import failpoints
+from batchinf.planning import bucketing
+from batchinf.planning import ranges
 from batchinf.bundles import open_runtime
 from batchinf.errors import InputError, ManifestError
 from batchinf.ledger import jobs as job_repo
@@ -34,12 +36,12 @@ from batchinf.ledger.models import Job
 from batchinf.ledger.states import JobStatus, ShardStatus
 from batchinf.formats import read_records
 from batchinf.parts import STAGE_ROW_GROUP, write_table
-from batchinf.plan_parts import Part, combined, part_records, renumber
-from batchinf.plan_summary import (IDS_ROW_GROUP, ids_uri, in_stage_order, read_summary, summarize, summary_uri,
+from batchinf.planning.ranges import Part, combined, part_records, renumber
+from batchinf.planning.summary import (IDS_ROW_GROUP, ids_uri, in_stage_order, read_summary, summarize, summary_uri,
                                    valid_ids, write_summary)
-from batchinf.sizing import target_work
+from batchinf.planning.sizing import target_work
 from batchinf.store import ObjectPin, get_store, join
-from batchinf.pinning import pin_again, pin_inputs
+from batchinf.planning.pin import pin_again, pin_inputs
 from batchinf.scopes import Storage
 from batchinf.tasks import get_task
 from batchinf.tasks.base import STAGE_SCHEMA  # noqa: F401 -- re-exported
@@ -68,21 +70,21 @@ class ObjectTask:
     may_read: Callable[[str], None] | None = None   # raises for an object a record names (image URIs) that
                                                      # the job may not read (a confined job: outside its grants)
     splittable: bool = True     # False: planned whole whatever its size (a retry job plans chosen ordinals)
-    part: Part | None = None    # the part of the object this task plans (plan_parts.py); None: all of it
+    part: Part | None = None    # the part of the object this task plans (planning/ranges.py); None: all of it
 
 
 def part_tasks(task: ObjectTask) -> list[ObjectTask]:
     """The object's planning tasks: one per part when it is planned in parts, else itself."""
-    parts = plan_parts.object_parts(task.pin, task.fmt, task.splittable)
+    parts = ranges.object_parts(task.pin, task.fmt, task.splittable)
     if parts is None:
         return [task]
-    return [replace(task, part=p, stage_uri=plan_parts.part_uri(task.stage_uri, p)) for p in parts]
+    return [replace(task, part=p, stage_uri=ranges.part_uri(task.stage_uri, p)) for p in parts]
 
 
 def plan_object(task: ObjectTask, keep: set[int] | None = None) -> int:
     """Read, validate and stage one object or part (its task tokenizes, decodes or preprocesses
     each record); write the staged table (by length, then ordinal), its sorted ids and its summary
-    (plan_summary.py; `keep`: the ordinals a retry job plans; a part's line and record counts).
+    (planning/summary.py; `keep`: the ordinals a retry job plans; a part's line and record counts).
     Returns its record count."""
     failpoints.hit("plan.object")
     runtime = open_runtime(task.digest, with_model=False)
@@ -392,7 +394,7 @@ class _Staged:
         summaries = [_part_summary(p) for _, p in parts]
         owner = [o for o, _ in parts]
         return cls(owner, [p.stage_uri for _, p in parts], summaries, [keeps[o] for o in owner],
-                   plan_parts.shifts(summaries, owner))
+                   ranges.shifts(summaries, owner))
 
     def objects(self, n: int) -> list[dict[str, Any]]:
         """Each object's summary, its parts' added up."""

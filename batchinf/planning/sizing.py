@@ -6,7 +6,7 @@ keeps a shard's fixed cost (claim, staged read, part writes, commit) under ~5%. 
 cut into contiguous runs (in its length order) of equal work, within the manifest's
 `shards.max_records` and `shards.max_tokens`. Work is the staged `n_tokens` column: every task's
 own length measure (for generate: the prompt plus its `max_tokens`, summed per length in the
-planning summaries, see plan_summary.py). The global planning step cuts groups of records of
+planning summaries, see planning/summary.py). The global planning step cuts groups of records of
 one length (`cut_groups_balanced`), a split cuts a shard's records (`cut_balanced`).
 """
 
