@@ -32,17 +32,6 @@ __all__ = ["DEVICES", "FORMATS", "TASKS", "EmbedOptions", "GenerateOptions", "In
 
 TASKS = tuple(TASK_REGISTRY)
 FORMATS = ("jsonl", "parquet", "openai-batch")
-# Fields added after manifests were first keyed, by section (None: top level): left out of to_dict()
-# at their default, so the content key (the default idempotency key) of a manifest that does not
-# use them stays what it was.
-LATER_FIELDS: dict[str | None, dict[str, Any]] = {
-    None: {"max_error_fraction": None},
-    "input": {"query_field": None, "document_field": None, "documents_field": None, "image_field": None,
-              "include_hidden": False},
-    "shards": {"target_workers": None},
-    "options": {"dimensions": None, "prompt_name": None, "prompt": None,
-                "response_format": None, "logprobs": False, "top_logprobs": 0},
-}
 MAX_TARGET_WORKERS = 10_000
 NOT_A_MAPPING = "a job manifest must be a mapping with name, task, bundle, input and output"
 
@@ -163,17 +152,21 @@ class JobManifest(_Part):
     def to_dict(self) -> dict[str, Any]:
         d = self.model_dump()
         d["output"] = {"uri": d.pop("output_uri")}
-        for section, defaults in LATER_FIELDS.items():
-            part = d if section is None else (d.get(section) or {})
-            for key, default in defaults.items():
-                if key in part and part[key] == default:
-                    del part[key]
         return d
 
     def content_key(self) -> str:
-        """Default idempotency key: the same manifest resumes the same job."""
-        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        """Default idempotency key: the same manifest resumes the same job. Only the fields that
+        differ from their defaults count, so a field added later changes no key until it is set."""
+        d = self.model_dump(mode="json", exclude_defaults=True)
+        d["output"] = {"uri": d.pop("output_uri")}
+        blob = json.dumps(_without_empty(d), sort_keys=True).encode()
         return "manifest-sha256:" + hashlib.sha256(blob).hexdigest()
+
+
+def _without_empty(d: dict[str, Any]) -> dict[str, Any]:
+    """`d` less the sections left empty by exclude_defaults: `options: {}` and no options are one."""
+    out = {k: _without_empty(v) if isinstance(v, dict) else v for k, v in d.items()}
+    return {k: v for k, v in out.items() if v != {}}
 
 
 def _input_problem(inp: InputSpec, task: str) -> str | None:

@@ -13,7 +13,8 @@ import jsonschema
 import pytest
 
 from batchinf.errors import ManifestError
-from batchinf.manifest import GenerateOptions, InputSpec, JobManifest, job_schema, parse_manifest, schema_text
+from batchinf.manifest import (EmbedOptions, GenerateOptions, InputSpec, JobManifest, ShardSpec, job_schema, parse_manifest,
+                               schema_text)
 
 ROOT = Path(__file__).resolve().parents[2]
 REGENERATE = "python -m batchinf.manifest --schema > manifests/job.schema.json"
@@ -72,19 +73,20 @@ def test_schema_and_parser_agree_on_sections(section: str, key: str) -> None:
         assert validator.is_valid(doc) == parsed, f"{section}.{key} = {value!r}: schema and parser disagree"
 
 
-# content keys are stored idempotency keys: the same manifest must keep hashing the same
+# content keys are stored idempotency keys: the same manifest must keep hashing the same (computed from
+# the fields that differ from their defaults: pinned again when that rule replaced a hand-kept list)
 PINNED = [
     ({"name": "n", "bundle": "b@prod", "input": {"uri": "file:///in/"}, "output": {"uri": "file:///out/"}},
-     "manifest-sha256:28dfe4d7a32f7a4a530e91b85f34c440f10d68a6ef22c28e415c7571e0d1e253"),
+     "manifest-sha256:ac3fd233caa5e8e612262bfa3209f3b63318c09a7177ee678ff521a937b19734"),
     ({"name": "g", "task": "generate", "bundle": "smol@prod", "input": {"uri": "s3://x/", "messages_field": "conv"},
       "output": {"uri": "s3://y/"}, "options": {"max_tokens": 32, "temperature": 1, "top_k": 40, "top_p": 0.9,
                                                   "seed": 7, "stop": ["\n\n", "END"], "stop_token_ids": [2, 0],
                                                   "max_slots": 8, "device": "cpu"}},
-     "manifest-sha256:42aff11fe9fe2022340b4f0fc24743860693c941c3e02f2baa8abc5511d222d4"),
+     "manifest-sha256:a0142c4a96bb9f03965be972e000d290f00643e298387aa569f6b505bd7d8cdd"),
     ({"name": "o", "task": "generate", "bundle": "smol@prod",
       "input": {"manifest": "s3://x/m.jsonl", "format": "openai-batch"}, "output": {"uri": "s3://y/"},
       "options": {"stop": "###"}, "deadline": 90},
-     "manifest-sha256:ba61c439e0d4117aef4bc6b81e7106ad22b40fb1cdc0bf4cb6208bb0939171b4"),
+     "manifest-sha256:e940d2b4fb4337fee29c4543eb8416074ef1067261251604c3a980e6d454b05e"),
 ]
 
 
@@ -95,6 +97,11 @@ def test_content_keys_do_not_drift(raw: dict[str, Any], key: str) -> None:
 
 def test_a_later_option_changes_the_key_only_when_set() -> None:
     raw, key = PINNED[0]
+    for section, model in (("input", InputSpec), ("shards", ShardSpec), ("options", EmbedOptions)):
+        for name, field in model.model_fields.items():
+            if field.default_factory is None and (field.alias or name) not in {*raw.get(section, {}), "manifest"}:
+                given = {**raw, section: {**raw.get(section, {}), field.alias or name: field.default}}
+                assert parse_manifest(given).content_key() == key, f"{section}.{name} at its default changed the key"
     assert parse_manifest({**raw, "options": {"dimensions": None}}).content_key() == key
     assert parse_manifest({**raw, "options": {"dimensions": 128}}).content_key() != key
 
