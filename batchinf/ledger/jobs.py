@@ -146,12 +146,6 @@ def lock(job_id: str, owner: str, seconds: float) -> bool:
             .values(lock_owner=owner, lock_expires_at=t + seconds)).rowcount == 1
 
 
-def unlock(job_id: str, owner: str) -> None:
-    with tx() as conn:
-        conn.execute(update(jobs).where(jobs.c.id == job_id, jobs.c.lock_owner == owner)
-                     .values(lock_owner=None, lock_expires_at=None))
-
-
 def step_failed(job_id: str) -> int:
     """Count one more consecutive failed lifecycle step of the job; returns the count."""
     with tx() as conn:

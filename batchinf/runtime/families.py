@@ -45,11 +45,6 @@ DECODER_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCaus
                          "Gemma2ForCausalLM", "Gemma3ForCausalLM")
 
 
-def family_of(config: dict[str, Any]) -> Family | None:
-    mt = config.get("model_type")
-    return next((f for f in FAMILIES if mt in f.model_types), None)
-
-
 def is_decoder(config: dict[str, Any]) -> bool:
     return (config.get("model_type", "") in DECODER_TYPES
             or any(a in DECODER_ARCHITECTURES for a in config.get("architectures") or ()))

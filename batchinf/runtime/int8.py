@@ -126,10 +126,6 @@ def quantize_encoder(model: nn.Module, scheme: str = "avx2") -> nn.Module:
     return model
 
 
-def precision_of(meta: dict[str, Any]) -> str:
-    return str(meta.get("precision", "float32"))
-
-
 def check_supported(meta: dict[str, Any], device: str) -> None:
     """An int8 bundle is a native BERT-family embedding bundle and runs on CPU only, in a scheme
     this CPU computes exactly."""
