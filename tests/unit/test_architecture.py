@@ -5,6 +5,7 @@ top and nothing in the library imports them. (No import cycle: test_formats_laye
 from __future__ import annotations
 
 import ast
+import warnings
 from pathlib import Path
 
 from batchinf.ledger.states import AttemptStatus, JobStatus, ShardStatus
@@ -101,8 +102,14 @@ def test_status_literals_live_in_states() -> None:
 
 
 def test_no_module_is_too_long() -> None:
-    long = [f"{m}: {n} lines" for m, p in modules() if (n := len(p.read_text().splitlines())) > 450]
-    assert not long, "\n".join(long)
+    """A module does one thing its name says; length is only a hint: past ~600 lines a warning asks
+    whether it does two, past 900 it surely does."""
+    sizes = {m: len(p.read_text().splitlines()) for m, p in modules()}
+    for m, n in sorted(sizes.items()):
+        if n > 600:
+            warnings.warn(f"{m} is {n} lines: does it do two things?", stacklevel=1)
+    too_long = [f"{m}: {n} lines" for m, n in sizes.items() if n > 900]
+    assert not too_long, "\n".join(too_long)
 
 
 def test_nothing_refers_to_documents_outside_the_repository() -> None:
