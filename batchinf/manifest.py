@@ -20,7 +20,7 @@ from pydantic.json_schema import GenerateJsonSchema
 from batchinf.documents import DocumentError, parse_document
 from batchinf.errors import ManifestError
 from batchinf.manifest_rules import (BOOLEAN, DURATION, INT64_MIN, KEY, LIMITED, NAME, NULL_IS_DEFAULT, OUTPUT, STRING, TEXT,
-                                     Part, Refused, choice, integer, manifest_error, nullable, number, parse_duration,
+                                     Section, Refused, choice, integer, manifest_error, nullable, number, parse_duration,
                                      positive)
 from batchinf.tasks import TASKS as TASK_REGISTRY
 from batchinf.tasks import EmbedOptions, GenerateOptions
@@ -36,10 +36,9 @@ MAX_TARGET_WORKERS = 10_000
 NOT_A_MAPPING = "a job manifest must be a mapping with name, task, bundle, input and output"
 
 
-_Part = Part
 
 
-class InputSpec(_Part):
+class InputSpec(Section):
     """Where the records come from, and the fields each record is read by."""
     model_config = ConfigDict(json_schema_extra={"oneOf": [   # exactly one of uri or manifest
         {"required": [key], "properties": {key: {"type": "string", "minLength": 1}}} for key in ("uri", "manifest")]})
@@ -75,7 +74,7 @@ class InputSpec(_Part):
         return TASK_REGISTRY[task].read_as(self)
 
 
-class ShardSpec(_Part):
+class ShardSpec(Section):
     """How the input is cut into shards, the unit of work, retry and output."""
     max_records: Annotated[int, LIMITED] = Field(4096, description="records per shard, at most")
     max_tokens: Annotated[int, LIMITED] = Field(1_000_000, description="input tokens per shard, at most")
@@ -84,15 +83,15 @@ class ShardSpec(_Part):
                           "the controller saw lately)")
 
 
-OPTIONS: dict[str, type[Part]] = {name: t.options for name, t in TASK_REGISTRY.items()}
+OPTIONS: dict[str, type[Section]] = {name: t.options for name, t in TASK_REGISTRY.items()}
 TaskOptions = Union[tuple(OPTIONS.values())]  # type: ignore[valid-type]  # noqa: UP007 -- built from the registry
 
 
-def _default_options(data: dict[str, Any]) -> Part:
+def _default_options(data: dict[str, Any]) -> Section:
     return OPTIONS.get(data.get("task", "embed"), EmbedOptions)()
 
 
-class JobManifest(_Part):
+class JobManifest(Section):
     """A batch inference job: which model bundle runs over which input, where the output goes, and how."""
     # a document names output and deadline; Python code output_uri and deadline_seconds
     model_config = ConfigDict(title="batchinf job manifest", validate_by_name=True, validate_by_alias=True)

@@ -21,9 +21,9 @@ from batchinf.checks import integer_problem, number_problem, stop_strings
 from batchinf.errors import ManifestError
 
 
-class Part(BaseModel):
-    """A manifest or a part of one: immutable, unknown keys refused. (Built in Python with a bad
-    value, a part raises pydantic's ValidationError; a document gets ManifestError.)"""
+class Section(BaseModel):
+    """A manifest or a section of one: immutable, unknown keys refused. (Built in Python with a bad
+    value, a section raises pydantic's ValidationError; a document gets ManifestError.)"""
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 from fastapi import FastAPI, Request, Response
 
 from batchinf import metrics
-from batchinf.api import errors, lineage, ui
+from batchinf.api import errors, history, ui
 from batchinf.api.body import BodyLimit
 from batchinf.openai.routes import router as openai_router
 from batchinf.api.routes import MAX_MANIFEST_BYTES, router
@@ -25,7 +25,7 @@ def create_app() -> FastAPI:
     errors.install(app)
     app.include_router(router)
     app.include_router(openai_router)
-    app.include_router(lineage.router)
+    app.include_router(history.router)
     app.include_router(ui.router)
 
     @app.middleware("http")

@@ -17,12 +17,12 @@ from batchinf.api.schemas import (
     ErrorPage,
     Health,
     JobPage,
-    JobStatus,
+    JobView,
     ShardPage,
 )
 from batchinf.documents import MAX_DOCUMENT_BYTES, parse_document
 from batchinf.errors import LedgerError
-from batchinf.ledger.states import JobStatus as JobState
+from batchinf.ledger.states import JobStatus
 from batchinf.ledger.states import ShardStatus
 
 router = APIRouter()
@@ -89,9 +89,9 @@ MANIFEST_BODY = {
 }
 
 
-@router.post("/v1/jobs", status_code=201, response_model=JobStatus, tags=["jobs"],
+@router.post("/v1/jobs", status_code=201, response_model=JobView, tags=["jobs"],
              openapi_extra={"requestBody": MANIFEST_BODY},
-             responses={200: {"model": JobStatus, "description": "the job with this idempotency key "
+             responses={200: {"model": JobView, "description": "the job with this idempotency key "
                               "already existed"}, 201: {"description": "job created"},
                         **_errors(400, 401, 413, 422, 503)})
 async def submit_job(request: Request, response: Response, tenant: Tenant) -> Any:
@@ -118,7 +118,7 @@ def _submit(raw: Any, tenant: str) -> tuple[dict[str, Any], bool]:
 
 
 @router.get("/v1/jobs", response_model=JobPage, tags=["jobs"], responses=PAGED)
-def list_jobs(request: Request, tenant: Tenant, status: JobState | None = None, name: Text = None,
+def list_jobs(request: Request, tenant: Tenant, status: JobStatus | None = None, name: Text = None,
               schedule: Text = None, limit: Limit = 50, cursor: Cursor = None) -> Any:
     """This tenant's jobs, newest first, filtered by status, name or schedule."""
     from batchinf.ledger.status import page_jobs
@@ -128,7 +128,7 @@ def list_jobs(request: Request, tenant: Tenant, status: JobState | None = None, 
     return _page(request, [shown(j, tenant) for j in items], nxt)
 
 
-@router.get("/v1/jobs/{job_id}", response_model=JobStatus, tags=["jobs"],
+@router.get("/v1/jobs/{job_id}", response_model=JobView, tags=["jobs"],
             responses={**AUTHED, **_errors(404)})
 def get_job(job_id: JobId, tenant: Tenant) -> Any:
     """Status, progress, rates, ETA, counts, error summary, worker-seconds and cost of one job."""
@@ -164,7 +164,7 @@ def job_errors(request: Request, job_id: JobId, tenant: Tenant,
     return _page(request, items, nxt)
 
 
-@router.post("/v1/jobs/{job_id}/cancel", response_model=JobStatus, tags=["jobs"],
+@router.post("/v1/jobs/{job_id}/cancel", response_model=JobView, tags=["jobs"],
              responses={**AUTHED, **_errors(404, 409)})
 def cancel_job(job_id: JobId, tenant: Tenant) -> Any:
     """Stop the job: committed results stay and `_PARTIAL.json` describes them. 409 when the job

@@ -1,5 +1,5 @@
 """Response models: the OpenAPI document is generated from these, and every response is validated
-against them. `JobStatus` mirrors `jobs.status()` field for field (a test holds them equal)."""
+against them. `JobView` mirrors `jobs.status()` field for field (a test holds them equal)."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ class ErrorSummary(BaseModel):
     by_code: dict[str, int]
 
 
-class JobStatus(BaseModel):
+class JobView(BaseModel):
     job_id: str
     name: str
     status: str
@@ -85,7 +85,7 @@ class JobStatus(BaseModel):
 
 
 class JobPage(BaseModel):
-    items: list[JobStatus]
+    items: list[JobView]
     next_cursor: str | None = Field(description="pass as cursor= for the next page; null on the last")
     next: str | None = Field(description="the next page's URL path and query")
 

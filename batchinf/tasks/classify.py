@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field
 
-from batchinf.manifest_rules import (BOOLEAN, LIMITED, MAX_LABELS, MAX_LENGTH, Part, choice, nullable,
+from batchinf.manifest_rules import (BOOLEAN, LIMITED, MAX_LABELS, MAX_LENGTH, Section, choice, nullable,
                                      positive)
 from batchinf.tasks.base import RECORD_FIELDS, STAGE_FIELDS, RunOutput, Task, record_columns
 from batchinf.tasks.embed import DEVICES, run_sequences, stage_texts
@@ -27,7 +27,7 @@ CLASSIFY_SCHEMA = pa.schema(RECORD_FIELDS + [
 ])
 
 
-class ClassifyOptions(Part):
+class ClassifyOptions(Section):
     """Options of task classify."""
     max_length: Annotated[int | None, nullable(positive(MAX_LENGTH))] = Field(
         None, description="tokens kept per record; default and ceiling: the bundle's max length")

@@ -18,7 +18,7 @@ import pyarrow as pa
 from pydantic import Field
 
 from batchinf.errors import BatchinfError, InputError, ManifestError
-from batchinf.manifest_rules import MAX_LABELS, POSITIVE, Part, choice, positive
+from batchinf.manifest_rules import MAX_LABELS, POSITIVE, Section, choice, positive
 from batchinf.tasks.base import RECORD_FIELDS, STAGE_FIELDS, RunOutput, StagedRows, Task, ok_rows, record_columns, usable_records
 from batchinf.tasks.batching import run_units
 from batchinf.tasks.classify import TOP, Classify, top_labels
@@ -38,7 +38,7 @@ MAX_IMAGE_BYTES = 64 << 20      # an image object larger than this is not read
 MAX_STAGED_BYTES = 2 << 30
 
 
-class ClassifyImageOptions(Part):
+class ClassifyImageOptions(Section):
     """Options of task classify_image."""
     max_pixels: Annotated[int, POSITIVE] = Field(
         40_000_000, description="images whose header declares more pixels are image_too_large error rows "

@@ -12,7 +12,7 @@ import pyarrow as pa
 from pydantic import Field
 
 from batchinf.errors import BatchinfError, ManifestError
-from batchinf.manifest_rules import (BOOLEAN, LIMITED, MAX_DIMENSIONS, MAX_LENGTH, Part, choice, nullable,
+from batchinf.manifest_rules import (BOOLEAN, LIMITED, MAX_DIMENSIONS, MAX_LENGTH, Section, choice, nullable,
                                      positive)
 from batchinf.tasks.base import (RECORD_FIELDS, STAGE_SCHEMA, RunOutput, StagedRows, Task, chunks, ok_rows,
                                  record_columns, staged_row)
@@ -30,7 +30,7 @@ from batchinf.tasks.embed_request import (
 DEVICES = ("auto", "cpu", "cuda")
 
 
-class EmbedOptions(Part):
+class EmbedOptions(Section):
     """Options of task embed."""
     max_length: Annotated[int | None, nullable(positive(MAX_LENGTH))] = Field(
         None, description="tokens kept per record; default and ceiling: the bundle's max length")

@@ -14,7 +14,7 @@ import pyarrow as pa
 from pydantic import Field
 
 from batchinf.checks import MAX_TOP_LOGPROBS, canonical_response_format, integer_problem, response_format_problem
-from batchinf.manifest_rules import BOOLEAN, INT32_MAX, LIMITED, STOP, TOKEN_IDS, Part, Rule, choice, integer, nullable, number
+from batchinf.manifest_rules import BOOLEAN, INT32_MAX, LIMITED, STOP, TOKEN_IDS, Section, Rule, choice, integer, nullable, number
 from batchinf.tasks.base import RECORD_FIELDS, STAGE_SCHEMA, RunOutput, StagedRows, Task, ok_rows, record_columns, usable_records
 from batchinf.tasks.batching import GenOutcome, generate_isolating
 from batchinf.tasks.embed import DEVICES
@@ -54,7 +54,7 @@ TOP_LOGPROBS = Rule(lambda v, w: integer_problem(v, w, 0, MAX_TOP_LOGPROBS),
                     {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS})
 
 
-class GenerateOptions(Part):
+class GenerateOptions(Section):
     """Options of task generate."""
     max_tokens: Annotated[int, LIMITED] = Field(256, description="generated tokens per record, at most")
     temperature: Annotated[float, number(0, 2)] = Field(0.0, description="0: greedy")

@@ -14,7 +14,7 @@ import pyarrow as pa
 from pydantic import Field
 
 from batchinf.openai.lines import RERANK
-from batchinf.manifest_rules import (BOOLEAN, LIMITED, MAX_LABELS, MAX_LENGTH, Part, choice, nullable,
+from batchinf.manifest_rules import (BOOLEAN, LIMITED, MAX_LABELS, MAX_LENGTH, Section, choice, nullable,
                                      positive)
 from batchinf.tasks.base import (RECORD_FIELDS, STAGE_FIELDS, RunOutput, StagedRows, Task, chunks, ok_rows,
                                  record_columns, usable_records)
@@ -38,7 +38,7 @@ HISTOGRAM_BINS = 10
 MIN_FILL = 0.98
 
 
-class ScoreOptions(Part):
+class ScoreOptions(Section):
     """Options of task score."""
     max_length: Annotated[int | None, nullable(positive(MAX_LENGTH))] = Field(
         None, description="tokens kept per pair (query + document); default and ceiling: the bundle's")

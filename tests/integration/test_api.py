@@ -332,11 +332,11 @@ def test_bundles_and_openapi_document(svc: Service) -> None:
                                  "/healthz", "/metrics", "/v1/files", "/v1/files/{file_id}",
                                  "/v1/files/{file_id}/content", "/v1/batches", "/v1/batches/{batch_id}",
                                  "/v1/batches/{batch_id}/cancel"}
-    from batchinf.api.schemas import JobStatus
+    from batchinf.api.schemas import JobView
     from batchinf.ledger.status import status
 
     job = _submit(svc, "globex", _manifest(svc, "model", n=5))["job_id"]
-    assert set(JobStatus.model_fields) == set(status(job))    # one status model, not a fork
+    assert set(JobView.model_fields) == set(status(job))    # one status model, not a fork
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request
 
 from batchinf.api.auth import Tenant
 from batchinf.api.routes import AUTHED, PAGED, Cursor, JobId, _errors, _load_job, _not_found, _page
-from batchinf.api.schemas import AttemptPage, JobStatus, RetryRequest, Throughput
+from batchinf.api.schemas import AttemptPage, JobView, RetryRequest, Throughput
 from batchinf.errors import LedgerError
 
 router = APIRouter()
@@ -44,7 +44,7 @@ def job_throughput(job_id: JobId, tenant: Tenant,
         raise _not_found(job_id) from None
 
 
-@router.post("/v1/jobs/{job_id}/retry", status_code=201, response_model=JobStatus, tags=["jobs"],
+@router.post("/v1/jobs/{job_id}/retry", status_code=201, response_model=JobView, tags=["jobs"],
              responses={**AUTHED, **_errors(400, 404, 409)})
 def retry_job(job_id: JobId, body: RetryRequest, tenant: Tenant) -> Any:
     """A new job over exactly the records with these error codes and/or the records that never
