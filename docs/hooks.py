@@ -52,7 +52,7 @@ def cli_reference() -> str:
             out.append(f"{'#' * min(len(path), 4)} `{' '.join(path)}`\n")
         out.append(f"```\n{cmd.get_usage(ctx)}\n```\n")
         if cmd.help:
-            out.append(inspect.cleandoc(cmd.help).replace("\b\n", "") + "\n")
+            out.append(inspect.cleandoc(cmd.help) + "\n")
         rows = [r for p in cmd.get_params(ctx) if isinstance(p, click.Option) and "--help" not in p.opts
                 and (r := p.get_help_record(ctx))]
         args = [p.human_readable_name for p in cmd.params if isinstance(p, click.Argument)]
