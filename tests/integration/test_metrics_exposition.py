@@ -1,6 +1,6 @@
 """The Prometheus exposition as Prometheus sees it: a real job in a real ledger, the exposition the
 API serves (`metrics.exposition()`), parsed with prometheus_client's own parser and checked against
-README's metric table (names, types, labels), plus the conventions: no `job` label (Prometheus
+The docs' metric table (docs/reference/metrics.md: names, types, labels), plus the conventions: no `job` label (Prometheus
 owns it), counters end in `_total`, current states are gauges with every state present (0
 included), ratios end in `_ratio`, digests only in `_info` families."""
 
@@ -26,10 +26,9 @@ ROOT = Path(__file__).resolve().parents[2]
 Family = tuple[str, frozenset[str]]   # type, label names
 
 
-def readme_table() -> dict[str, Family]:
-    """README's "Metrics" table: metric family -> (type, label names)."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### Metrics"):text.index("## Schedules")]
+def docs_table() -> dict[str, Family]:
+    """The metric table of docs/reference/metrics.md: metric family -> (type, label names)."""
+    section = (ROOT / "docs" / "reference" / "metrics.md").read_text()
     out: dict[str, Family] = {}
     for line in section.splitlines():
         m = re.match(r"\| `(batchinf_\w+)` \| (\w+) \| ([^|]*) \|", line)
@@ -51,7 +50,7 @@ def scrape(text: str) -> dict[str, tuple[str, frozenset[str], list]]:
 
 
 def render(fams: dict) -> str:
-    """README rows for a scrape (how the table was generated)."""
+    """Table rows for a scrape (how the table was generated)."""
     return "\n".join(f"| `{n}` | {t} | {', '.join(sorted(lab)) or 'none'} | |" for n, (t, lab, _) in sorted(fams.items())
                      if n.startswith("batchinf_"))
 
@@ -73,17 +72,17 @@ def test_exposition_matches_readme_and_conventions(tmp_path: Path, tiny_bundle: 
 
     text = metrics.exposition().decode()
     fams = scrape(text)
-    table = readme_table()
-    assert table, "README has no metric table"
+    table = docs_table()
+    assert table, "docs/reference/metrics.md has no metric table"
 
     ours = {name for name in fams if name.startswith("batchinf_")}
-    assert ours == set(table), render(fams) + f"\nscraped but not in README: {sorted(ours - set(table))}; " \
-                               f"in README but not scraped: {sorted(set(table) - ours)}"
+    assert ours == set(table), render(fams) + f"\nscraped but not in the docs: {sorted(ours - set(table))}; " \
+                               f"in the docs but not scraped: {sorted(set(table) - ours)}"
     for name in sorted(ours):
         typ, labels, samples = fams[name]
-        assert typ == table[name][0], f"{name}: README says {table[name][0]}, exposition says {typ}"
+        assert typ == table[name][0], f"{name}: the docs say {table[name][0]}, exposition says {typ}"
         if samples:   # a labelled process metric nothing has touched yet has no samples to show labels
-            assert labels == table[name][1], f"{name}: README labels {sorted(table[name][1])}, scraped {sorted(labels)}"
+            assert labels == table[name][1], f"{name}: the docs' labels {sorted(table[name][1])}, scraped {sorted(labels)}"
 
     # Prometheus conventions
     for name, (typ, labels, samples) in fams.items():

@@ -107,15 +107,20 @@ def test_an_operator_mapped_model_name(embedded: Server, tmp_path: Path) -> None
     assert b.model == "tinyllama@prod" and len(out) == 3
 
 
-def test_the_readme_script_runs_as_written(embedded: Server, tmp_path: Path) -> None:
-    """README's ten-line `openai` script, extracted verbatim, against this serve (its model names are
-    mapped to the tiny bundles here, as README maps them to SmolLM2 and MiniLM)."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    script = readme.split("<!-- readme-openai-script -->\n```python\n", 1)[1].split("```", 1)[0]
+def docs_script() -> str:
+    """The ten-line `openai` script of the OpenAI guide (docs/guides/openai-api.md), verbatim."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "openai-api.md").read_text()
+    return page.split("<!-- openai-script -->\n```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_docs_script_runs_as_written(embedded: Server, tmp_path: Path) -> None:
+    """The OpenAI guide's ten-line `openai` script, extracted verbatim, against this serve (its model
+    names are mapped to the tiny bundles here, as the guide maps them to SmolLM2 and MiniLM)."""
+    script = docs_script()
     assert len(script.splitlines()) <= 10 and script.startswith("import json, time, openai\n")
-    (tmp_path / "readme_script.py").write_text(script)
+    (tmp_path / "docs_script.py").write_text(script)
     env = {**embedded.env, "OPENAI_BASE_URL": embedded.url + "/v1", "OPENAI_API_KEY": embedded.tokens["acme"]}
-    r = subprocess.run([sys.executable, str(tmp_path / "readme_script.py")], env=env, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, str(tmp_path / "docs_script.py")], env=env, capture_output=True, text=True,
                        timeout=300, check=False)
     assert r.returncode == 0, r.stderr
     chat, emb = r.stdout.splitlines()

@@ -1,5 +1,6 @@
-"""README's "Supported models" table is the family registry's, and the registry says what the
-code does: every native model_type is one its runtime accepts, and the GGUF column is gguf.py's."""
+"""The "Supported models" table of docs/reference/supported-models.md is the family registry's, and
+the registry says what the code does: every native model_type is one its runtime accepts, and the
+GGUF column is gguf.py's."""
 
 from __future__ import annotations
 
@@ -14,17 +15,17 @@ from batchinf.runtime.families import FAMILIES, NATIVE, TABLE_END, TABLE_START, 
 from batchinf.runtime.llama import MODEL_TYPES, config_of
 from batchinf.runtime.modernbert import ModernBertConfig
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "supported-models.md"
 TINY = {"vocab_size": 10, "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 2,
         "num_attention_heads": 2, "max_position_embeddings": 32}
 
 
-def test_readme_table_is_generated_from_the_registry() -> None:
-    text = README.read_text()
-    assert TABLE_START in text and TABLE_END in text, "README lacks the supported-models markers"
+def test_docs_table_is_generated_from_the_registry() -> None:
+    text = PAGE.read_text()
+    assert TABLE_START in text and TABLE_END in text, f"{PAGE} lacks the supported-models markers"
     table = text.split(TABLE_START, 1)[1].split(TABLE_END, 1)[0].strip("\n") + "\n"
     assert table == supported_models_markdown(), (
-        "README's Supported models table is stale; regenerate it with "
+        f"{PAGE}'s Supported models table is stale; regenerate it with "
         "`python -c \"from batchinf.runtime.families import supported_models_markdown as f; print(f())\"`")
 
 
