@@ -1,4 +1,4 @@
-"""One classification of failures (`retry.classify`): a storage, ledger or broker fault is
+"""One classification of failures (`retry_policy.classify`): a storage, ledger or broker fault is
 transient in every stage, verification and publishing included; only a real verification failure
 (coverage, a digest or row count that differs, an unreadable or unlisted part) fails a job for good.
 Then the lifecycle's backoff of a failed step, and `verify --publish`'s way back for a job that
@@ -22,7 +22,7 @@ from batchinf.ledger.states import JOB_REOPENINGS, JOB_TERMINAL, JobStatus, job_
 from batchinf.ledger.tables import shards as shard_table
 from batchinf.lifecycle import retry_in, step
 from batchinf.manifest import parse_manifest
-from batchinf.retry import Outcome, classify
+from batchinf.retry_policy import Outcome, classify
 from batchinf.submit import submit
 from tests.helpers.env import OPERATOR
 from batchinf.verify import SUCCESS, verify_output
