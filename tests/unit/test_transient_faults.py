@@ -116,13 +116,15 @@ def test_local_store_faults_by_errno(code: int, want: type) -> None:
 
 
 def test_an_unreadable_part_fails_verification_but_a_storage_fault_does_not(tmp_path: Path) -> None:
-    from batchinf.verify import _digest, _readable
+    from batchinf.verify import _readable, read_part
 
     with pytest.raises(VerificationError, match="missing.parquet"):       # a part that is not there
-        _digest("file://" + str(tmp_path / "missing.parquet"))
+        with read_part("file://" + str(tmp_path / "missing.parquet")):
+            pass
     (tmp_path / "cut.parquet").write_bytes(b"PAR1 truncated")
     with pytest.raises(VerificationError, match="cut.parquet"):           # a truncated part
-        _digest("file://" + str(tmp_path / "cut.parquet"))
+        with read_part("file://" + str(tmp_path / "cut.parquet")):
+            pass
     for fault, want in [(TransientError("injected storage fault at store.get"), TransientError),
                         (OSError(errno.EIO, "Input/output error"), TransientError),
                         (StoreError("S3 GetObject failed: AccessDenied (HTTP 403)"), StoreError)]:
