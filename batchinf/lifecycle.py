@@ -68,8 +68,7 @@ def _plan(job: Job, d: Dispatcher, slots: int | None) -> None:
     s, t, policy = settings(), now(), RetryPolicy.from_settings()
     open_ = [o for o in objects if o.records is None]
     for o in open_:
-        if (o.attempts and policy.decide(None, o.attempts, stage=Stage.PLAN).action is Action.GIVE_UP
-                and not _planning_now(o, d, t)):
+        if policy.decide(None, o.attempts, stage=Stage.PLAN).action is Action.GIVE_UP and not _planning_now(o, d, t):
             why = o.error or (f"its last attempt ran past BATCHINF_PLAN_TIME_LIMIT ({s.plan_time_limit:g} s) "
                               "or its worker died" if d.resends_lost else "its last attempt did not finish")
             job_repo.fail(job.id, f"planning object {o.pin.uri} failed {o.attempts} times: {why}")
