@@ -30,7 +30,7 @@ from batchinf.ledger import shards as shard_repo
 from batchinf.ledger.events import now
 from batchinf.ledger.models import Job, Lease
 from batchinf.ledger.states import JOB_PLANNING, JobStatus
-from batchinf.retry import Outcome, classify, retrying
+from batchinf.retry_policy import Action, RetryPolicy, retrying
 
 log = logging.getLogger("batchinf.dispatch")
 
@@ -104,7 +104,7 @@ class Dispatcher:
 
 def run_lease(lease: Lease, device: str, parent_pid: int | None = None,
               nearly_done: Callable[[], None] | None = None) -> None:
-    """Execute one leased shard; what a failure means is `retry.classify`'s to say. Its log lines
+    """Execute one leased shard; what a failure means is the `RetryPolicy`'s to say. Its log lines
     carry job_id, shard_id and attempt. `nearly_done`: called as it starts the shard's last chunk."""
     with logs.context(job_id=lease.job_id, shard_id=lease.shard_id, attempt=lease.attempt):
         _run_lease(lease, device, parent_pid, nearly_done)
@@ -124,16 +124,17 @@ def _run_lease(lease: Lease, device: str, parent_pid: int | None, nearly_done: C
         log.info("shard %s attempt %d committed: %d rows, %d error rows", lease.shard_id, lease.attempt,
                  result.output_rows, result.error_rows)
     except Exception as exc:  # noqa: BLE001 -- every failure is classified and charged to its shard
-        outcome = classify(exc)
+        policy = RetryPolicy.from_settings()
+        decision = policy.decide(exc, lease.attempt)
         log.warning("shard %s attempt %d ended: %s: %s", lease.shard_id, lease.attempt, type(exc).__name__, exc)
-        if outcome is Outcome.FAIL_SHARD:
+        if decision.action is Action.ABANDON:
             metrics.attempt_ended("stale")        # another attempt owns the shard now
-        elif outcome is Outcome.FAIL_JOB:         # no retry can fix a bad bundle or input,
+        elif decision.action is Action.FAIL_JOB:  # no retry can fix a bad bundle or input,
             metrics.attempt_ended("bundle")       # so the shard and its job fail now
-            retrying(leases.fail_attempt, lease, str(exc), max_attempts=0)
-        else:
+            policy.retrying(leases.fail_attempt, lease, str(exc), policy, give_up=True)
+        else:                                     # the ledger's attempts decide (RetryPolicy.end_attempt)
             metrics.attempt_ended("error")
-            retrying(leases.fail_attempt, lease, f"{type(exc).__name__}: {exc}", settings().max_attempts)
+            policy.retrying(leases.fail_attempt, lease, f"{type(exc).__name__}: {exc}", policy)
     finally:
         hb.stop()
 
@@ -148,7 +149,7 @@ def run_shard(shard_id: str, device: str = "auto", *, speculative: bool = False,
     if speculative:
         lease = retrying(leases.claim_speculative, shard_id, worker_name(), host)
     else:
-        if host and retrying(leases.retry_elsewhere, shard_id, host, settings().retry_elsewhere_seconds):
+        if host and retrying(leases.retry_elsewhere, shard_id, host, RetryPolicy.from_settings()):
             return False
         lease = retrying(leases.claim_shard, shard_id, worker_name(), settings().lease_seconds, host)
     if lease is not None:

@@ -23,7 +23,7 @@ from batchinf.ledger.states import JOB_PLANNING, JobStatus
 from batchinf.ledger.status import bundle_throughput, status
 from batchinf.lifecycle import step
 from batchinf.manifest import JobManifest
-from batchinf.retry import compute_backoff
+from batchinf.retry_policy import RetryPolicy, Stage
 from batchinf.scopes import Caller
 from batchinf.submit import submit
 
@@ -54,7 +54,7 @@ def plan_only(manifest: JobManifest, caller: Caller, *, processes: int = 1, work
             failures = 0
         else:       # charged to the job (lifecycle); it fails after BATCHINF_MAX_STEP_FAILURES
             failures += 1
-            time.sleep(compute_backoff(failures, base=0.2, cap=5.0))
+            time.sleep(RetryPolicy.from_settings().backoff(Stage.CALL, failures))
     return job_id
 
 

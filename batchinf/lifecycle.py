@@ -3,10 +3,10 @@
 The embedded driver (`controller.drive`, one job on this machine) and the distributed
 `controller.Controller` (every job of a shared ledger) both call `step`; they differ only in the
 `Dispatcher` that delivers work. Every step reads the job's state from the ledger and is safe to
-re-run after a crash. A step that raises is charged to its job alone (`retry.classify`):
-permanent errors fail the job at once with their message; others are retried, after a backoff
-(`retry_in`, up to `BATCHINF_STEP_RETRY_CAP` seconds), and fail the job after
-`BATCHINF_MAX_STEP_FAILURES` consecutive failures.
+re-run after a crash. A step that raises is charged to its job alone, as the `RetryPolicy`
+decides (Stage.STEP): permanent errors fail the job at once with their message; others are
+retried, after a backoff (`retry_in`, up to `BATCHINF_STEP_RETRY_CAP` seconds), and fail the job
+after `BATCHINF_MAX_STEP_FAILURES` consecutive failures.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from batchinf.ledger.states import JOB_TERMINAL, JobStatus
 from batchinf.limits import error_budget_problem
 from batchinf.planning.plan import finish_plan, pin_job
 from batchinf.quarantine import resolve_quarantined
-from batchinf.retry import Outcome, classify, compute_backoff
+from batchinf.retry_policy import Action, RetryPolicy, Stage
 from batchinf.store import get_store, join
 from batchinf.verify import publish, publish_partial
 
@@ -38,7 +38,6 @@ log = logging.getLogger("batchinf.lifecycle")
 
 
 PLAN_GRACE_SECONDS = 60.0     # past BATCHINF_PLAN_TIME_LIMIT, a silent planning attempt is dead
-STEP_RETRY_BASE = 0.5         # seconds: the first retry of a failed step waits up to this, doubling
 
 
 # job id -> (its status, consecutive failed steps, monotonic time before which the step is not
@@ -54,10 +53,9 @@ def retry_in(job_id: str) -> float:
     return max(0.0, entry[2] - time.monotonic()) if entry else 0.0
 
 
-def _back_off(job: Job) -> None:
+def _back_off(job: Job, policy: RetryPolicy) -> None:
     failures = _retry_at.get(job.id, ("", 0, 0.0))[1] + 1
-    wait = compute_backoff(failures, base=STEP_RETRY_BASE, cap=settings().step_retry_cap)
-    _retry_at[job.id] = (job.status, failures, time.monotonic() + wait)
+    _retry_at[job.id] = (job.status, failures, time.monotonic() + policy.backoff(Stage.STEP, failures))
 
 
 def _plan(job: Job, d: Dispatcher, slots: int | None) -> None:
@@ -67,16 +65,16 @@ def _plan(job: Job, d: Dispatcher, slots: int | None) -> None:
     if all(o.records is not None for o in objects):
         finish_plan(job, d.workers())
         return
-    s, t = settings(), now()
+    s, t, policy = settings(), now(), RetryPolicy.from_settings()
     open_ = [o for o in objects if o.records is None]
     for o in open_:
-        if o.attempts >= s.max_attempts and not _planning_now(o, d, t):
+        if policy.decide(None, o.attempts, stage=Stage.PLAN).action is Action.GIVE_UP and not _planning_now(o, d, t):
             why = o.error or (f"its last attempt ran past BATCHINF_PLAN_TIME_LIMIT ({s.plan_time_limit:g} s) "
                               "or its worker died" if d.resends_lost else "its last attempt did not finish")
             job_repo.fail(job.id, f"planning object {o.pin.uri} failed {o.attempts} times: {why}")
             return
     due = [o.idx for o in open_ if not _planning_now(o, d, t)
-           and (o.dispatched_at is None or o.dispatched_at < t - _plan_wait(o, d))]
+           and (o.dispatched_at is None or o.dispatched_at < t - _plan_wait(o, d, policy))]
     if due:
         job_repo.plan_sent(job.id, due)
         d.plan(job, due)
@@ -91,13 +89,15 @@ def _planning_now(o: InputObject, d: Dispatcher, t: float) -> bool:
             and t - o.started_at < settings().plan_time_limit + PLAN_GRACE_SECONDS)
 
 
-def _plan_wait(o: InputObject, d: Dispatcher) -> float:
+def _plan_wait(o: InputObject, d: Dispatcher, policy: RetryPolicy) -> float:
     """Seconds before a planning task is sent again: none in embedded mode (planning ran inside an
     earlier step, and the driver backs off after a failed step); through a broker a failed attempt
-    backs off briefly and a message that may be lost waits `requeue_seconds`."""
+    backs off as the policy says (Stage.PLAN) and a message that may be lost waits `requeue_seconds`."""
     if not d.resends_lost:
         return 0.0
-    return min(d.requeue_seconds, 2.0 ** o.attempts) if o.error is not None else d.requeue_seconds
+    if o.error is None:
+        return d.requeue_seconds
+    return min(d.requeue_seconds, policy.backoff(Stage.PLAN, o.attempts))
 
 
 def _run(job: Job, d: Dispatcher, slots: int | None) -> None:
@@ -107,7 +107,7 @@ def _run(job: Job, d: Dispatcher, slots: int | None) -> None:
     stragglers, ask running shards to split while workers idle (`ledger.splits`), and delete the
     files of attempts that lost."""
     s = settings()
-    metrics.leases_expired(leases.expire_leases(job.id, s.max_attempts, dead_owners=d.dead_workers(job)))
+    metrics.leases_expired(leases.expire_leases(job.id, RetryPolicy.from_settings(), dead_owners=d.dead_workers(job)))
     resolve_quarantined(job)
     if problem := error_budget_problem(job):    # too many failed records: red, not green
         _give_up(job, problem)
@@ -211,18 +211,19 @@ def step(job_id: str, dispatcher: Dispatcher, slots: int | None = None) -> bool:
 
 
 def _charge(job: Job, stage: str, exc: Exception) -> None:
-    """A failed step: fail the job now (permanent), or count it and fail the job once it has
-    failed `max_step_failures` times in a row. A stopping job ends stopped, never stuck."""
-    message = f"{stage} failed: {exc}"
-    _back_off(job)      # first, in memory: recording the failure in the ledger may fail too
+    """A failed step, charged as the policy decides: fail the job now (permanent), or count it and
+    fail the job once it has failed `max_step_failures` times in a row. A stopping job ends
+    stopped, never stuck."""
+    policy = RetryPolicy.from_settings()
+    _back_off(job, policy)      # first, in memory: recording the failure in the ledger may fail too
     try:
-        if classify(exc) is Outcome.FAIL_JOB:
-            _give_up(job, message)
+        if (decision := policy.decide(exc, 1, stage=Stage.STEP)).action is Action.FAIL_JOB:
+            _give_up(job, f"{stage} {decision.reason}")
             return
         failures = job_repo.step_failed(job.id)
         log.warning("job %s: %s (%d in a row): %s: %s", job.id, stage, failures, type(exc).__name__, exc)
-        if failures >= settings().max_step_failures:
-            _give_up(job, f"{stage} failed {failures} times in a row; last error: {type(exc).__name__}: {exc}")
+        if (decision := policy.decide(exc, failures, stage=Stage.STEP)).action is Action.GIVE_UP:
+            _give_up(job, f"{stage} {decision.reason}")
     except Exception as again:  # noqa: BLE001 -- the ledger itself is down: the next tick retries
         log.warning("job %s: %s: %s (and recording it failed: %s)", job.id, stage, exc, again)
 

@@ -98,9 +98,3 @@ def read_table(uri: str, columns: list[str] | None = None) -> pa.Table:
     """The whole Parquet object (or the given columns) as one table."""
     with local_copy(uri) as path:
         return pq.read_table(path, columns=columns)
-
-
-def digest_of_uri(uri: str) -> tuple[str, int]:
-    """(sha256, rows) of a Parquet object as stored."""
-    with local_copy(uri) as path:
-        return sha256_file(path), pq.ParquetFile(path).metadata.num_rows

@@ -1,5 +1,5 @@
 """Poison isolation. A quarantined shard (its attempts' workers died while running its records,
-on more than one host where the fleet has several: `ledger.leases._end_target`) is split into two
+on more than one host where the fleet has several: `RetryPolicy.end_attempt`) is split into two
 child shards, recursively, until the killing record is alone; a one-record quarantined shard
 becomes a `poison` error row. Every other record still gets its result."""
 

@@ -26,7 +26,7 @@ def submit(manifest: JobManifest, caller: Caller, *, schedule: str | None = None
     Returns (job_id, created). The bundle reference is resolved to a digest here, once: moving an
     alias later never changes what this job runs. Storage is checked here (scopes.py): the input
     and output against the tenant's grants when the caller is confined (a tenant's request always
-    is), and the output prefix against every other job's. `retry_of`/`selection`: see retries.py.
+    is), and the output prefix against every other job's. `retry_of`/`selection`: see rerun.py.
     `hold`: a dry run's job (dryrun.py), held `planned` once its shards are cut."""
     tenant = caller.tenant
     key = manifest.idempotency_key or manifest.content_key()

@@ -8,14 +8,18 @@ once across result and error parts, and no record id succeeds twice.
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
+
 from batchinf import failpoints
 from batchinf.errors import BatchinfError, StoreError, TransientError, VerificationError
 from batchinf.digests import sha256_file
@@ -25,8 +29,8 @@ from batchinf.ledger import shards as shard_repo
 from batchinf.ledger.events import now
 from batchinf.ledger.models import Job, Shard
 from batchinf.ledger.states import SHARD_DONE, JobStatus, ShardStatus
-from batchinf.openai.output import RenderContext, fingerprint, render_not_run, render_part, render_to_path
-from batchinf.parts import digest_of_uri, read_table
+from batchinf.openai.output import RenderContext, fingerprint, render_not_run, render_to_path
+from batchinf.parts import local_copy
 from batchinf.store import get_store, join, normalize_uri
 from batchinf.store.base import transient_os_error
 from batchinf.tasks import get_task
@@ -54,54 +58,81 @@ def _readable(what: str) -> Iterator[None]:
         raise VerificationError(f"{what} cannot be read: {exc}") from exc
 
 
-def _digest(uri: str) -> tuple[str, int]:
-    with _readable(f"part {uri}"):
-        return digest_of_uri(uri)
+COVERAGE_COLUMNS = ["record_id", "source", "ordinal"]
 
 
-def check_coverage(inputs: list[dict[str, Any]], parts: Iterable[tuple[str, str]]) -> None:
-    """inputs: [{uri, records}], with `ordinals` listing the only records a retry job covers;
-    parts: (uri, kind) Parquet files with source/ordinal/record_id. Raises VerificationError
-    naming the first record missing, seen twice, or not selected."""
-    seen = {i["uri"]: np.zeros(int(i["records"]), dtype=np.int8) for i in inputs}
-    wanted = {i["uri"]: np.ones(int(i["records"]), dtype=bool) for i in inputs}
-    for i in inputs:
-        if i.get("ordinals") is not None:
-            wanted[i["uri"]][:] = False
-            wanted[i["uri"]][np.asarray(i["ordinals"], dtype=np.int64)] = True
-    ids: set[str] = set()
-    for uri, kind in parts:
-        with _readable(f"part {uri}"):
-            t = read_table(uri, columns=["record_id", "source", "ordinal"])
+class Coverage:
+    """Every pinned input record, by (source, ordinal), exactly once across the parts `add`ed; no
+    record id succeeds twice. inputs: [{uri, records}], with `ordinals` listing the only records
+    a retry job covers. Raises VerificationError naming the first record missing, seen twice, or
+    not selected."""
+
+    def __init__(self, inputs: list[dict[str, Any]]) -> None:
+        self.seen = {i["uri"]: np.zeros(int(i["records"]), dtype=np.int8) for i in inputs}
+        self.wanted = {i["uri"]: np.ones(int(i["records"]), dtype=bool) for i in inputs}
+        for i in inputs:
+            if i.get("ordinals") is not None:
+                self.wanted[i["uri"]][:] = False
+                self.wanted[i["uri"]][np.asarray(i["ordinals"], dtype=np.int64)] = True
+        self.ids: set[str] = set()
+
+    def add(self, uri: str, kind: str, t: pa.Table) -> None:
+        """One part's records (its COVERAGE_COLUMNS)."""
         sources = t.column("source").to_pylist()
         ordinals = t.column("ordinal").to_numpy()
         for src in set(sources):
-            if src not in seen:
+            if src not in self.seen:
                 raise VerificationError(f"{uri} holds records of {src}, which is not a pinned input")
         for src, o in zip(sources, ordinals):
-            arr = seen[src]
+            arr = self.seen[src]
             if o < 0 or o >= arr.size:
                 raise VerificationError(f"{uri}: record {o} of {src} is beyond its {arr.size} records")
             arr[o] += 1
         if kind == "results":
             for rid in t.column("record_id").to_pylist():
-                if rid in ids:
+                if rid in self.ids:
                     raise VerificationError(f"record id {rid!r} has two results (second in {uri})")
-                ids.add(rid)
-    for src, arr in seen.items():
-        missing, dup = np.flatnonzero((arr == 0) & wanted[src]), np.flatnonzero(arr > 1)
-        extra = np.flatnonzero((arr > 0) & ~wanted[src])
-        if extra.size:
-            raise VerificationError(f"record {extra[0]} of {src} is not one this retry job selected")
-        if dup.size:
-            raise VerificationError(f"record {dup[0]} of {src} appears {arr[dup[0]]} times")
-        if missing.size:
-            raise VerificationError(f"record {missing[0]} of {src} is missing ({missing.size} missing)")
+                self.ids.add(rid)
+
+    def check(self) -> None:
+        """After the last part."""
+        for src, arr in self.seen.items():
+            wanted = self.wanted[src]
+            missing, dup = np.flatnonzero((arr == 0) & wanted), np.flatnonzero(arr > 1)
+            extra = np.flatnonzero((arr > 0) & ~wanted)
+            if extra.size:
+                raise VerificationError(f"record {extra[0]} of {src} is not one this retry job selected")
+            if dup.size:
+                raise VerificationError(f"record {dup[0]} of {src} appears {arr[dup[0]]} times")
+            if missing.size:
+                raise VerificationError(f"record {missing[0]} of {src} is missing ({missing.size} missing)")
 
 
-def _committed_parts(rows: list[Shard]) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
-    """The committed shards' files, checked against the digests and row counts in the ledger,
-    with the keys they get under the output prefix."""
+@dataclass
+class PartCopy:
+    """One part as read: its local copy (removed after use), its digest and rows, and the columns asked for."""
+    path: str
+    sha256: str
+    rows: int
+    table: pa.Table | None
+
+
+@contextmanager
+def read_part(uri: str, columns: list[str] | None = None) -> Iterator[PartCopy]:
+    """The one read of a part: downloaded once (a local part is opened in place), hashed, its row
+    count and `columns` read from that copy. What cannot be read fails verification (`_readable`)."""
+    with ExitStack() as stack:
+        with _readable(f"part {uri}"):
+            path = stack.enter_context(local_copy(uri))
+            pf = pq.ParquetFile(path)
+            table = pf.read(columns=columns) if columns else None
+            part = PartCopy(path, sha256_file(path), pf.metadata.num_rows, table)
+        yield part
+
+
+def _committed_parts(rows: list[Shard]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The committed shards' files as the ledger has them (digest, rows), with the keys they get
+    under the output prefix."""
     parts, sources = [], []
     numbers = {"results": 0, "errors": 0}
     for r in rows:   # committed shards, and quarantined ones holding a poison error row
@@ -113,40 +144,54 @@ def _committed_parts(rows: list[Shard]) -> tuple[list[dict[str, Any]], list[tupl
                 continue
             key = ("" if kind == "results" else "errors/") + f"part-{numbers[kind]:05d}.parquet"
             numbers[kind] += 1
-            got_sha, got_rows = _digest(src)
-            if (got_sha, got_rows) != (sha, count):
-                raise VerificationError(f"{src} (shard {r.id}) has sha256 {got_sha[:12]}… and {got_rows} "
-                                        f"rows; the ledger committed {sha[:12]}… and {count}")
-            sources.append((src, kind))
+            sources.append(src)
             parts.append({"key": key, "kind": kind, "sha256": sha, "rows": count, "shard": r.id})
     return parts, sources
 
 
-def _promote(out: str, parts: list[dict[str, Any]], sources: list[tuple[str, str]]) -> None:
-    store = get_store(out)
-    for part, (src, _) in zip(parts, sources):
-        store.copy(src, join(out, part["key"]))
+@dataclass
+class Published:
+    """What the output documents need from the parts, read once each."""
+    parts: list[dict[str, Any]]          # the promoted parts, then their OpenAI renderings
+    summary: dict[str, Any]              # the task's counts (`Task.summarize`) when asked for
 
 
-def _render_openai(out: str, parts: list[dict[str, Any]], ctx: RenderContext) -> list[dict[str, Any]]:
-    """OpenAI batch output lines: one JSONL file per promoted Parquet part, in the parts' order;
-    each lists its source part under "from"."""
-    rendered = []
-    for n, p in enumerate(q for q in parts if q["kind"] in ("results", "errors")):
-        key = f"openai/part-{n:05d}.jsonl"
-        sha, lines = render_part(join(out, p["key"]), p["kind"], ctx, join(out, key))
-        rendered.append({"key": key, "kind": "openai", "sha256": sha, "rows": lines, "from": p["key"]})
-    return rendered
-
-
-def _summary(job: Job, out: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """The task's own counts for `_MANIFEST.json` (generate: finish reasons; classify: labels;
-    score: a score histogram), from the promoted result parts."""
+def _promote_parts(job: Job, rows: list[Shard], coverage: Coverage | None, summarize: bool,
+                   ctx: RenderContext | None) -> Published:
+    """Read each committed part once: check its digest and rows against the ledger, and (`coverage`)
+    its records; take the task's summary columns (`summarize`) and render its OpenAI lines (`ctx`)
+    from that copy. Only once all parts passed is anything written under the output prefix: each
+    part copied there (server-side on S3), then the renderings uploaded."""
+    out = job.output_uri
+    parts, sources = _committed_parts(rows)
     task = get_task(job.task)
-    if not task.summary_columns:
-        return {}
-    return task.summarize(read_table(join(out, p["key"]), columns=list(task.summary_columns))
-                          for p in parts if p["kind"] == "results")
+    wanted = list(task.summary_columns) if summarize else []
+    tables: list[pa.Table] = []
+    rendered: list[tuple[dict[str, Any], str]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n, (p, src) in enumerate(zip(parts, sources)):
+            columns = (COVERAGE_COLUMNS if coverage else []) + (wanted if p["kind"] == "results" else [])
+            with read_part(src, columns or None) as got:
+                if (got.sha256, got.rows) != (p["sha256"], p["rows"]):
+                    raise VerificationError(f"{src} (shard {p['shard']}) has sha256 {got.sha256[:12]}… and {got.rows} "
+                                            f"rows; the ledger committed {p['sha256'][:12]}… and {p['rows']}")
+                if coverage is not None:
+                    coverage.add(src, p["kind"], got.table)
+                if wanted and p["kind"] == "results":
+                    tables.append(got.table.select(wanted))
+                if ctx is not None:
+                    local = os.path.join(tmp, f"openai-{n:05d}.jsonl")
+                    sha, lines = render_to_path(got.path, p["kind"], ctx, local)
+                    rendered.append(({"key": f"openai/part-{n:05d}.jsonl", "kind": "openai", "sha256": sha,
+                                      "rows": lines, "from": p["key"]}, local))
+        if coverage is not None:
+            coverage.check()
+        store = get_store(out)
+        for p, src in zip(parts, sources):
+            store.copy(src, join(out, p["key"]))
+        for r, local in rendered:
+            store.put_file(join(out, r["key"]), local)
+    return Published(parts + [r for r, _ in rendered], task.summarize(tables) if wanted else {})
 
 
 def _openai_context(job: Job) -> RenderContext | None:
@@ -210,12 +255,10 @@ def publish_partial(job: Job) -> dict[str, Any]:
     describe in `_PARTIAL.json` which shards and records are done and which are not.
     `_MANIFEST.json` and `_SUCCESS` are never written for such a job."""
     rows = shard_repo.of_job(job.id)
-    parts, sources = _committed_parts(rows)
-    _promote(job.output_uri, parts, sources)
     ctx = _openai_context(job)
+    parts = _promote_parts(job, rows, None, False, ctx).parts
     expired = job.deadline_at is not None and job.deadline_at <= now()
-    if ctx is not None:     # the done records' OpenAI lines, and an error line for each one not run
-        parts += _render_openai(job.output_uri, parts, ctx)
+    if ctx is not None:     # and an OpenAI error line for each request not run
         parts += _render_not_run(job, rows, "batch_expired" if expired else "batch_cancelled", ctx)
     done = [r for r in rows if r.status == ShardStatus.COMMITTED]
     partial = {
@@ -244,6 +287,36 @@ def publish_partial(job: Job) -> dict[str, Any]:
     return partial
 
 
+def _manifest(job: Job, rows: list[Shard], inputs: list[dict[str, Any]], published: Published,
+              ctx: RenderContext | None, verify_seconds: float) -> dict[str, Any]:
+    """`_MANIFEST.json`: the one place it is built."""
+    plan = job.plan
+    sums = {k: sum(getattr(r, k) or 0 for r in rows)
+            for k in ("tokens_input", "tokens_output", "tokens_real", "tokens_padded",
+                      "output_rows", "error_rows", "execute_seconds")}
+    manifest = {
+        "job_id": job.id, "name": job.name, "task": job.task, "bundle": job.bundle_ref,
+        "bundle_digest": job.bundle_digest, "implementation": _implementation(job.bundle_digest),
+        "precision": _precision(job),
+        "input_uri": job.input_uri, "output_uri": job.output_uri, "inputs": inputs, "parts": published.parts,
+        "counts": {"records_total": job.records_total, "records_succeeded": sums["output_rows"],
+                   "records_failed": sums["error_rows"], "records_truncated": plan.get("truncated", 0),
+                   **published.summary},
+        "tokens": {"input": sums["tokens_input"], "output": sums["tokens_output"],
+                   "real": sums["tokens_real"], "padded": sums["tokens_padded"]},
+        "shards": {"total": len(rows), "bucket_bounds": plan.get("bucket_bounds", [])},
+        "timings": {"plan": job.plan_seconds, "execute": sums["execute_seconds"],
+                    "execute_wall": (now() - job.started_at - (job.plan_seconds or 0))
+                    if job.started_at else None,
+                    "verify": verify_seconds},
+        "created_at": datetime.now(timezone.utc).isoformat(),
+        **_lineage(job),
+    }
+    if ctx is not None:
+        manifest["openai"] = ctx.to_dict()
+    return manifest
+
+
 def publish(job: Job) -> dict[str, Any]:
     """verifying -> succeeded. Safe to re-run after a crash at any point: promotion copies are
     idempotent and `_SUCCESS` is written only after `_MANIFEST.json`."""
@@ -258,44 +331,18 @@ def publish(job: Job) -> dict[str, Any]:
     inputs = _inputs(job)
     out = job.output_uri
     store = get_store(out)
-    parts, sources = _committed_parts(rows)
-    check_coverage(inputs, sources)
-    _promote(out, parts, sources)
     ctx = _openai_context(job)
-    if ctx is not None:
-        parts += _render_openai(out, parts, ctx)
-    plan = job.plan
-    sums = {k: sum(getattr(r, k) or 0 for r in rows)
-            for k in ("tokens_input", "tokens_output", "tokens_real", "tokens_padded",
-                      "output_rows", "error_rows", "execute_seconds")}
-    manifest = {
-        "job_id": job.id, "name": job.name, "task": job.task, "bundle": job.bundle_ref,
-        "bundle_digest": job.bundle_digest, "implementation": _implementation(job.bundle_digest),
-        "precision": _precision(job),
-        "input_uri": job.input_uri, "output_uri": out, "inputs": inputs, "parts": parts,
-        "counts": {"records_total": job.records_total, "records_succeeded": sums["output_rows"],
-                   "records_failed": sums["error_rows"], "records_truncated": plan.get("truncated", 0)},
-        "tokens": {"input": sums["tokens_input"], "output": sums["tokens_output"],
-                   "real": sums["tokens_real"], "padded": sums["tokens_padded"]},
-        "shards": {"total": len(rows), "bucket_bounds": plan.get("bucket_bounds", [])},
-        "timings": {"plan": job.plan_seconds, "execute": sums["execute_seconds"],
-                    "execute_wall": (now() - job.started_at - (job.plan_seconds or 0))
-                    if job.started_at else None,
-                    "verify": time.perf_counter() - t0},
-        "created_at": datetime.now(timezone.utc).isoformat(),
-        **_lineage(job),
-    }
-    summary = _summary(job, out, parts)
-    manifest["counts"].update(summary)
-    if ctx is not None:
-        manifest["openai"] = ctx.to_dict()
-    if manifest["counts"]["records_succeeded"] + manifest["counts"]["records_failed"] != job.records_total:
-        raise VerificationError(f"job {job_id}: {manifest['counts']} do not add up")
+    published = _promote_parts(job, rows, Coverage(inputs), True, ctx)
+    manifest = _manifest(job, rows, inputs, published, ctx, time.perf_counter() - t0)
+    counts = manifest["counts"]
+    if counts["records_succeeded"] + counts["records_failed"] != job.records_total:
+        raise VerificationError(f"job {job_id}: {counts} do not add up")
     failpoints.hit("verify.before_publish")
     store.put_bytes(join(out, MANIFEST), json.dumps(manifest, indent=1).encode())
     store.put_bytes(join(out, SUCCESS), b"")
-    job_repo.move(job_id, JobStatus.SUCCEEDED, detail={"parts": len(parts)}, finished_at=now(),
-                  verify_seconds=manifest["timings"]["verify"], summary=json.dumps(summary) if summary else None)
+    job_repo.move(job_id, JobStatus.SUCCEEDED, detail={"parts": len(manifest["parts"])}, finished_at=now(),
+                  verify_seconds=manifest["timings"]["verify"],
+                  summary=json.dumps(published.summary) if published.summary else None)
     store.delete_prefix(job.work_uri)
     if not store.list(join(out, "_work/")):
         store.delete_prefix(join(out, "_work/"))
@@ -304,25 +351,30 @@ def publish(job: Job) -> dict[str, Any]:
 
 def verify_output(output_uri: str) -> dict[str, Any]:
     """Re-check a published output from its `_MANIFEST.json` alone: part digests and row counts,
-    coverage of every pinned input record, counts that add up."""
+    coverage of every pinned input record, counts that add up, and the openai/ files (what the
+    parts render to). Each part is read once."""
     store = get_store(output_uri)
     with _readable(join(output_uri, MANIFEST)):
         manifest = json.loads(store.get_bytes(join(output_uri, MANIFEST)))
     if not store.exists(join(output_uri, SUCCESS)):
         raise VerificationError(f"{join(output_uri, SUCCESS)} is missing")
     _no_unlisted_parts(output_uri, manifest)
-    parquet = [p for p in manifest["parts"] if p["kind"] != "openai"]
-    for p in parquet:
-        sha, rows = _digest(join(output_uri, p["key"]))
-        if (sha, rows) != (p["sha256"], p["rows"]):
-            raise VerificationError(f"{p['key']}: sha256 {sha[:12]}… / {rows} rows, manifest says "
-                                    f"{p['sha256'][:12]}… / {p['rows']}")
-    check_coverage(manifest["inputs"], [(join(output_uri, p["key"]), p["kind"]) for p in parquet])
     c = manifest["counts"]
     if c["records_succeeded"] + c["records_failed"] != c["records_total"]:
         raise VerificationError(f"counts do not add up: {c}")
-    if "openai" in manifest:
-        _verify_openai(output_uri, manifest)
+    rendered = _openai_files(manifest) if "openai" in manifest else {}
+    coverage = Coverage(manifest["inputs"])
+    with tempfile.TemporaryDirectory() as tmp:
+        for p in (q for q in manifest["parts"] if q["kind"] != "openai"):
+            with read_part(join(output_uri, p["key"]), COVERAGE_COLUMNS) as got:
+                if (got.sha256, got.rows) != (p["sha256"], p["rows"]):
+                    raise VerificationError(f"{p['key']}: sha256 {got.sha256[:12]}… / {got.rows} rows, manifest "
+                                            f"says {p['sha256'][:12]}… / {p['rows']}")
+                coverage.add(join(output_uri, p["key"]), p["kind"], got.table)
+                if p["key"] in rendered:
+                    _verify_rendered(output_uri, rendered[p["key"]], got.path, p["kind"],
+                                     RenderContext(**manifest["openai"]), tmp)
+        coverage.check()
     return {"ok": True, "output_uri": output_uri, "parts": len(manifest["parts"]), "counts": c}
 
 
@@ -340,27 +392,29 @@ def _no_unlisted_parts(output_uri: str, manifest: dict[str, Any]) -> None:
                                     f"job {manifest.get('job_id')}; remove it, or re-run the job to a new output")
 
 
-def _verify_openai(output_uri: str, manifest: dict[str, Any]) -> None:
-    """The openai/ files are exactly what the Parquet parts render to (so they hold one line per
-    input record, like the parts), and their digests match the manifest."""
-    ctx = RenderContext(**manifest["openai"])
+def _openai_files(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The openai/ files by the Parquet part each renders, checked to correspond one to one to
+    the parts and to hold one line per input record."""
     rendered = [p for p in manifest["parts"] if p["kind"] == "openai"]
-    parquet = {p["key"]: p for p in manifest["parts"] if p["kind"] != "openai"}
+    parquet = [p["key"] for p in manifest["parts"] if p["kind"] != "openai"]
     if sorted(p["from"] for p in rendered) != sorted(parquet):
         raise VerificationError("openai/ files do not correspond one to one to the Parquet parts")
     if sum(p["rows"] for p in rendered) != manifest["counts"]["records_total"]:
         raise VerificationError(f"openai/ files hold {sum(p['rows'] for p in rendered)} lines for "
                                 f"{manifest['counts']['records_total']} records")
-    store = get_store(output_uri)
-    with tempfile.TemporaryDirectory() as tmp:
-        for p in rendered:
-            uri = join(output_uri, p["key"])
-            local = f"{tmp}/{p['key'].replace('/', '_')}"
-            with _readable(uri):
-                store.download_file(uri, local)
-            if sha256_file(local) != p["sha256"]:
-                raise VerificationError(f"{p['key']}: sha256 differs from the manifest's")
-            want, _ = render_to_path(join(output_uri, p["from"]), parquet[p["from"]]["kind"], ctx,
-                                     local + ".want")
-            if want != p["sha256"]:
-                raise VerificationError(f"{p['key']} is not what {p['from']} renders to")
+    return {p["from"]: p for p in rendered}
+
+
+def _verify_rendered(output_uri: str, p: dict[str, Any], part_path: str, kind: str, ctx: RenderContext,
+                     tmp: str) -> None:
+    """An openai/ file's digest matches the manifest's, and it is exactly what its Parquet part
+    (the local copy at `part_path`) renders to."""
+    uri = join(output_uri, p["key"])
+    local = os.path.join(tmp, p["key"].replace("/", "_"))
+    with _readable(uri):
+        get_store(output_uri).download_file(uri, local)
+    if sha256_file(local) != p["sha256"]:
+        raise VerificationError(f"{p['key']}: sha256 differs from the manifest's")
+    want, _ = render_to_path(part_path, kind, ctx, local + ".want")
+    if want != p["sha256"]:
+        raise VerificationError(f"{p['key']} is not what {p['from']} renders to")

@@ -24,7 +24,6 @@ from batchinf.ledger.models import Job
 RECENT_WORKER_SECONDS = 600.0    # a worker that ran an attempt this recently counts as live
 FLEET_REFRESH_SECONDS = 10.0     # how often the controller asks the broker which workers consume the queue
 FLEET_RETRY_SECONDS = 2.0        # ... and, while none answered, how soon it asks again
-RETRY_ELSEWHERE_COUNTDOWN = 1.0  # a shard left to other hosts is offered again this much later
 log = logging.getLogger("batchinf.workers")
 
 app = Celery("batchinf")
@@ -102,10 +101,10 @@ class ShardRequest(Request):
 def _release_dead(pid: int, why: str) -> None:
     from batchinf.dispatch import worker_name
     from batchinf.ledger import leases
-    from batchinf.retry import retrying
+    from batchinf.retry_policy import RetryPolicy
 
     try:
-        n = retrying(leases.release_dead, [worker_name(pid)], why, attempts=3)
+        n = RetryPolicy.from_settings(call_attempts=3).retrying(leases.release_dead, [worker_name(pid)], why)
     except Exception as exc:  # noqa: BLE001 -- the lease then expires as before
         log.warning("could not release the lease of dead pool process %d: %s", pid, exc)
         return
@@ -117,9 +116,10 @@ def execute_shard(self: Task, shard_id: str, speculative: bool = False) -> None:
     """Run the shard on this worker, whose node name (`--hostname`) is the attempt's host; a shard
     that should retry on another host (`dispatch.run_shard` False) goes back to the queue."""
     from batchinf.dispatch import run_shard
+    from batchinf.retry_policy import RetryPolicy
 
     if not run_shard(shard_id, settings().device, speculative=speculative, host=self.request.hostname):
-        execute_shard.apply_async(args=[shard_id], countdown=RETRY_ELSEWHERE_COUNTDOWN)
+        execute_shard.apply_async(args=[shard_id], countdown=RetryPolicy.from_settings().elsewhere_countdown)
 
 
 @app.task(name="batchinf.pin_job")

@@ -50,10 +50,10 @@ def retry_job(job_id: JobId, body: RetryRequest, tenant: Tenant) -> Any:
     """A new job over exactly the records with these error codes and/or the records that never
     finished, with the same pinned bundle and inputs and a new output; 409 while the job is active."""
     from batchinf.ledger.jobs import get as get_job
-    from batchinf.retries import retry_job as do_retry
+    from batchinf.rerun import rerun_job
     from batchinf.scopes import Caller
 
     _load_job(job_id, tenant)
-    new_id = do_retry(get_job(job_id, tenant=tenant), Caller(tenant), errors=body.errors, not_done=body.not_done,
+    new_id = rerun_job(get_job(job_id, tenant=tenant), Caller(tenant), errors=body.errors, not_done=body.not_done,
                       output=body.output)
     return _load_job(new_id, tenant)

@@ -149,12 +149,12 @@ def retry(job_id: str, codes: str | None, not_done: bool, output: str | None, de
     from batchinf.ledger.states import JobStatus
     from batchinf.ledger.status import status as job_status
     from batchinf.ledger.jobs import get as get_job
-    from batchinf.retries import retry_job
+    from batchinf.rerun import rerun_job
     from batchinf.scopes import Caller
 
     errors = [c.strip() for c in codes.split(",") if c.strip()] if codes is not None else None
     old = get_job(job_id, tenant=tenant)
-    new_id = retry_job(old, Caller(old.tenant, operator=True), errors=errors, not_done=not_done, output=output)
+    new_id = rerun_job(old, Caller(old.tenant, operator=True), errors=errors, not_done=not_done, output=output)
     if not as_json:
         console.print(f"{new_id} retries {job_id}", highlight=False)
     final = job_status(new_id)["status"]

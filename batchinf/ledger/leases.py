@@ -11,6 +11,7 @@ Invariants enforced here:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Iterable
 
 from sqlalchemy import Connection, bindparam, func, insert, select, update
@@ -26,7 +27,7 @@ from batchinf.ledger.models import Lease, ShardResult, bounded_error
 from batchinf.ledger.shards import transition as transition_shard
 from batchinf.ledger.states import AttemptStatus, JobStatus, ShardStatus, attempt_sources, shard_sources
 from batchinf.ledger.tables import attempts, jobs, record_errors, shards
-from batchinf.retry import compute_backoff
+from batchinf.retry_policy import Action, AttemptEnd, RetryPolicy
 
 
 def _next_attempt(shard_id: Any) -> Any:
@@ -103,22 +104,23 @@ def claim_shard(shard_id: str, worker: str, lease_seconds: float, host: str | No
     return _claim(_queued_of_running_jobs().where(shards.c.id == shard_id), worker, lease_seconds, host)
 
 
-def retry_elsewhere(shard_id: str, host: str, seconds: float) -> bool:
+def retry_elsewhere(shard_id: str, host: str, policy: RetryPolicy) -> bool:
     """True when `host` should leave this shard to another host: its last attempt failed or was
-    lost on `host` less than `seconds` ago and another host ran an attempt lately (LIVE_HOST_SECONDS).
-    A broken host (a full scratch disk, a bad GPU) then does not spend the shard's attempts."""
+    lost on `host` less than `policy.retry_elsewhere_seconds` ago and another host ran an attempt
+    lately (`policy.live_host_seconds`). A broken host (a full scratch disk, a bad GPU) then does
+    not spend the shard's attempts."""
     with tx() as conn:
         last = conn.execute(select(attempts.c.host, attempts.c.status, attempts.c.finished_at)
                             .where(attempts.c.shard_id == shard_id).order_by(attempts.c.number.desc()).limit(1)).first()
-        if (last is None or last.host != host or (last.finished_at or 0.0) < now() - seconds
+        if (last is None or last.host != host or (last.finished_at or 0.0) < now() - policy.retry_elsewhere_seconds
                 or last.status not in (AttemptStatus.FAILED.value, AttemptStatus.LOST.value)):
             return False
-        return conn.execute(_hosts_seen(conn, besides=host).limit(1)).first() is not None
+        return conn.execute(_hosts_seen(policy.live_host_seconds, besides=host).limit(1)).first() is not None
 
 
 def computing(lease: Lease, on: bool) -> None:
     """The attempt starts (on) or stops running its shard's records: a worker lost meanwhile
-    counts against them (`_end_target`)."""
+    counts against them (`RetryPolicy.end_attempt`)."""
     with tx() as conn:
         conn.execute(update(attempts).where(attempts.c.shard_id == lease.shard_id, attempts.c.number == lease.attempt)
                      .values(computing_at=now() if on else None))
@@ -230,83 +232,63 @@ _TWIN = select(attempts.c.number).where(attempts.c.shard_id == bindparam("b_shar
                                         attempts.c.status.in_(attempt_sources(AttemptStatus.SUPERSEDED)))
 
 
-def _retry_budget_spent(conn: Connection, job_id: str) -> int | None:
-    """Count one more failed attempt of the job; the budget when that spends it, else None. A
-    storage outage then fails the job after a bounded number of retries instead of every shard
-    retrying against it (a retry storm)."""
+def _count_failed(conn: Connection, job_id: str) -> tuple[int, int]:
+    """Count one more failed attempt of the job: (its failed attempts now, its shards)."""
     conn.execute(update(jobs).where(jobs.c.id == job_id).values(failed_attempts=jobs.c.failed_attempts + 1))
     failed = conn.execute(select(jobs.c.failed_attempts).where(jobs.c.id == job_id)).scalar()
-    budget = settings().job_retry_budget
-    if budget <= 0:
-        budget = max(10, conn.execute(select(func.count()).select_from(shards)
-                                      .where(shards.c.job_id == job_id)).scalar())
-    return budget if failed > budget else None
+    return failed, conn.execute(select(func.count()).select_from(shards).where(shards.c.job_id == job_id)).scalar()
 
 
-LIVE_HOST_SECONDS = 600.0    # a host that started, heartbeated or ended an attempt this recently is in the fleet
-LOST_ATTEMPTS_FACTOR = 5     # lost attempts that never ran a record fail the shard past this × max_attempts
-
-
-def _hosts_seen(conn: Connection, besides: str | None = None) -> Any:
-    """Hosts (failure domains) of attempts active in the last LIVE_HOST_SECONDS, other than `besides`."""
-    t = now() - LIVE_HOST_SECONDS
+def _hosts_seen(seconds: float, besides: str | None = None) -> Any:
+    """Hosts (failure domains) of attempts active in the last `seconds`, other than `besides`."""
+    t = now() - seconds
     q = select(attempts.c.host).distinct().where(
         attempts.c.host.is_not(None), func.coalesce(attempts.c.finished_at, attempts.c.heartbeat_at, attempts.c.started_at) >= t)
     return q if besides is None else q.where(attempts.c.host != besides)
 
 
-def _end_target(conn: Connection, shard_id: str, attempt: int, max_attempts: int,
-                outcome: AttemptStatus) -> tuple[ShardStatus, bool, str]:
-    """Where the shard holding attempt `attempt` goes as that attempt ends with `outcome`, whether
-    the attempt counts against the shard's records, and why a terminal target was chosen.
-
-    A failed attempt counts; a lost one counts only if its worker was running the shard's records
-    (`computing_at`: not downloading or loading the bundle, writing or committing), since a worker
-    killed or stalled around them says nothing about them. Once `max_attempts` count: a shard whose
-    counted attempts all lost their worker is quarantined (a record in it kills workers) if they
-    ran on two hosts or more, or the fleet has one host; one killed on a single host of a larger
-    fleet retries elsewhere (that host's infrastructure is the suspect); any failed attempt among
-    them fails the shard. Lost attempts that did not count fail it only past
-    LOST_ATTEMPTS_FACTOR × max_attempts (a worker that dies before it computes, e.g. while loading)."""
+def _attempt_end(conn: Connection, shard_id: str, attempt: int, outcome: AttemptStatus,
+                 policy: RetryPolicy) -> AttemptEnd:
+    """The shard's attempts as attempt `attempt` ends with `outcome`, for `policy.end_attempt`."""
     rows = conn.execute(select(attempts.c.number, attempts.c.status, attempts.c.host, attempts.c.computing_at)
                         .where(attempts.c.shard_id == shard_id)).all()
     status = {r.number: (outcome.value if r.number == attempt else r.status) for r in rows}
     lost = [r for r in rows if status[r.number] == AttemptStatus.LOST.value]
     charged = [r for r in lost if r.computing_at is not None]
-    failed = sum(1 for v in status.values() if v == AttemptStatus.FAILED.value)
-    counts = outcome is AttemptStatus.FAILED or any(r.number == attempt for r in charged)
-    if failed + len(charged) >= max_attempts:
-        if failed:
-            return ShardStatus.FAILED, counts, ""
-        hosts = {r.host for r in charged}
-        if outcome is AttemptStatus.LOST and len(hosts) >= min(2, len(conn.execute(_hosts_seen(conn)).all())):
-            return ShardStatus.QUARANTINED, counts, ""
-    if len(lost) >= LOST_ATTEMPTS_FACTOR * max(1, max_attempts):
-        return ShardStatus.FAILED, counts, (f"its worker was lost in {len(lost)} attempts, {len(lost) - len(charged)} "
-                                            "of them while not running records (loading the bundle, writing or committing)")
-    return ShardStatus.RETRYING, counts, ""
+    return AttemptEnd(attempt=attempt, lost=outcome is AttemptStatus.LOST,
+                      counts=outcome is AttemptStatus.FAILED or any(r.number == attempt for r in charged),
+                      failed=sum(1 for v in status.values() if v == AttemptStatus.FAILED.value),
+                      charged_hosts=[r.host for r in charged], lost_total=len(lost),
+                      fleet_hosts=len(conn.execute(_hosts_seen(policy.live_host_seconds)).all()))
 
 
-def _end_lease(conn: Connection, shard_id: str, attempt: int, error: str, max_attempts: int,
-               outcome: AttemptStatus) -> ShardStatus | None:
+_TARGETS = {Action.RETRY: ShardStatus.RETRYING, Action.QUARANTINE: ShardStatus.QUARANTINED,
+            Action.GIVE_UP: ShardStatus.FAILED}
+
+
+def _end_lease(conn: Connection, shard_id: str, attempt: int, error: str, policy: RetryPolicy | None,
+               outcome: AttemptStatus, give_up: bool = False) -> ShardStatus | None:
     """An attempt that raised (FAILED) or lost its worker (LOST) ends. For the attempt holding the
-    shard: retry (after a backoff unless it was lost without counting, see `_end_target`), or
-    quarantine or fail the shard (a failed shard fails its job). A speculative attempt just ends:
-    the attempt holding the shard carries on."""
+    shard, the shard goes where `policy.end_attempt` says: retrying (after its delay), quarantined
+    or failed (a failed shard fails its job); `give_up`: it fails now; no policy (a stopped job):
+    retrying at once. A speculative attempt just ends: the attempt holding the shard carries on."""
     job_id, holder = conn.execute(select(shards.c.job_id, shards.c.attempt).where(shards.c.id == shard_id)).one()
     if holder != attempt:
         end_attempt(conn, shard_id, attempt, outcome, error=error[:4000])
         return None
-    if outcome is AttemptStatus.FAILED and (budget := _retry_budget_spent(conn, job_id)) is not None:
-        error = (f"the job's retry budget is spent ({budget} failed attempts; set "
-                 f"BATCHINF_JOB_RETRY_BUDGET to allow more); last error: {error}")
-        max_attempts = 0
-    target, counts, why = _end_target(conn, shard_id, attempt, max_attempts, outcome)
-    if why:
-        error = f"{why}; last error: {error}"
+    target, delay = ShardStatus.RETRYING, 0.0
+    if policy is not None:
+        facts = _attempt_end(conn, shard_id, attempt, outcome, policy)
+        if outcome is AttemptStatus.FAILED:
+            spent, count = _count_failed(conn, job_id)
+            facts = dataclasses.replace(facts, spent=spent, shards=count, give_up=give_up)
+        decision = policy.end_attempt(facts)
+        target, delay = _TARGETS[decision.action], decision.delay
+        if decision.reason:
+            error = f"{decision.reason}; last error: {error}"
     if not transition_shard(conn, shard_id, target, fence=attempt, detail={"attempt": attempt, "error": error[:2000]},
                             lease_owner=None, lease_expires_at=None, last_error=error[:4000],
-                            not_before=now() + (compute_backoff(attempt) if counts else 0.0)):
+                            not_before=now() + delay):
         return None
     end_attempt(conn, shard_id, attempt, outcome, error=error[:4000])
     if target is ShardStatus.FAILED:
@@ -315,13 +297,17 @@ def _end_lease(conn: Connection, shard_id: str, attempt: int, error: str, max_at
     return target
 
 
-def fail_attempt(lease: Lease, error: str, max_attempts: int) -> ShardStatus | None:
-    """The attempt raised: retry later, or fail the shard (and its job) when attempts run out."""
+def fail_attempt(lease: Lease, error: str, policy: RetryPolicy | None = None, *,
+                 give_up: bool = False) -> ShardStatus | None:
+    """The attempt raised: record what `policy` (default: the settings') decides: retry later, or
+    fail the shard (and its job) when attempts or the job's budget run out, or now (`give_up`: the
+    worker's decision was FAIL_JOB)."""
     with tx() as conn:
-        return _end_lease(conn, lease.shard_id, lease.attempt, error, max_attempts, AttemptStatus.FAILED)
+        return _end_lease(conn, lease.shard_id, lease.attempt, error, policy or RetryPolicy.from_settings(),
+                          AttemptStatus.FAILED, give_up)
 
 
-def expire_leases(job_id: str | None, max_attempts: int, *, dead_owners: Iterable[str] = (),
+def expire_leases(job_id: str | None, policy: RetryPolicy | None = None, *, dead_owners: Iterable[str] = (),
                   only_dead: bool = False, why: str = "") -> int:
     """Running shards whose lease expired (or whose owner is known dead) go to retrying, unless a
     live speculative attempt runs beside the lost one: that attempt then holds the shard. Silent
@@ -332,6 +318,7 @@ def expire_leases(job_id: str | None, max_attempts: int, *, dead_owners: Iterabl
     if only_dead and not dead:
         return 0
     lease_seconds = settings().lease_seconds
+    policy = policy or RetryPolicy.from_settings()
 
     def lost(worker: str) -> str:
         if worker in dead:
@@ -350,7 +337,7 @@ def expire_leases(job_id: str | None, max_attempts: int, *, dead_owners: Iterabl
                              .where(*cond, attempts.c.status == AttemptStatus.RUNNING.value,
                                     attempts.c.number != shards.c.attempt, silent)).all()
         for r in twins:
-            _end_lease(conn, r.shard_id, r.number, f"speculative attempt: {lost(r.worker)}", max_attempts,
+            _end_lease(conn, r.shard_id, r.number, f"speculative attempt: {lost(r.worker)}", policy,
                        AttemptStatus.LOST)
         expired = shards.c.lease_owner.in_(dead) if only_dead else shards.c.lease_expires_at < t
         if dead and not only_dead:
@@ -363,7 +350,7 @@ def expire_leases(job_id: str | None, max_attempts: int, *, dead_owners: Iterabl
                 attempts.c.shard_id == r.id, attempts.c.number != r.attempt,
                 attempts.c.status == AttemptStatus.RUNNING.value)).first()
             if twin is None:
-                _end_lease(conn, r.id, r.attempt, error, max_attempts, AttemptStatus.LOST)
+                _end_lease(conn, r.id, r.attempt, error, policy, AttemptStatus.LOST)
                 continue
             end_attempt(conn, r.id, r.attempt, AttemptStatus.LOST, error=error, detail={"holder_now": twin.number})
             conn.execute(update(shards).where(shards.c.id == r.id, shards.c.attempt == r.attempt).values(
@@ -375,7 +362,7 @@ def expire_leases(job_id: str | None, max_attempts: int, *, dead_owners: Iterabl
 def release_dead(workers: Iterable[str], why: str) -> int:
     """Workers known to have died (Celery's WorkerLostError, an exited pool process) lose their
     attempts now, not when their leases expire: their shards are retried at once."""
-    return expire_leases(None, settings().max_attempts, dead_owners=workers, only_dead=True, why=why)
+    return expire_leases(None, dead_owners=workers, only_dead=True, why=why)
 
 
 def release_leases(job_id: str) -> None:
@@ -387,7 +374,7 @@ def release_leases(job_id: str) -> None:
                                    attempts.c.status == AttemptStatus.RUNNING.value)
                             .order_by(attempts.c.number.desc())).all()   # twins before holders
         for r in rows:
-            _end_lease(conn, r.shard_id, r.number, "job stopped", r.number + 1, AttemptStatus.LOST)
+            _end_lease(conn, r.shard_id, r.number, "job stopped", None, AttemptStatus.LOST)
 
 
 def leases_held(job_id: str) -> int:

@@ -158,15 +158,3 @@ def render_not_run(staged_uri: str, code: str, ctx: RenderContext, dest_uri: str
         return digest, lines
     finally:
         os.unlink(tmp)
-
-
-def render_part(part_uri: str, kind: str, ctx: RenderContext, dest_uri: str) -> tuple[str, int]:
-    """render_to_path, then upload to dest_uri."""
-    fd, tmp = tempfile.mkstemp(suffix=".jsonl")
-    os.close(fd)
-    try:
-        digest, lines = render_to_path(part_uri, kind, ctx, tmp)
-        get_store(dest_uri).put_file(dest_uri, tmp)
-        return digest, lines
-    finally:
-        os.unlink(tmp)

@@ -26,9 +26,10 @@ from batchinf.ledger import jobs as job_repo
 from batchinf.ledger import models
 from batchinf.ledger import events
 from batchinf.ledger.db import tx
-from batchinf.retry import retrying
+from batchinf.retry_policy import retrying
 from batchinf.ledger.states import JobStatus
 from batchinf.ledger.tables import api_tokens, attempts, bundles, job_events, jobs, shards
+from batchinf.retry_policy import RetryPolicy
 
 
 def _job(n_shards: int = 3, job_id: str = "job-1") -> str:
@@ -107,7 +108,7 @@ def test_lost_leases_retry_then_quarantine(ledger: str) -> None:
         lease_repo.computing(lease, True)
         with tx() as conn:
             conn.execute(update(shards).values(lease_expires_at=0))
-        assert lease_repo.expire_leases(job_id, max_attempts=2) == 1
+        assert lease_repo.expire_leases(job_id, RetryPolicy.from_settings(max_attempts=2)) == 1
         assert not lease_repo.heartbeat(lease, 30)
     with tx() as conn:
         assert conn.execute(select(shards.c.status)).scalar() == "quarantined"
@@ -117,9 +118,9 @@ def test_lost_leases_retry_then_quarantine(ledger: str) -> None:
 def test_workers_lost_outside_the_records_do_not_quarantine(ledger: str) -> None:
     """Attempts whose worker died while loading or writing (not running records) are
     infrastructure: they retry without backoff, never quarantine the shard, and fail it only
-    past LOST_ATTEMPTS_FACTOR x max_attempts, saying so."""
+    past `RetryPolicy.lost_attempts_factor` x max_attempts, saying so."""
     job_id = _job(n_shards=1)
-    cap = lease_repo.LOST_ATTEMPTS_FACTOR * settings().max_attempts
+    cap = RetryPolicy().lost_attempts_factor * settings().max_attempts
     for attempt in range(1, cap + 1):
         lease = _claim_again(job_id, attempt)
         if attempt == 1:                          # it ran records, then stopped: not while it died
@@ -149,9 +150,11 @@ def test_workers_killed_on_one_host_of_two_do_not_quarantine(ledger: str) -> Non
         lease_repo.computing(lease, True)
         lease_repo.release_dead(["a:1"], "signal 9 (SIGKILL)")
         assert _shard_status(job_id, 1) == "retrying", attempt
-    assert lease_repo.retry_elsewhere(lease.shard_id, "node-a", 30)
-    assert not lease_repo.retry_elsewhere(lease.shard_id, "node-b", 30)
-    assert not lease_repo.retry_elsewhere(lease.shard_id, "node-a", 0)  # not for longer than asked
+    for_30s = RetryPolicy.from_settings(retry_elsewhere_seconds=30)
+    assert lease_repo.retry_elsewhere(lease.shard_id, "node-a", for_30s)
+    assert not lease_repo.retry_elsewhere(lease.shard_id, "node-b", for_30s)
+    not_at_all = RetryPolicy.from_settings(retry_elsewhere_seconds=0)
+    assert not lease_repo.retry_elsewhere(lease.shard_id, "node-a", not_at_all)  # not for longer than asked
     lease_repo.commit_attempt(other, _result())
     lease = _claim_again(job_id, 4, "b:8", "node-b")
     lease_repo.computing(lease, True)
@@ -162,8 +165,9 @@ def test_workers_killed_on_one_host_of_two_do_not_quarantine(ledger: str) -> Non
 def test_a_failure_on_the_only_host_retries_there(ledger: str) -> None:
     job_id = _job(n_shards=1)
     lease = _claim_again(job_id, 1, "a:1", "node-a")
-    lease_repo.fail_attempt(lease, "OSError: [Errno 28] No space left on device", max_attempts=3)
-    assert not lease_repo.retry_elsewhere(lease.shard_id, "node-a", 30)  # no other host was seen
+    lease_repo.fail_attempt(lease, "OSError: [Errno 28] No space left on device", RetryPolicy.from_settings(max_attempts=3))
+    for_30s = RetryPolicy.from_settings(retry_elsewhere_seconds=30)
+    assert not lease_repo.retry_elsewhere(lease.shard_id, "node-a", for_30s)  # no other host was seen
     with tx() as conn:
         assert conn.execute(select(attempts.c.host)).scalar() == "node-a"
 
@@ -172,7 +176,7 @@ def test_raising_attempts_fail_the_shard_and_job(ledger: str) -> None:
     job_id = _job(n_shards=1)
     for attempt in (1, 2):
         lease = _claim_again(job_id, attempt)
-        lease_repo.fail_attempt(lease, "OSError: disk full", max_attempts=2)
+        lease_repo.fail_attempt(lease, "OSError: disk full", RetryPolicy.from_settings(max_attempts=2))
     with tx() as conn:
         assert conn.execute(select(shards.c.status)).scalar() == "failed"
         assert conn.execute(select(jobs.c.status)).scalar() == "failed"
@@ -271,7 +275,7 @@ def test_lost_original_hands_the_shard_to_its_live_twin(ledger: str) -> None:
     twin = lease_repo.claim_speculative(slow.shard_id, "w:2")
     with tx() as conn:
         conn.execute(update(shards).where(shards.c.id == slow.shard_id).values(lease_expires_at=0))
-    assert lease_repo.expire_leases(job_id, max_attempts=3) == 1
+    assert lease_repo.expire_leases(job_id, RetryPolicy.from_settings(max_attempts=3)) == 1
     with tx() as conn:
         row = conn.execute(select(shards).where(shards.c.id == slow.shard_id)).one()
     assert row.status == "running" and row.attempt == twin.attempt and row.lease_owner == "w:2"
@@ -285,7 +289,7 @@ def test_a_silent_twin_is_lost_and_the_original_carries_on(ledger: str) -> None:
     with tx() as conn:
         conn.execute(update(attempts).where(attempts.c.shard_id == twin.shard_id,
                                             attempts.c.number == twin.attempt).values(heartbeat_at=0))
-    assert lease_repo.expire_leases(job_id, max_attempts=3) == 0
+    assert lease_repo.expire_leases(job_id, RetryPolicy.from_settings(max_attempts=3)) == 0
     assert not lease_repo.heartbeat(twin, 30) and lease_repo.heartbeat(slow, 30)
     _committed(job_id, slow, 100.0)
 
@@ -302,7 +306,7 @@ def test_job_retry_budget_bounds_retries_across_shards(ledger: str, monkeypatch:
     for n in range(4):
         lease = lease_repo.claim_next([job_id], "w:1", 30)
         assert lease is not None
-        lease_repo.fail_attempt(lease, "TransientError: S3 503 SlowDown", max_attempts=10)
+        lease_repo.fail_attempt(lease, "TransientError: S3 503 SlowDown", RetryPolicy.from_settings(max_attempts=10))
     with tx() as conn:
         job = conn.execute(select(jobs.c.status, jobs.c.error)).one()
     assert job.status == "failed" and "retry budget is spent (3 failed attempts" in job.error
@@ -458,11 +462,11 @@ def test_tallies_equal_a_recount_through_every_kind_of_transition(ledger: str) -
     a = lease_repo.claim_next([job_id], "w:1", 30)
     lease_repo.commit_attempt(a, replace(_result(), error_rows=2, errors=errors))
     b = lease_repo.claim_next([job_id], "w:1", 30)
-    lease_repo.fail_attempt(b, "OSError: disk full", max_attempts=3)
+    lease_repo.fail_attempt(b, "OSError: disk full", RetryPolicy.from_settings(max_attempts=3))
     c = lease_repo.claim_next([job_id], "w:2", 30)
     with tx() as conn:
         conn.execute(update(shards).where(shards.c.id == c.shard_id).values(lease_expires_at=0))
-    assert lease_repo.expire_leases(job_id, max_attempts=3) == 1
+    assert lease_repo.expire_leases(job_id, RetryPolicy.from_settings(max_attempts=3)) == 1
     check()
     d = lease_repo.claim_next([job_id], "w:1", 30)
     twin = lease_repo.claim_speculative(d.shard_id, "w:9")

@@ -29,6 +29,7 @@ from batchinf.manifest import parse_manifest
 from tests.helpers.stages import plan_job
 from tests.helpers.stages import publish_job
 from batchinf.verify import MANIFEST, SUCCESS, verify_output
+from batchinf.retry_policy import RetryPolicy
 from tests.helpers.corpus import BAD_LINES, manifest, write_jsonl
 
 pytestmark = pytest.mark.integration
@@ -184,7 +185,7 @@ def test_stale_attempt_cannot_commit(tmp_path: Path, tiny_bundle: str) -> None:
     # the zombie stops heartbeating; its lease expires and another worker takes the shard
     with tx() as conn:
         conn.execute(update(shards).where(shards.c.id == zombie.shard_id).values(lease_expires_at=0))
-    assert lease_repo.expire_leases(job_id, max_attempts=3) == 1
+    assert lease_repo.expire_leases(job_id, RetryPolicy.from_settings(max_attempts=3)) == 1
     with tx() as conn:
         conn.execute(update(shards).where(shards.c.id == zombie.shard_id).values(not_before=0))
     shard_repo.dispatch_ready(job_id)

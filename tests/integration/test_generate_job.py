@@ -35,6 +35,7 @@ from batchinf.runtime.sampling import derive_seed
 from batchinf.store import get_store, join
 from tests.helpers.stages import publish_job
 from batchinf.verify import MANIFEST, PARTIAL, SUCCESS, verify_output
+from batchinf.retry_policy import RetryPolicy
 from tests.helpers.corpus import texts as corpus_texts
 
 pytestmark = pytest.mark.integration
@@ -393,7 +394,7 @@ def test_retried_shards_reproduce_identical_bytes_with_sampling(tmp_path: Path, 
         while (lease := lease_repo.claim_next([job_id], "test:1", 60)) is not None:
             with pytest.raises(failpoints.FailpointError):
                 execute_shard(lease)
-            lease_repo.fail_attempt(lease, "injected after write", max_attempts=3)
+            lease_repo.fail_attempt(lease, "injected after write", RetryPolicy.from_settings(max_attempts=3))
             failed.append(lease.shard_id)
         monkeypatch.delenv("BATCHINF_FAILPOINTS")
         failpoints.reload()

@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import create_engine, inspect
 
 from batchinf.ledger import db
+from batchinf.retry_policy import RetryPolicy
 from tests.helpers.env import OPERATOR
 from tests.helpers.services import fresh_postgres_db as _fresh_postgres_db
 
@@ -60,5 +61,6 @@ def test_heartbeat_progress_counts_before_the_shard_commits(tmp_path: Path, tiny
     s = status(job_id)
     assert s["counts"]["records_done"] == 17 and s["counts"]["records_succeeded"] == 0
     assert s["progress"]["records_per_second"] and s["progress"]["eta_seconds"] is not None
-    assert leases.expire_leases(job_id, 3, dead_owners=["test:1"]) == 1     # its worker died
+    three = RetryPolicy.from_settings(max_attempts=3)
+    assert leases.expire_leases(job_id, three, dead_owners=["test:1"]) == 1     # its worker died
     assert status(job_id)["counts"]["records_done"] == 0                   # a retrying shard's progress is not counted

@@ -21,7 +21,7 @@ from batchinf.errors import ManifestError
 from batchinf.ledger import lineage
 from batchinf.ledger.status import status
 from batchinf.manifest import parse_manifest
-from batchinf.retries import RetryConflict, retry_job
+from batchinf.rerun import RerunConflict, rerun_job
 from batchinf.submit import IdempotencyConflict, submit
 from batchinf.ledger import jobs as job_repo
 from tests.helpers.env import OPERATOR
@@ -65,8 +65,8 @@ def test_retry_runs_exactly_the_failed_and_unfinished_records(tmp_path: Path, ti
     while not lineage.error_records(old, ["inference_error"]):
         assert time.monotonic() < deadline, status(old)
         time.sleep(0.2)
-    with pytest.raises(RetryConflict, match="is running"):
-        retry_job(job_repo.get(old), OPERATOR, errors=["inference_error"])           # still active: nothing to retry yet
+    with pytest.raises(RerunConflict, match="is running"):
+        rerun_job(job_repo.get(old), OPERATOR, errors=["inference_error"])           # still active: nothing to retry yet
     cancel(old, finish=False)
     runner.join(timeout=60)
     monkeypatch.delenv("BATCHINF_FAILPOINTS")
@@ -107,9 +107,9 @@ def test_retry_runs_exactly_the_failed_and_unfinished_records(tmp_path: Path, ti
     assert {(i["uri"], i["etag"], i["size"]) for i in published["inputs"]} <= old_pins   # same versions
 
     with pytest.raises(ManifestError, match="nothing to retry"):
-        retry_job(job_repo.get(new["job_id"]), OPERATOR, errors=["inference_error"])
+        rerun_job(job_repo.get(new["job_id"]), OPERATOR, errors=["inference_error"])
     with pytest.raises(ManifestError, match="say what to run again"):
-        retry_job(job_repo.get(old), OPERATOR)
+        rerun_job(job_repo.get(old), OPERATOR)
 
 
 def test_run_of_a_failed_manifest_says_how_to_get_a_new_job(tmp_path: Path, tiny_bundle: str) -> None:

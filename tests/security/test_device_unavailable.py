@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from batchinf.errors import DeviceUnavailableError
-from batchinf.retry import Outcome, classify
+from batchinf.retry_policy import Outcome, classify
 from tests.helpers.corpus import manifest
 
 torch = pytest.importorskip("torch")

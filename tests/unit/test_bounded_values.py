@@ -232,7 +232,7 @@ def test_an_inventory_past_its_rows_is_refused(monkeypatch: pytest.MonkeyPatch) 
     (gzip.compress(_csv(50))[:-30], "cannot be decompressed"),
 ])
 def test_an_unreadable_csv_inventory_is_a_permanent_error(blob: bytes, says: str) -> None:
-    from batchinf.retry import Outcome, classify
+    from batchinf.retry_policy import Outcome, classify
 
     with pytest.raises(ManifestError, match=f"s3://inv/x.csv: .*{says}") as e:
         list(inventory._csv_rows(SCHEMA, blob, "s3://inv/x.csv"))

@@ -16,7 +16,7 @@ import pytest
 
 from batchinf.digests import sha256_file
 from batchinf.openai.lines import read_openai_batch
-from batchinf.openai.output import RenderContext, error_line, render_part, result_line
+from batchinf.openai.output import RenderContext, error_line, render_to_path, result_line
 from batchinf.parts import ERROR_SCHEMA, GENERATION_SCHEMA
 
 URI = "file:///data/batch.jsonl"
@@ -262,23 +262,23 @@ def test_ids_are_deterministic_and_distinct() -> None:
     assert error_line({**e, "ordinal": 1}, CTX)["id"] != error_line({**e, "ordinal": 2}, CTX)["id"]
 
 
-def test_render_part_writes_one_parsable_line_per_row(tmp_path: Path) -> None:
+def test_render_to_path_writes_one_parsable_line_per_row(tmp_path: Path) -> None:
     rows = [gen_row(f"q{i}", text=f"answer {i} ünï 🚀\nline two") for i in range(5)]
     pq.write_table(pa.Table.from_pylist(rows, schema=GENERATION_SCHEMA), tmp_path / "part.parquet")
-    dest = "file://" + str(tmp_path / "openai" / "part-00000.jsonl")
-    sha, n = render_part("file://" + str(tmp_path / "part.parquet"), "results", CTX, dest)
-    out = tmp_path / "openai" / "part-00000.jsonl"
+    dest = str(tmp_path / "part-00000.jsonl")
+    sha, n = render_to_path("file://" + str(tmp_path / "part.parquet"), "results", CTX, dest)
+    out = tmp_path / "part-00000.jsonl"
     assert n == 5 and sha == sha256_file(out)
     lines = out.read_bytes().splitlines()
     assert len(lines) == 5
     parsed = [json.loads(x) for x in lines]
     assert [p["custom_id"] for p in parsed] == [f"q{i}" for i in range(5)]
     assert parsed[4]["response"]["body"]["choices"][0]["message"]["content"] == "answer 4 ünï 🚀\nline two"
-    again, _ = render_part("file://" + str(tmp_path / "part.parquet"), "results", CTX, dest + ".2")
+    again, _ = render_to_path(str(tmp_path / "part.parquet"), "results", CTX, dest + ".2")   # a plain path too
     assert again == sha
     errs = [{"record_id": "e", "source": URI, "ordinal": 9, "error": "unsupported_n", "message": "m", "attempts": 1}]
     pq.write_table(pa.Table.from_pylist(errs, schema=ERROR_SCHEMA), tmp_path / "errors.parquet")
-    _, n = render_part("file://" + str(tmp_path / "errors.parquet"), "errors", CTX, dest + ".e")
+    _, n = render_to_path("file://" + str(tmp_path / "errors.parquet"), "errors", CTX, dest + ".e")
     assert n == 1
 
 

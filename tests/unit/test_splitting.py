@@ -22,6 +22,7 @@ from batchinf.manifest import parse_manifest
 from batchinf.submit import submit
 from tests.helpers.env import OPERATOR
 from batchinf.verify import verify_output
+from batchinf.retry_policy import RetryPolicy
 from tests.helpers.corpus import manifest, write_jsonl
 from tests.helpers.stages import InProcess, lease_one_shard, plan_job
 
@@ -91,7 +92,7 @@ def test_a_split_that_loses_its_lease_commits_nothing(tmp_path: Path, tiny_bundl
     original = splits.commit_split
 
     def expire_then_commit(*args: object, **kw: object) -> None:
-        leases.expire_leases(job_id, 5, dead_owners=["w:1"])
+        leases.expire_leases(job_id, RetryPolicy.from_settings(max_attempts=5), dead_owners=["w:1"])
         original(*args, **kw)  # type: ignore[arg-type]
 
     splits.commit_split = expire_then_commit  # type: ignore[assignment]

@@ -1,4 +1,4 @@
-"""One classification of failures (`retry.classify`): a storage, ledger or broker fault is
+"""One classification of failures (`retry_policy.classify`): a storage, ledger or broker fault is
 transient in every stage, verification and publishing included; only a real verification failure
 (coverage, a digest or row count that differs, an unreadable or unlisted part) fails a job for good.
 Then the lifecycle's backoff of a failed step, and `verify --publish`'s way back for a job that
@@ -22,7 +22,7 @@ from batchinf.ledger.states import JOB_REOPENINGS, JOB_TERMINAL, JobStatus, job_
 from batchinf.ledger.tables import shards as shard_table
 from batchinf.lifecycle import retry_in, step
 from batchinf.manifest import parse_manifest
-from batchinf.retry import Outcome, classify
+from batchinf.retry_policy import Outcome, classify
 from batchinf.submit import submit
 from tests.helpers.env import OPERATOR
 from batchinf.verify import SUCCESS, verify_output
@@ -116,13 +116,15 @@ def test_local_store_faults_by_errno(code: int, want: type) -> None:
 
 
 def test_an_unreadable_part_fails_verification_but_a_storage_fault_does_not(tmp_path: Path) -> None:
-    from batchinf.verify import _digest, _readable
+    from batchinf.verify import _readable, read_part
 
     with pytest.raises(VerificationError, match="missing.parquet"):       # a part that is not there
-        _digest("file://" + str(tmp_path / "missing.parquet"))
+        with read_part("file://" + str(tmp_path / "missing.parquet")):
+            pass
     (tmp_path / "cut.parquet").write_bytes(b"PAR1 truncated")
     with pytest.raises(VerificationError, match="cut.parquet"):           # a truncated part
-        _digest("file://" + str(tmp_path / "cut.parquet"))
+        with read_part("file://" + str(tmp_path / "cut.parquet")):
+            pass
     for fault, want in [(TransientError("injected storage fault at store.get"), TransientError),
                         (OSError(errno.EIO, "Input/output error"), TransientError),
                         (StoreError("S3 GetObject failed: AccessDenied (HTTP 403)"), StoreError)]:

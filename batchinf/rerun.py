@@ -1,4 +1,4 @@
-"""`batchinf retry`: a new job over exactly the failed (by error code) and/or unfinished records of
+"""`batchinf retry` (a rerun): a new job over exactly the failed (by error code) and/or unfinished records of
 a finished job, with the same pinned bundle and input objects and a new output prefix.
 
 The records are chosen here, by (source object, ordinal): the old job's error rows of the codes
@@ -28,8 +28,8 @@ ALL = "all"
 LINEAGE_FILES = ("_MANIFEST.json", "_PARTIAL.json")
 
 
-class RetryConflict(LedgerError):
-    """The job cannot be retried in its current state (it is still active)."""
+class RerunConflict(LedgerError):
+    """The job cannot be rerun in its current state (it is still active)."""
 
 
 def select_records(job_id: str, codes: list[str] | None, not_done: bool) -> list[tuple[str, int]] | None:
@@ -51,7 +51,7 @@ def select_records(job_id: str, codes: list[str] | None, not_done: bool) -> list
     return sorted(chosen)
 
 
-def retry_job(old: Job, caller: Caller, *, errors: list[str] | None = None, not_done: bool = False,
+def rerun_job(old: Job, caller: Caller, *, errors: list[str] | None = None, not_done: bool = False,
               output: str | None = None) -> str:
     """Create the retry job for `caller` (through `submit`, like every job: a tenant's request is
     confined, so its `output` must be a prefix it may write) and record the lineage; returns the
@@ -60,7 +60,7 @@ def retry_job(old: Job, caller: Caller, *, errors: list[str] | None = None, not_
     if caller.tenant != old.tenant:
         raise NotFoundError(f"no job {job_id!r}")
     if old.status not in JOB_TERMINAL:
-        raise RetryConflict(f"job {job_id} is {old.status}; retry runs over a finished job: wait for it, "
+        raise RerunConflict(f"job {job_id} is {old.status}; retry runs over a finished job: wait for it, "
                             f"or `batchinf cancel {job_id}` first")
     if errors is None and not not_done:
         raise ManifestError("say what to run again: --errors CODE,... (or --errors all) for error rows, "
