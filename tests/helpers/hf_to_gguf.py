@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import os
 import subprocess
 import sys
 import tarfile
@@ -76,7 +77,7 @@ def hf_to_gguf(hf_dir: Path, outtype: str = "f32") -> Path:
         return out
     src = converter_dir()
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".part")
+    tmp = out.with_suffix(f".{os.getpid()}.part")   # parallel test workers may convert the same model
     r = subprocess.run([sys.executable, "-c", _DRIVER, str(src), str(hf_dir), "--outtype", outtype,
                         "--outfile", str(tmp)], capture_output=True, text=True, timeout=600)
     if r.returncode or not tmp.is_file():

@@ -186,11 +186,15 @@ def fresh_postgres_db() -> str:
 
 
 def fresh_redis_db() -> str:
-    """A flushed Redis database (1-15, chosen at random) on the shared server; returns its url."""
+    """A flushed Redis database (1-15) on the shared server; returns its url. Databases are handed
+    out in turn by a counter in database 0, so concurrent test processes (pytest-xdist workers,
+    other sessions) get different ones: Celery's control exchange is per database, and a worker
+    of one test must never answer another's."""
     try:
         import redis
 
-        url = f"{REDIS_URL}/{1 + uuid.uuid4().int % 15}"
+        n = redis.Redis.from_url(f"{REDIS_URL}/0", socket_connect_timeout=3).incr("batchinf-tests:next-db")
+        url = f"{REDIS_URL}/{1 + n % 15}"
         redis.Redis.from_url(url, socket_connect_timeout=3).flushdb()
     except Exception as exc:  # noqa: BLE001
         unavailable(f"Redis is not reachable at {REDIS_URL}: {exc}")
