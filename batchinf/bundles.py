@@ -15,7 +15,7 @@ from batchinf.ledger import registry
 from batchinf.ledger.models import BundleInfo
 from batchinf.runtime import bundle as rb
 from batchinf.runtime.malloc import keep_freed_memory
-from batchinf.store import get_store, join, split_uri
+from batchinf.store import get_store, join, parse_uri
 from batchinf.tasks import build_meta, get_task
 from batchinf.tasks.embed_request import check_matryoshka_dims
 
@@ -36,13 +36,14 @@ def import_bundle(src: str | Path, name: str, *, alias: str | None = None,
     meta = build_meta(src, max_length=max_length, dtype=dtype)
     if precision == "int8":
         from batchinf.runtime import int8
+        from batchinf.runtime.embed import EmbedRuntime
 
-        meta = int8.gate(rb.EmbedRuntime(src, int8.int8_meta(meta, int8_scheme), device="cpu"))
+        meta = int8.gate(EmbedRuntime(src, int8.int8_meta(meta, int8_scheme), device="cpu"))
     if matryoshka_dims:
         meta["matryoshka_dims"] = check_matryoshka_dims(matryoshka_dims, meta)
     digest = rb.digest_of(meta)
     uri = join(settings().bundle_store, digest.removeprefix("sha256:"))
-    scheme, _, path = split_uri(uri)
+    scheme, _, path = parse_uri(uri)
     if scheme == "file":
         rb.write_bundle_dir(src, Path(path), meta)
     else:
@@ -89,7 +90,7 @@ def list_bundles() -> list[BundleInfo]:
 def local_dir(digest: str) -> Path:
     """The bundle's files on this machine (downloaded into the cache for remote bundle stores)."""
     info = get_info(digest)
-    scheme, _, path = split_uri(info.uri)
+    scheme, _, path = parse_uri(info.uri)
     if scheme == "file":
         return Path(path)
     cache = settings().home / "cache" / "bundles" / digest.removeprefix("sha256:")

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchinf.digests import sha256_file
-from batchinf.store import get_store, split_uri
+from batchinf.store import get_store, parse_uri
 from batchinf.tasks.embed import embedding_schema  # noqa: F401 -- the result schemas live with their tasks
 from batchinf.tasks.generate import GENERATION_SCHEMA  # noqa: F401
 
@@ -78,7 +78,7 @@ class PartWriter:
 def local_copy(uri: str, suffix: str = ".parquet") -> Iterator[str]:
     """A local path with the object's bytes: a file:// object's own path, or a temporary copy of
     a remote one (removed on exit). Read-only use: the path may be the stored object itself."""
-    scheme, _, path = split_uri(uri)
+    scheme, _, path = parse_uri(uri)
     if scheme == "file":
         yield path
         return

@@ -15,7 +15,7 @@ import json
 
 from batchinf.errors import BatchinfError, LedgerError, ManifestError, NotFoundError
 from batchinf.ledger import jobs as job_repo
-from batchinf.ledger import lineage
+from batchinf.ledger import retry_records
 from batchinf.ledger.models import Job
 from batchinf.ledger.states import JOB_TERMINAL
 from batchinf.ledger.status import status
@@ -37,11 +37,11 @@ def select_records(job_id: str, codes: list[str] | None, not_done: bool) -> list
     job never got as far as planning shards)."""
     chosen: set[tuple[str, int]] = set()
     if codes is not None:
-        chosen.update(lineage.error_records(job_id, None if ALL in codes else codes))
+        chosen.update(retry_records.error_records(job_id, None if ALL in codes else codes))
     if not_done:
-        if not lineage.has_shards(job_id):
+        if not retry_records.has_shards(job_id):
             return None
-        for uri in lineage.unfinished_shard_files(job_id):
+        for uri in retry_records.unfinished_shard_files(job_id):
             try:
                 t = read_table(uri, columns=["source", "ordinal"])
             except (OSError, BatchinfError) as exc:

@@ -26,7 +26,7 @@ from typing import Any, Callable
 from batchinf.config import settings
 from batchinf.errors import ManifestError, StoreError
 from batchinf.ledger import grants
-from batchinf.store import ObjectPin, get_store, join, normalize_uri, split_uri
+from batchinf.store import ObjectPin, get_store, join, normalize_uri, parse_uri
 
 READ, WRITE = "read", "write"
 
@@ -34,7 +34,7 @@ READ, WRITE = "read", "write"
 def real(uri: str) -> str:
     """The canonical uri; for file:// the real path (symlinks resolved, existing or not)."""
     uri = normalize_uri(uri)
-    scheme, _, path = split_uri(uri)
+    scheme, _, path = parse_uri(uri)
     if scheme != "file":
         return uri
     resolved = os.path.realpath(path)

@@ -24,7 +24,7 @@ from batchinf import failpoints
 from batchinf.errors import BatchinfError, StoreError, TransientError, VerificationError
 from batchinf.digests import sha256_file
 from batchinf.ledger import jobs as job_repo
-from batchinf.ledger import lineage, registry
+from batchinf.ledger import registry, retry_records
 from batchinf.ledger import shards as shard_repo
 from batchinf.ledger.events import now
 from batchinf.ledger.models import Job, Shard
@@ -237,7 +237,7 @@ def _render_not_run(job: Job, rows: list[Shard], code: str, ctx: RenderContext) 
 
 
 def _inputs(job: Job) -> list[dict[str, Any]]:
-    chosen = lineage.selection(job.id) if job.retry_of else None
+    chosen = retry_records.selection(job.id) if job.retry_of else None
     return [{**o.pin.to_dict(), "records": o.records,
              **({"ordinals": sorted(chosen.get(o.pin.uri, ()))} if chosen is not None else {})}
             for o in job_repo.inputs(job.id)]

@@ -272,7 +272,7 @@ def run_distributed(corpus: Path, work: Path, workers: int, database: str, broke
 
 ATTEMPTS = """
 import json, sys
-from batchinf.ledger.lineage import page_attempts
+from batchinf.ledger.history import page_attempts
 rows, cursor = [], None
 while True:
     page, cursor = page_attempts(sys.argv[1], limit=500, cursor=cursor)

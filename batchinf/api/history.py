@@ -1,4 +1,4 @@
-"""A job's history and lineage: its attempts (the dashboard's shard timeline), its throughput over
+"""A job's history: its attempts (the dashboard's shard timeline), its throughput over
 time, and `POST /v1/jobs/{id}/retry`. Tenant-scoped like every /v1 endpoint."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def job_attempts(request: Request, job_id: JobId, tenant: Tenant,
                  cursor: Cursor = None) -> Any:
     """Every attempt of every shard in start order: worker, times, status and the outcome the
     shard timeline colours it by (committed, retried, lost, quarantined, superseded, ...)."""
-    from batchinf.ledger.lineage import page_attempts
+    from batchinf.ledger.history import page_attempts
 
     try:
         items, nxt = page_attempts(job_id, tenant=tenant, limit=limit, cursor=cursor)
@@ -36,7 +36,7 @@ def job_attempts(request: Request, job_id: JobId, tenant: Tenant,
 def job_throughput(job_id: JobId, tenant: Tenant,
                    points: Annotated[int, Query(ge=1, le=500, description="intervals")] = 60) -> Any:
     """Records and tokens committed per interval (from the committing attempts' finish times)."""
-    from batchinf.ledger.lineage import throughput
+    from batchinf.ledger.history import throughput
 
     try:
         return throughput(job_id, tenant=tenant, points=points)

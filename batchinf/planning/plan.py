@@ -30,7 +30,7 @@ from batchinf.planning import ranges
 from batchinf.bundles import open_runtime
 from batchinf.errors import InputError, ManifestError
 from batchinf.ledger import jobs as job_repo
-from batchinf.ledger import lineage
+from batchinf.ledger import retry_records
 from batchinf.ledger.events import now
 from batchinf.ledger.models import Job
 from batchinf.ledger.states import JobStatus, ShardStatus
@@ -152,7 +152,7 @@ def pin_job(job: Job) -> None:
 
 
 def _retried_pins(job: Job) -> list[ObjectPin]:
-    chosen = lineage.selection(job.id)
+    chosen = retry_records.selection(job.id)
     return [o.pin for o in job_repo.inputs(job.retry_of or "") if chosen is None or o.pin.uri in chosen]
 
 
@@ -276,7 +276,7 @@ def plan_part(job_id: str, idx: int, k: int) -> int:
     """Stage part k of the object (the ledger is begin_object's and end_object's)."""
     job = job_repo.get(job_id)
     task = part_tasks(object_tasks(job)[idx])[k]
-    chosen = lineage.selection(job_id)
+    chosen = retry_records.selection(job_id)
     return plan_object(task, None if chosen is None else chosen.get(task.pin.uri, set()))
 
 
@@ -306,7 +306,7 @@ def finish_plan(job: Job, workers: int | None = None) -> None:
     tasks = object_tasks(job)
     uris = [t.pin.uri for t in tasks]
     # a retry job plans only its selected records (after the duplicate check over all of them)
-    chosen = lineage.selection(job.id)
+    chosen = retry_records.selection(job.id)
     keeps = [None if chosen is None else chosen.get(u, set()) for u in uris]
     st = _Staged.read(tasks, keeps)
     summaries = st.objects(len(tasks))

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -20,6 +19,7 @@ import numpy as np
 
 from batchinf.digests import sha256_file, sha256_file_cached
 from batchinf.errors import BundleError
+from batchinf.runtime.embed import EmbedRuntime
 from batchinf.runtime.families import DECODER_ARCHITECTURES, DECODER_TYPES, ENCODER_TYPES
 
 BUNDLE_FORMAT = 1
@@ -167,65 +167,6 @@ def build_embed_meta(src: Path, files: list[str], *, max_length: int | None = No
     meta["fixtures"] = [{"text": t, "token_ids": ids, "embedding": [round(float(x), 7) for x in v],
                          **({"prompt_name": n} if n else {})} for (t, n), ids, v in zip(texts, encoded, vectors)]
     return meta
-
-
-@dataclass
-class EmbedRuntime:
-    """A loaded encoder: tokenizer + model on one device."""
-    root: Path
-    meta: dict[str, Any]
-    device: str = "cpu"
-    dtype_override: str | None = None
-    tokenizer: Any = field(init=False)
-    model: Any = field(init=False, default=None)
-    dense: list[Any] = field(init=False, default_factory=list)
-
-    def __post_init__(self) -> None:
-        from batchinf.runtime.tokenizer import TextTokenizer
-
-        self.tokenizer = TextTokenizer.from_file(self.root / "tokenizer.json", self.meta["max_length"])
-
-    def load_model(self) -> None:
-        import torch
-
-        from batchinf.runtime.encoder import load_encoder
-        from batchinf.runtime.st_modules import load_dense
-
-        dtype = self.dtype_override or self.meta.get("dtype", "float32")
-        if self.device == "cpu":
-            dtype = "float32"   # CPUs here lack fast bf16/fp16 kernels
-        if self.meta.get("encoder") == "decoder":
-            from batchinf.runtime.decoder_embed import load_decoder_encoder
-
-            self.model = load_decoder_encoder(self.root, device=self.device, dtype=getattr(torch, dtype))
-        elif self.meta.get("family") == "modernbert":
-            from batchinf.runtime.modernbert import load_modernbert
-
-            self.model = load_modernbert(self.root, device=self.device, dtype=getattr(torch, dtype))
-        elif self.meta.get("encoder") == "transformers":
-            from batchinf.runtime.hf_fallback import load_transformers_encoder
-
-            self.model = load_transformers_encoder(self.root, device=self.device, dtype=getattr(torch, dtype))
-        else:
-            self.model = load_encoder(self.root, device=self.device, dtype=getattr(torch, dtype))
-        if self.meta.get("precision") == "int8":
-            from batchinf.runtime import int8
-
-            int8.check_supported(self.meta, self.device)
-            int8.quantize_encoder(self.model, int8.scheme_of(self.meta))
-        self.dense = load_dense(self.root, self.meta, self.device, getattr(torch, dtype))
-
-    def encode_fixture(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text).ids
-
-    def embed(self, batch: list[list[int]]) -> tuple[np.ndarray, int]:
-        """batch of token-id lists -> (float32 [B, D], padded token positions computed)."""
-        from batchinf.runtime.encoder import embed_batch
-
-        if self.model is None:
-            self.load_model()
-        return embed_batch(self.model, batch, self.tokenizer.pad_id, self.meta["pooling"],
-                           self.meta["normalize"], self.dense)
 
 
 def _json_or_empty(path: Path) -> dict[str, Any]:

@@ -8,10 +8,10 @@ from typing import Any, BinaryIO, Iterator
 
 from batchinf import failpoints
 from batchinf.errors import StoreError, TransientError
-from batchinf.store.base import RANGED_BUFFER, SUPPORTED_SCHEMES, ObjectPin, Store, join, normalize_uri, split_uri
+from batchinf.store.base import RANGED_BUFFER, SUPPORTED_SCHEMES, ObjectPin, Store, join, normalize_uri, parse_uri
 from batchinf.store.watch import waiting
 
-__all__ = ["ObjectPin", "Store", "get_store", "join", "normalize_uri", "split_uri"]
+__all__ = ["ObjectPin", "Store", "get_store", "join", "normalize_uri", "parse_uri"]
 
 
 _READS = {"list", "head", "open_read", "read_range", "get_bytes", "download_file", "exists"}

@@ -121,7 +121,7 @@ def normalize_uri(uri_or_path: str) -> str:
     return f"{scheme}://{bucket}{clean}"
 
 
-def split_uri(uri: str) -> tuple[str, str, str]:
+def parse_uri(uri: str) -> tuple[str, str, str]:
     """Split into (scheme, bucket, key): ``s3://b/k`` → ("s3", "b", "k"); ``file:///p`` → ("file", "", "/p")."""
     uri = normalize_uri(uri)
     scheme, rest = uri.split("://", 1)

@@ -11,7 +11,7 @@ from typing import BinaryIO, Callable, Iterator
 
 from batchinf.digests import sha256_fileobj
 from batchinf.errors import InputError, StoreError
-from batchinf.store.base import (ObjectPin, Store, as_path, changed_error, missing_error, os_fault, split_uri,
+from batchinf.store.base import (ObjectPin, Store, as_path, changed_error, missing_error, os_fault, parse_uri,
                                  too_big_error)
 
 TMP_SUFFIX = ".batchinf-tmp"  # in-flight writes; never listed
@@ -31,7 +31,7 @@ def _os_errors(op: str, uri: str, missing_is_input: bool = True) -> Iterator[Non
 
 
 def _path(uri: str) -> Path:
-    scheme, _, path = split_uri(uri)
+    scheme, _, path = parse_uri(uri)
     if scheme != "file":
         raise StoreError(f"LocalStore cannot handle {uri}: only file:// uris or plain paths")
     return Path(os.path.normpath(path))

@@ -37,7 +37,7 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from batchinf.config import settings
 from batchinf.errors import BatchinfError, InputError, StoreError, TransientError
-from batchinf.store.base import (ObjectPin, Store, as_path, changed_error, missing_error, os_fault, split_uri,
+from batchinf.store.base import (ObjectPin, Store, as_path, changed_error, missing_error, os_fault, parse_uri,
                                  too_big_error)
 
 SPOOL_MEMORY = 64 << 20  # open_read keeps up to this much in memory, then spills to a temp file
@@ -143,7 +143,7 @@ def _errors(op: str, uri: str) -> Iterator[None]:
 
 
 def _bucket_key(uri: str) -> tuple[str, str]:
-    scheme, bucket, key = split_uri(uri)
+    scheme, bucket, key = parse_uri(uri)
     if scheme != "s3":
         raise StoreError(f"S3Store cannot handle {uri}: only s3:// uris")
     return bucket, key

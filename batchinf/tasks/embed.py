@@ -233,9 +233,9 @@ class Embed(Task):
         return rb.build_embed_meta(src, files, max_length=max_length, dtype=dtype)
 
     def open_runtime(self, root: Path, meta: dict[str, Any], device: str) -> Any:
-        from batchinf.runtime import bundle as rb
+        from batchinf.runtime.embed import EmbedRuntime
 
-        return rb.EmbedRuntime(root, meta, device=device)
+        return EmbedRuntime(root, meta, device=device)
 
     def verify_model(self, runtime: Any) -> None:
         from batchinf.runtime import bundle as rb

@@ -18,7 +18,7 @@ import yaml
 
 from batchinf.controller import cancel, drive
 from batchinf.errors import ManifestError
-from batchinf.ledger import lineage
+from batchinf.ledger import retry_records
 from batchinf.ledger.status import status
 from batchinf.manifest import parse_manifest
 from batchinf.rerun import RerunConflict, rerun_job
@@ -62,7 +62,7 @@ def test_retry_runs_exactly_the_failed_and_unfinished_records(tmp_path: Path, ti
     runner = threading.Thread(target=drive, args=(old,), kwargs={"workers": 1, "threads": 1}, daemon=True)
     runner.start()
     deadline = time.monotonic() + 120
-    while not lineage.error_records(old, ["inference_error"]):
+    while not retry_records.error_records(old, ["inference_error"]):
         assert time.monotonic() < deadline, status(old)
         time.sleep(0.2)
     with pytest.raises(RerunConflict, match="is running"):

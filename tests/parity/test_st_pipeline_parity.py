@@ -14,6 +14,7 @@ import pytest
 
 from batchinf.errors import BundleError
 from batchinf.runtime import bundle as rb
+from batchinf.runtime.embed import EmbedRuntime
 from batchinf.runtime.st_modules import POOLING_MODES
 from batchinf.tasks import build_meta
 from batchinf.tasks.embed_request import prompt_for
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.parity
 
 def _ours(d: Path, texts: list[str], prompt_name: str | None = None) -> tuple[dict, np.ndarray]:
     meta = build_meta(d)
-    rt = rb.EmbedRuntime(d, meta)
+    rt = EmbedRuntime(d, meta)
     prefix = prompt_for(meta, prompt_name, None)
     ids = [e.ids for e in rt.tokenizer.encode_batch([prefix + t for t in texts])]
     rb.verify_model_fixtures(rt)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from batchinf.planning import bucketing
-from batchinf.ledger import jobs, lineage, shards
+from batchinf.ledger import jobs, retry_records, shards
 from batchinf.manifest import parse_manifest
 from batchinf.parts import STAGE_ROW_GROUP, read_table, write_table
 from batchinf.planning.plan import bucket_bounds, cut, finish_plan, object_tasks, plan_object
@@ -68,7 +68,7 @@ def _assert_same_as_reference(tmp_path: Path, job_id: str) -> list[dict]:
     tasks = object_tasks(job)
     uris = [t.pin.uri for t in tasks]
     want, plan = reference_shards(job_id, uris, [read_table(t.stage_uri) for t in tasks], job.manifest.shards.max_records,
-                                  job.manifest.shards.max_tokens, lineage.selection(job_id))
+                                  job.manifest.shards.max_tokens, retry_records.selection(job_id))
     got = sorted(shards.of_job(job_id), key=lambda s: (s.bucket, s.ordinal))
     assert [(s.bucket, s.ordinal, s.id, s.num_records, s.num_tokens) for s in got] == \
         [(w["bucket"], w["ordinal"], w["id"], w["num_records"], w["num_tokens"]) for w in want]

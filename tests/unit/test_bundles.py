@@ -23,8 +23,8 @@ from batchinf.bundles import (
     verify_bundle,
 )
 from batchinf.errors import BundleError
-from batchinf.runtime import bundle as rb
 from batchinf.runtime.bundle import FIXTURE_TEXTS, digest_of
+from batchinf.runtime.embed import EmbedRuntime
 from batchinf.runtime.tokenizer import Encoded, TextTokenizer
 
 
@@ -224,15 +224,15 @@ def test_tokenizer_drift_is_refused(bi_home: Path, tiny_bundle: str, monkeypatch
 
 def test_model_fixture_mismatch_is_refused(bi_home: Path, tiny_bundle: str,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    real_embed = rb.EmbedRuntime.embed
+    real_embed = EmbedRuntime.embed
 
-    def perturbed(self: rb.EmbedRuntime, batch: list[list[int]]):  # noqa: ANN202
+    def perturbed(self: EmbedRuntime, batch: list[list[int]]):  # noqa: ANN202
         vecs, padded = real_embed(self, batch)
         vecs = vecs.copy()
         vecs[:, 0] += 1.0
         return vecs, padded
 
-    monkeypatch.setattr(rb.EmbedRuntime, "embed", perturbed)
+    monkeypatch.setattr(EmbedRuntime, "embed", perturbed)
     with pytest.raises(BundleError, match="model fixture 0 .* cosine"):
         _fresh_open(tiny_bundle)
 

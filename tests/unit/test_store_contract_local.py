@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from batchinf.errors import StoreError
-from batchinf.store import get_store, join, normalize_uri, split_uri
+from batchinf.store import get_store, join, normalize_uri, parse_uri
 from tests.helpers.store_contract import *  # noqa: F403 -- the contract's tests, collected here
 
 
@@ -24,7 +24,7 @@ def test_local_put_bytes_atomic_leaves_no_temp_files(local_root: str) -> None:
     uri = join(local_root, "x", "y.bin")
     for i in range(3):
         store.put_bytes(uri, bytes([i]) * 10)
-    directory = Path(split_uri(uri)[2]).parent
+    directory = Path(parse_uri(uri)[2]).parent
     assert os.listdir(directory) == ["y.bin"]
     with pytest.raises(StoreError):
         store.put_bytes(join(local_root, "x", "y.bin", "under-a-file"), b"z")
@@ -36,18 +36,18 @@ def test_uri_helpers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert normalize_uri("rel/x.txt") == f"file://{tmp_path}/rel/x.txt"
     assert normalize_uri("/abs/dir/") == "file:///abs/dir/"
     assert normalize_uri("s3://b/k") == "s3://b/k"
-    assert split_uri("s3://b/k/x") == ("s3", "b", "k/x")
-    assert split_uri("s3://b") == ("s3", "b", "")
-    assert split_uri("file:///a/b") == ("file", "", "/a/b")
-    assert split_uri("/a/b") == ("file", "", "/a/b")
+    assert parse_uri("s3://b/k/x") == ("s3", "b", "k/x")
+    assert parse_uri("s3://b") == ("s3", "b", "")
+    assert parse_uri("file:///a/b") == ("file", "", "/a/b")
+    assert parse_uri("/a/b") == ("file", "", "/a/b")
     assert join("s3://b/", "/x/", "y") == "s3://b/x/y"
     assert join("s3://b", "x/", "y/") == "s3://b/x/y/"
     assert join("file:///", "a") == "file:///a"
     assert join("/tmp/r", "a") == "file:///tmp/r/a"
     with pytest.raises(StoreError, match="bucket"):
-        split_uri("s3:///k")
+        parse_uri("s3:///k")
     with pytest.raises(StoreError, match="absolute"):
-        split_uri("file://rel/x")
+        parse_uri("file://rel/x")
 
 
 def test_get_store_by_scheme() -> None:

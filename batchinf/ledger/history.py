@@ -1,6 +1,5 @@
-"""A job's history and lineage: keyset pages of its attempts (for the shard timeline), its
-throughput over time, the records a retry selects (error rows by code, not-done shards' staged
-files) and the retry jobs of a job."""
+"""A job's history: keyset pages of its attempts with their outcome (the dashboard's shard
+timeline) and its throughput over time."""
 
 from __future__ import annotations
 
@@ -11,10 +10,10 @@ from sqlalchemy import select
 
 from batchinf.ledger.db import tx
 from batchinf.ledger.events import now
-from batchinf.ledger.states import SHARD_DONE, AttemptStatus, ShardStatus, values
 from batchinf.ledger.jobs import row as job_row
+from batchinf.ledger.states import AttemptStatus, ShardStatus
 from batchinf.ledger.status import _fetch_page, decode_cursor, encode_cursor
-from batchinf.ledger.tables import attempts, job_events, record_errors, retry_records, shards
+from batchinf.ledger.tables import attempts, job_events, shards
 
 # what an attempt came to, as the shard timeline colours it
 OUTCOMES = ("running", "committed", "retried", "failed", "lost", "quarantined", "superseded")
@@ -82,43 +81,3 @@ def throughput(job_id: str, *, tenant: str | None = None, points: int = 60) -> d
     for p in series:
         p["records_per_second"] = p["records"] / width
     return {"job_id": job_id, "start": start, "end": end, "interval_seconds": width, "points": series}
-
-
-# --- retries ---------------------------------------------------------------------------------------
-
-
-def error_records(job_id: str, codes: list[str] | None) -> list[tuple[str, int]]:
-    """(source, ordinal) of the job's committed error rows of these codes (None: every code)."""
-    e = record_errors.c
-    q = select(e.source, e.ordinal).where(e.job_id == job_id)
-    if codes is not None:
-        q = q.where(e.error.in_(codes))
-    with tx() as conn:
-        return [(src, int(o)) for src, o in conn.execute(q).all()]
-
-
-def unfinished_shard_files(job_id: str) -> list[str]:
-    """Staged files of the job's shards that are not done (neither committed nor quarantined):
-    the records nobody accounted for."""
-    with tx() as conn:
-        return list(conn.execute(select(shards.c.input_uri).where(
-            shards.c.job_id == job_id, shards.c.status.not_in(values(SHARD_DONE)))
-            .order_by(shards.c.bucket, shards.c.ordinal)).scalars())
-
-
-def has_shards(job_id: str) -> bool:
-    with tx() as conn:
-        return conn.execute(select(shards.c.id).where(shards.c.job_id == job_id).limit(1)).first() is not None
-
-
-def selection(job_id: str) -> dict[str, set[int]] | None:
-    """The records a retry job plans, by source uri; None when it plans every pinned record."""
-    with tx() as conn:
-        rows = conn.execute(select(retry_records.c.source, retry_records.c.ordinal)
-                            .where(retry_records.c.job_id == job_id)).all()
-    if not rows:
-        return None
-    out: dict[str, set[int]] = {}
-    for src, o in rows:
-        out.setdefault(src, set()).add(int(o))
-    return out
