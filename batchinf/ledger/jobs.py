@@ -180,6 +180,15 @@ def inputs(job_id: str) -> list[InputObject]:
     return [InputObject.from_row(r) for r in rows]
 
 
+def input_object(job_id: str, idx: int) -> InputObject:
+    """One pinned input object of the job (a planning task reads its own, not every object's)."""
+    with tx() as conn:
+        r = conn.execute(select(job_inputs).where(job_inputs.c.job_id == job_id, job_inputs.c.idx == idx)).first()
+    if r is None:
+        raise LedgerError(f"job {job_id} has no input object {idx}")
+    return InputObject.from_row(r)
+
+
 def plan_sent(job_id: str, idxs: Iterable[int]) -> None:
     """Planning tasks for these objects were sent now (a lost one is sent again later)."""
     with tx() as conn:

@@ -250,13 +250,13 @@ class S3Store(Store):
                 raise too_big_error(uri, r["ContentLength"], limit)
             return r["Body"].read()
 
-    def put_bytes(self, uri: str, data: bytes) -> None:
+    def put_bytes(self, uri: str, data: bytes, durable: bool = True) -> None:
         bucket, key = _bucket_key(uri)
         with _errors("PutObject", uri):
             client().put_object(Bucket=bucket, Key=key, Body=data, ChecksumAlgorithm="SHA256",
                                 ChecksumSHA256=_sha256_b64(data), **put_args())
 
-    def put_file(self, uri: str, path: str | Path) -> None:
+    def put_file(self, uri: str, path: str | Path, durable: bool = True) -> None:
         bucket, key = _bucket_key(uri)
         local = as_path(path)
         with _errors("PutObject", uri):
