@@ -87,8 +87,8 @@ class Planning:
         return part_tasks(self.object_task(obj))
 
     def kept(self, obj: InputObject) -> set[int] | None:
-        """The ordinals of the object a retry job plans; None: every record (any other job)."""
-        return lineage.kept(self.job.id, obj.pin.uri) if self.job.retry_of else None
+        """The ordinals of the object the job plans (a retry job's selection); None: every record."""
+        return lineage.kept(self.job.id, obj.pin.uri)
 
 
 def part_tasks(task: ObjectTask) -> list[ObjectTask]:
