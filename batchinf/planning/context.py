@@ -69,6 +69,7 @@ class Planning:
         self.field, self.kind = self.task.read_as(m.input)
         self.max_length, self.truncate = self.task.limits(self.runtime, m.options)
         self.may_read = Storage(job.tenant, job.confined).checker("object")
+        self.selects = lineage.selects(job.id)
 
     def object_task(self, obj: InputObject) -> ObjectTask:
         """The task that stages this object whole."""
@@ -88,7 +89,7 @@ class Planning:
 
     def kept(self, obj: InputObject) -> set[int] | None:
         """The ordinals of the object the job plans (a retry job's selection); None: every record."""
-        return lineage.kept(self.job.id, obj.pin.uri)
+        return lineage.kept(self.job.id, obj.pin.uri) if self.selects else None
 
 
 def part_tasks(task: ObjectTask) -> list[ObjectTask]:

@@ -12,6 +12,7 @@ sets and staged files), so a planner that crashes is simply run again.
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from batchinf.errors import InputError
 from batchinf.ledger import jobs as job_repo
@@ -31,11 +33,14 @@ from batchinf.parts import STAGE_ROW_GROUP, write_table
 from batchinf.planning import bucketing, ranges
 from batchinf.planning.bucketing import ERROR_BUCKET
 from batchinf.planning.context import ObjectTask, Planning, part_tasks
-from batchinf.planning.ranges import combined, renumber
+from batchinf.planning.ranges import Part, combined, renumber
 from batchinf.planning.shard_names import shard_file, shard_id
 from batchinf.planning.sizing import target_work
-from batchinf.planning.summary import read_summary, summary_uri
+from batchinf.planning.summary import ids_uri, read_summary, summary_uri
+from batchinf.store import get_store, split_uri
 from batchinf.tasks.batching import token_budget_batches
+
+log = logging.getLogger("batchinf.planning")
 
 
 def finish_plan(job: Job, workers: int | None = None) -> None:
@@ -52,6 +57,13 @@ def finish_plan(job: Job, workers: int | None = None) -> None:
     chosen = lineage.selection(job.id)
     keeps = [None if chosen is None else chosen.get(u, set()) for u in uris]
     st = _Staged.read(tasks, keeps)
+    if st.lost:
+        # staged files are written without fsync (stage.py): a machine that crashed before they
+        # reached its disk lost them, and planning those objects again re-creates them
+        log.warning("job %s: the staged files of %d objects are lost or torn (%s, ...); planning them again",
+                    job.id, len(st.lost), uris[st.lost[0]])
+        job_repo.replan(job.id, st.lost, "its staged files were lost or torn (the machine crashed?); planned again")
+        return
     summaries = st.objects(len(tasks))
     with ExitStack() as stack:
         part_dups = bucketing.find_duplicates(bucketing.ids_paths(stack, st.uris), st.summaries,
@@ -110,18 +122,39 @@ def finish_plan(job: Job, workers: int | None = None) -> None:
                            now() - (job.started_at or now()), hold=job.hold)
 
 
-def _part_summary(task: ObjectTask) -> dict[str, Any]:
-    """The staged object's (or part's) summary, checked to be of the part this planner expects."""
+def _part_summary(whole: ObjectTask, task: ObjectTask) -> dict[str, Any] | None:
+    """The staged object's (or part's) summary, checked to be of the part this planner expects;
+    None when the part's staged files are lost or torn (and the object is not staged under other
+    part numbers: that is a planner cutting other parts, refused)."""
     try:
         s = read_summary(task.stage_uri)
     except InputError:
         s = None
-    if s is None or (s.get("part") or {}).get("number") != (task.part.number if task.part else None):
-        raise bucketing.StagedMismatch(
-            f"{task.pin.uri} was staged in other parts than this planner cuts (is BATCHINF_PLAN_RANGE_BYTES "
-            f"the same for every planner?): no summary {summary_uri(task.stage_uri)}; give every planner one "
-            "setting and plan the job again")
-    return s
+    except ValueError:          # torn JSON
+        return None
+    if s is None:
+        other = summary_uri(ranges.part_uri(whole.stage_uri, Part(0, 0, 0)) if task.part is None else whole.stage_uri)
+        if not get_store(other).exists(other):
+            return None
+    elif (s.get("part") or {}).get("number") == (task.part.number if task.part else None):
+        return s if _whole(task, s) else None
+    raise bucketing.StagedMismatch(
+        f"{task.pin.uri} was staged in other parts than this planner cuts (is BATCHINF_PLAN_RANGE_BYTES "
+        f"the same for every planner?): no summary {summary_uri(task.stage_uri)}; give every planner one "
+        "setting and plan the job again")
+
+
+def _whole(task: ObjectTask, s: dict[str, Any]) -> bool:
+    """Whether a local part's staged and ids files are whole: their footers read, with the rows
+    the summary counts (a remote store's writes are durable, as the staged files need not be)."""
+    scheme, _, path = split_uri(task.stage_uri)
+    if scheme != "file":
+        return True
+    try:
+        return (pq.read_metadata(path).num_rows == s["rows"]
+                and pq.read_metadata(split_uri(ids_uri(task.stage_uri))[2]).num_rows == s["ids"])
+    except (OSError, pa.ArrowException):
+        return False
 
 
 @dataclass
@@ -132,14 +165,19 @@ class _Staged:
     summaries: list[dict[str, Any]]
     keeps: list[set[int] | None]
     bases: list[tuple[int, int]]        # (records, lines) before each part in its object
+    lost: list[int]                     # objects with a part lost or torn: to be planned again
 
     @classmethod
     def read(cls, tasks: list[ObjectTask], keeps: list[set[int] | None]) -> _Staged:
-        parts = [(o, p) for o, t in enumerate(tasks) for p in part_tasks(t)]
-        summaries = [_part_summary(p) for _, p in parts]
-        owner = [o for o, _ in parts]
-        return cls(owner, [p.stage_uri for _, p in parts], summaries, [keeps[o] for o in owner],
-                   ranges.shifts(summaries, owner))
+        parts = [(o, t, p) for o, t in enumerate(tasks) for p in part_tasks(t)]
+        found = [_part_summary(t, p) for _, t, p in parts]
+        lost = sorted({o for (o, _, _), s in zip(parts, found) if s is None})
+        summaries = [s for s in found if s is not None]
+        if lost:
+            return cls([], [], summaries, [], [], lost)
+        owner = [o for o, _, _ in parts]
+        return cls(owner, [p.stage_uri for _, _, p in parts], summaries, [keeps[o] for o in owner],
+                   ranges.shifts(summaries, owner), [])
 
     def objects(self, n: int) -> list[dict[str, Any]]:
         """Each object's summary, its parts' added up."""

@@ -15,12 +15,13 @@ from __future__ import annotations
 import os
 from concurrent.futures import Future
 from contextlib import ExitStack
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any, Callable
 
 from batchinf import failpoints
 from batchinf.formats import read_records
 from batchinf.ledger import jobs as job_repo
+from batchinf.ledger.models import InputObject, Job
 from batchinf.ledger.states import JobStatus
 from batchinf.parts import STAGE_ROW_GROUP, write_table
 from batchinf.planning.context import ObjectTask, Planning, part_count
@@ -45,11 +46,13 @@ def stage_part(planning: Planning, task: ObjectTask, keep: set[int] | None = Non
         else:
             records = part_records(task, tally)
         table = in_stage_order(planning.task.stage(task, planning.runtime, records))
-    # Staged files are scratch, re-created from the pinned inputs by planning the object again, so
-    # they are written without fsync (durable=False): a planning task of a small object costs its
-    # tokenizing, not three disk flushes. The summary, last, is the mark that the part is staged,
-    # and the ledger records the object planned after it; what the ledger's commits depend on for
-    # good (the shard files start_running points to, attempt outputs) is fsynced (finish.py).
+    # Staged files are scratch: written without fsync (durable=False), so a small object's
+    # planning task costs its tokenizing, not three disk flushes. The ledger records the object
+    # planned after them, yet a machine that crashes before they reach its disk loses nothing
+    # that cannot be re-created from the pinned inputs: the global step finds them missing or
+    # torn and plans those objects again (finish.py). What a ledger commit depends on for good,
+    # with nothing to re-create it, is fsynced: the shard files start_running points to, each
+    # attempt's outputs before its commit.
     # row groups of STAGE_ROW_GROUP: the global step's cursors hold one at a time, not the whole part
     write_table(task.stage_uri, table, row_group_size=STAGE_ROW_GROUP, durable=False)
     ids = valid_ids(table)
@@ -57,15 +60,21 @@ def stage_part(planning: Planning, task: ObjectTask, keep: set[int] | None = Non
     summary = summarize(table, keep, ids)
     if task.part is not None:
         summary["part"] = {"number": task.part.number, "start": task.part.start, "stop": task.part.stop, **tally}
-    write_summary(task.stage_uri, summary)
+    write_summary(task.stage_uri, summary, durable=False)     # last: the part is staged
     return table.num_rows
 
 
 def plan_part(job_id: str, idx: int, k: int) -> int:
-    """Stage part k of the object (the ledger is begin_object's and end_object's)."""
-    planning = Planning(job_repo.get(job_id))
+    """Stage part k of the object (the ledger is begin_object's and end_object's): a planning
+    pool process's task, the job's planning context built once per process."""
+    planning = _planning(job_id)
     obj = job_repo.input_object(job_id, idx)
     return stage_part(planning, planning.part_tasks(obj)[k], planning.kept(obj))
+
+
+@lru_cache(maxsize=4)
+def _planning(job_id: str) -> Planning:
+    return Planning(job_repo.get(job_id))     # what it holds never changes while the job plans
 
 
 def plan_one_object(job_id: str, idx: int, send_parts: Callable[[list[int]], None] | None = None) -> int:
@@ -127,11 +136,14 @@ def plan_objects(job_id: str, idxs: list[int], processes: int) -> None:
     from concurrent.futures import ProcessPoolExecutor
     import multiprocessing as mp
 
-    begun = [(i, n) for i in idxs if (n := begin_object(job_id, i)) is not None]
+    job = job_repo.get(job_id)
+    objects = {o.idx: o for o in job_repo.inputs(job_id)}
+    begun = [(i, n) for i in idxs if (n := _begin(job, objects[i])) is not None]
     total = sum(n for _, n in begun)
     if processes <= 1 or total <= 1:
-        for i, n in begun:
-            end_object(job_id, i, lambda i=i, n=n: sum(plan_part(job_id, i, k) for k in range(n)))
+        planning = Planning(job) if begun else None
+        for i, _ in begun:
+            end_object(job_id, i, partial(_stage_object, planning, objects[i]))
         return
     errors = []
     n = min(total, processes)
@@ -158,13 +170,21 @@ def _results(futures: list[Future]) -> int:
     return sum(f.result() for f in futures)
 
 
+def _stage_object(planning: Planning, obj: InputObject) -> int:
+    keep = planning.kept(obj)
+    return sum(stage_part(planning, t, keep) for t in planning.part_tasks(obj))
+
+
 def begin_object(job_id: str, idx: int) -> int | None:
     """Count a planning attempt of the object; its number of planning parts, or None when there
     is nothing to do (the job left planning, the object is planned)."""
-    job = job_repo.get(job_id)
-    if job.status != JobStatus.PLANNING or not job_repo.plan_attempt_started(job_id, idx):
+    return _begin(job_repo.get(job_id), job_repo.input_object(job_id, idx))
+
+
+def _begin(job: Job, obj: InputObject) -> int | None:
+    if not job_repo.plan_attempt_started(job.id, obj.idx):
         return None
-    return end_object(job_id, idx, lambda: part_count(job, job_repo.input_object(job_id, idx)), planned=False)
+    return end_object(job.id, obj.idx, lambda: part_count(job, obj), planned=False)
 
 
 def end_object(job_id: str, idx: int, attempt: Callable[[], Any], planned: bool = True) -> Any:

@@ -167,6 +167,7 @@ STORE_USERS = {
     "batchinf.scopes": "Storage itself",
     "batchinf.submit": "the output prefix's _SUCCESS, after the grant check",
     "batchinf.planning.stage": "pinned objects (checked when pinned) and the job's work files",
+    "batchinf.planning.finish": "the job's work files",
     "batchinf.planning.ranges": "pinned objects, checked when pinned",
     "batchinf.planning.summary": "the job's work files",
     "batchinf.execute": "pinned objects and the job's work files",
