@@ -31,19 +31,27 @@ def error_row(record_id: str | None, source: str, ordinal: int, error: str, mess
 STAGE_ROW_GROUP = 1024   # rows per row group in staged files: what a worker holds at once
 
 
-def write_table(uri: str, table: pa.Table, row_group_size: int | None = None, durable: bool = True) -> str:
-    """Write a Parquet file to uri (atomically for local files; `durable` as for Store.put_file);
-    returns its sha256."""
+def write_table(uri: str, table: pa.Table, row_group_size: int | None = None) -> str:
+    """Write a Parquet file to uri (atomically for local files); returns its sha256."""
     fd, tmp = tempfile.mkstemp(suffix=".parquet")
     os.close(fd)
     try:
         pq.write_table(table, tmp, compression="zstd", row_group_size=row_group_size)
         digest = sha256_file(tmp)
-        get_store(uri).put_file(uri, tmp, durable)
+        get_store(uri).put_file(uri, tmp)
         return digest
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def write_scratch_table(uri: str, table: pa.Table, row_group_size: int | None = None) -> None:
+    """Write a scratch Parquet file, one the job re-creates when it is lost (planning's staged
+    files): encoded in memory (a small file costs one write, not a temporary file, its hash and a
+    copy) and stored without fsync (Store.put_bytes, durable=False)."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd", row_group_size=row_group_size)
+    get_store(uri).put_bytes(uri, sink.getvalue().to_pybytes(), durable=False)
 
 
 class PartWriter:

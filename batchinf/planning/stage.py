@@ -23,7 +23,7 @@ from batchinf.formats import read_records
 from batchinf.ledger import jobs as job_repo
 from batchinf.ledger.models import InputObject, Job
 from batchinf.ledger.states import JobStatus
-from batchinf.parts import STAGE_ROW_GROUP, write_table
+from batchinf.parts import STAGE_ROW_GROUP, write_scratch_table
 from batchinf.planning.context import ObjectTask, Planning, part_count
 from batchinf.planning.ranges import part_records
 from batchinf.planning.summary import (IDS_ROW_GROUP, ids_uri, in_stage_order, read_summary, summarize, summary_uri,
@@ -54,9 +54,9 @@ def stage_part(planning: Planning, task: ObjectTask, keep: set[int] | None = Non
     # with nothing to re-create it, is fsynced: the shard files start_running points to, each
     # attempt's outputs before its commit.
     # row groups of STAGE_ROW_GROUP: the global step's cursors hold one at a time, not the whole part
-    write_table(task.stage_uri, table, row_group_size=STAGE_ROW_GROUP, durable=False)
+    write_scratch_table(task.stage_uri, table, row_group_size=STAGE_ROW_GROUP)
     ids = valid_ids(table)
-    write_table(ids_uri(task.stage_uri), ids, row_group_size=IDS_ROW_GROUP, durable=False)
+    write_scratch_table(ids_uri(task.stage_uri), ids, row_group_size=IDS_ROW_GROUP)
     summary = summarize(table, keep, ids)
     if task.part is not None:
         summary["part"] = {"number": task.part.number, "start": task.part.start, "stop": task.part.stop, **tally}

@@ -191,9 +191,8 @@ class Store(abc.ABC):
         may leave in the page cache (no fsync; a crash of the machine may lose it, not tear it)."""
 
     @abc.abstractmethod
-    def put_file(self, uri: str, path: str | Path, durable: bool = True) -> None:
-        """Upload a local file as one object (multipart for big files where the backend has it);
-        `durable` as for put_bytes."""
+    def put_file(self, uri: str, path: str | Path) -> None:
+        """Upload a local file as one object (multipart for big files where the backend has it)."""
 
     @abc.abstractmethod
     def download_file(self, uri: str, path: str | Path) -> None:

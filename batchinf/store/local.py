@@ -135,9 +135,9 @@ class LocalStore(Store):
     def put_bytes(self, uri: str, data: bytes, durable: bool = True) -> None:
         _atomic_write(_path(uri), uri, lambda f: f.write(data), durable)
 
-    def put_file(self, uri: str, path: str | Path, durable: bool = True) -> None:
+    def put_file(self, uri: str, path: str | Path) -> None:
         with _os_errors("read", str(path)), open(as_path(path), "rb") as src:
-            _atomic_write(_path(uri), uri, lambda f: shutil.copyfileobj(src, f, 1 << 20), durable)
+            _atomic_write(_path(uri), uri, lambda f: shutil.copyfileobj(src, f, 1 << 20))
 
     def download_file(self, uri: str, path: str | Path) -> None:
         with _os_errors("read", uri), open(_path(uri), "rb") as src:

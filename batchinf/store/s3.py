@@ -256,7 +256,7 @@ class S3Store(Store):
             client().put_object(Bucket=bucket, Key=key, Body=data, ChecksumAlgorithm="SHA256",
                                 ChecksumSHA256=_sha256_b64(data), **put_args())
 
-    def put_file(self, uri: str, path: str | Path, durable: bool = True) -> None:
+    def put_file(self, uri: str, path: str | Path) -> None:
         bucket, key = _bucket_key(uri)
         local = as_path(path)
         with _errors("PutObject", uri):
