@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections import Counter
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -21,7 +22,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from batchinf.errors import InputError
 from batchinf.ledger import jobs as job_repo
@@ -145,15 +145,16 @@ def _part_summary(whole: ObjectTask, task: ObjectTask) -> dict[str, Any] | None:
 
 
 def _whole(task: ObjectTask, s: dict[str, Any]) -> bool:
-    """Whether a local part's staged and ids files are whole: their footers read, with the rows
-    the summary counts (a remote store's writes are durable, as the staged files need not be)."""
+    """Whether a local part's staged and ids files are whole: of the sizes its summary wrote down
+    (after a crash a file whose data did not reach the disk is missing or short; a remote store's
+    writes are durable, as the staged files' need not be)."""
     scheme, _, path = split_uri(task.stage_uri)
-    if scheme != "file":
+    if scheme != "file" or "bytes" not in s:
         return True
     try:
-        return (pq.read_metadata(path).num_rows == s["rows"]
-                and pq.read_metadata(split_uri(ids_uri(task.stage_uri))[2]).num_rows == s["ids"])
-    except (OSError, pa.ArrowException):
+        return (os.stat(path).st_size == s["bytes"]["staged"]
+                and os.stat(split_uri(ids_uri(task.stage_uri))[2]).st_size == s["bytes"]["ids"])
+    except OSError:
         return False
 
 

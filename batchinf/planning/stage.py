@@ -54,10 +54,11 @@ def stage_part(planning: Planning, task: ObjectTask, keep: set[int] | None = Non
     # with nothing to re-create it, is fsynced: the shard files start_running points to, each
     # attempt's outputs before its commit.
     # row groups of STAGE_ROW_GROUP: the global step's cursors hold one at a time, not the whole part
-    write_scratch_table(task.stage_uri, table, row_group_size=STAGE_ROW_GROUP)
+    size = write_scratch_table(task.stage_uri, table, row_group_size=STAGE_ROW_GROUP)
     ids = valid_ids(table)
-    write_scratch_table(ids_uri(task.stage_uri), ids, row_group_size=IDS_ROW_GROUP)
+    ids_size = write_scratch_table(ids_uri(task.stage_uri), ids, row_group_size=IDS_ROW_GROUP)
     summary = summarize(table, keep, ids)
+    summary["bytes"] = {"staged": size, "ids": ids_size}    # the global step's check that they are whole
     if task.part is not None:
         summary["part"] = {"number": task.part.number, "start": task.part.start, "stop": task.part.stop, **tally}
     write_summary(task.stage_uri, summary, durable=False)     # last: the part is staged

@@ -113,6 +113,33 @@ def test_a_retry_selection_plans_only_its_records_as_before(tmp_path: Path, tiny
     assert jobs.get(job_id).records_total == len(pick)
 
 
+def test_staged_files_lost_in_a_crash_are_planned_again(tmp_path: Path, tiny_bundle: str) -> None:
+    """Staged files are written without fsync: after a machine crash one may be missing or short.
+    The global step then plans those objects again (and only those) instead of cutting shards
+    from them, and the shards are those of a plan without the crash."""
+    from batchinf.dispatch import plan_objects_here
+    from batchinf.planning import pin_job
+    from batchinf.planning.summary import ids_uri
+
+    _corpus(tmp_path / "in", n=60)
+    job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "in") + "/", str(tmp_path / "out"),
+                                               shards={"max_records": 10})), OPERATOR)
+    pin_job(jobs.get(job_id))
+    plan_objects_here(jobs.get(job_id), list(range(4)), processes=1)
+    tasks = Planning(jobs.get(job_id)).object_tasks()
+    Path(tasks[1].stage_uri.removeprefix("file://")).unlink()                       # never reached the disk
+    with open(ids_uri(tasks[3].stage_uri).removeprefix("file://"), "r+b") as f:     # half of it did
+        f.truncate(10)
+    finish_plan(jobs.get(job_id))
+    assert jobs.get(job_id).status == "planning" and not shards.of_job(job_id)
+    objs = jobs.inputs(job_id)
+    assert [o.records is None for o in objs] == [False, True, False, True]
+    assert "staged files were lost" in (objs[1].error or "")
+    plan_job(job_id)
+    assert jobs.get(job_id).status == "running"
+    _assert_same_as_reference(tmp_path, job_id)
+
+
 def _planned_objects(tmp_path: Path, name: str, per_object: int, objects: int = 4, stage: bool = True) -> str:
     """A job of `objects` objects of `per_object` records each, pinned, its objects staged (unless
     not `stage`), the global step not run."""
