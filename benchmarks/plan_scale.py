@@ -78,7 +78,7 @@ def _plan_task(job_id: str, idx: int, part: int) -> tuple[int, float, float, flo
     is one part); then, in the same process and so under the same load, the tokenizer's own
     batch-encode rate on the object's first TOKENIZER_SAMPLE texts."""
     from batchinf.ledger import jobs
-    from batchinf.planning.plan import plan_part
+    from batchinf.planning.stage import plan_part
 
     t0 = time.perf_counter()
     n = plan_part(job_id, idx, part)
@@ -94,7 +94,7 @@ TOKENIZER_SAMPLE = 20000
 def _global_step(job_id: str) -> None:
     """Run in a process of its own: the global step, then its wall time and peak RSS as JSON."""
     from batchinf.ledger import jobs
-    from batchinf.planning.plan import finish_plan
+    from batchinf.planning import finish_plan
 
     t0 = time.perf_counter()
     finish_plan(jobs.get(job_id))
@@ -123,7 +123,7 @@ def plan_bench(records: int, objects: int, processes: int, work: Path,
                     "--alias", "bench"], check=True, capture_output=True)
     from batchinf.ledger import jobs
     from batchinf.manifest import parse_manifest
-    from batchinf.planning.plan import pin_job
+    from batchinf.planning import pin_job
     from batchinf.scopes import Caller
     from batchinf.submit import submit
 
@@ -133,11 +133,11 @@ def plan_bench(records: int, objects: int, processes: int, work: Path,
         "shards": {"max_records": 2000}}), Caller("default", operator=True))
     t0 = time.perf_counter()
     pin_job(jobs.get(job_id))
-    from batchinf.planning.plan import begin_object, end_object
+    from batchinf.planning.stage import begin_object, end_object
 
     parts = {o.idx: begin_object(job_id, o.idx) or 0 for o in jobs.inputs(job_id)}
     tasks = [(i, k) for i, n in parts.items() for k in range(n)]
-    from batchinf.planning.plan import tokenizer_threads
+    from batchinf.planning.stage import tokenizer_threads
 
     threads = tokenizer_threads_per_process or max(1, (os.cpu_count() or 1) // processes)
     with ProcessPoolExecutor(processes, mp_context=mp.get_context("spawn"), initializer=tokenizer_threads,
