@@ -62,9 +62,9 @@ class Dispatcher:
     def pin(self, job: Job) -> None:
         """Pin a submitted job's inputs: here, now (one job's driver), or by sending a pinning task
         (a controller of many jobs, whose tick must not wait on one job's listing and hashing)."""
-        from batchinf.planning.plan import pin_job
+        from batchinf import planning
 
-        pin_job(job)
+        planning.pin_job(job)
 
     def plan(self, job: Job, idxs: list[int]) -> None:
         """Stage these input objects of a planning job (now, or by sending planning tasks)."""
@@ -159,10 +159,10 @@ def run_shard(shard_id: str, device: str = "auto", *, speculative: bool = False,
 
 def plan_objects_here(job: Job, idxs: list[int], processes: int) -> None:
     """Stage objects on this machine, their planning parts in a process pool when there are
-    several (plan.plan_objects)."""
-    from batchinf.planning.plan import plan_objects
+    several (planning.plan_objects)."""
+    from batchinf import planning
 
-    plan_objects(job.id, idxs, processes)
+    planning.plan_objects(job.id, idxs, processes)
 
 
 def worker_main(job_id: str, device: str, threads: int, parent_pid: int, twins: mp.Queue,

@@ -24,7 +24,7 @@ from batchinf.ledger import shards as shard_repo
 from batchinf.ledger import splits
 from batchinf.ledger.models import Lease, Shard, ShardResult
 from batchinf.parts import ERROR_SCHEMA, STAGE_ROW_GROUP, PartWriter, error_row, open_parquet, read_table, write_table
-from batchinf.planning.plan import shard_id
+from batchinf.planning.shard_names import shard_id
 from batchinf.retry_policy import retrying
 from batchinf.store import get_store, join
 from batchinf.tasks import get_task

@@ -16,6 +16,7 @@ import time
 from typing import Callable
 
 from batchinf import logs, metrics
+from batchinf import planning
 from batchinf.planning import sizing
 from batchinf.config import settings
 from batchinf.dispatch import Dispatcher
@@ -28,7 +29,6 @@ from batchinf.ledger.events import now
 from batchinf.ledger.models import Demand, InputObject, Job
 from batchinf.ledger.states import JOB_TERMINAL, JobStatus
 from batchinf.limits import error_budget_problem
-from batchinf.planning.plan import finish_plan, pin_job
 from batchinf.quarantine import resolve_quarantined
 from batchinf.retry_policy import Action, RetryPolicy, Stage
 from batchinf.store import get_store, join
@@ -63,7 +63,7 @@ def _plan(job: Job, d: Dispatcher, slots: int | None) -> None:
     whose `max_attempts` planning attempts all failed (raised, timed out or died) fails the job."""
     objects = job_repo.inputs(job.id)
     if all(o.records is not None for o in objects):
-        finish_plan(job, d.workers())
+        planning.finish_plan(job, d.workers())
         return
     s, t, policy = settings(), now(), RetryPolicy.from_settings()
     open_ = [o for o in objects if o.records is None]
@@ -161,7 +161,7 @@ def pin_now(job_id: str) -> None:
         if job.status != JobStatus.SUBMITTED:
             return
         try:
-            pin_job(job)
+            planning.pin_job(job)
         except Exception as exc:  # noqa: BLE001 -- charged to this job alone
             _charge(job, PINNING, exc)
         else:

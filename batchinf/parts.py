@@ -45,6 +45,17 @@ def write_table(uri: str, table: pa.Table, row_group_size: int | None = None) ->
             os.unlink(tmp)
 
 
+def write_scratch_table(uri: str, table: pa.Table, row_group_size: int | None = None) -> int:
+    """Write a scratch Parquet file, one the job re-creates when it is lost (planning's staged
+    files): encoded in memory (a small file costs one write, not a temporary file, its hash and a
+    copy) and stored without fsync (Store.put_bytes, durable=False). Returns its size in bytes."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd", row_group_size=row_group_size)
+    data = sink.getvalue().to_pybytes()
+    get_store(uri).put_bytes(uri, data, durable=False)
+    return len(data)
+
+
 class PartWriter:
     """Streams tables into one local Parquet file; `finish` uploads it and returns (sha256, rows)."""
 

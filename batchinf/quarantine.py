@@ -11,7 +11,7 @@ import pyarrow.compute  # noqa: F401 -- pa.compute
 from batchinf.ledger import shards as shard_repo
 from batchinf.ledger.models import Job, Shard
 from batchinf.parts import ERROR_SCHEMA, STAGE_ROW_GROUP, error_row, read_table, write_table
-from batchinf.planning.plan import shard_file, shard_id
+from batchinf.planning.shard_names import shard_file, shard_id
 from batchinf.store import join
 
 

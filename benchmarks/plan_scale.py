@@ -7,6 +7,12 @@ process of its own. Prints wall time, records/s per planning process beside the 
 batch-encode rate on the same text, measured right after in the same process (so under the same
 load), and the peak RSS of each process class.
 
+Object scale (`--object-scale A,B`): the same N records split into A objects and into B
+objects, each job pinned, staged (in this process, or `--processes`) and cut, A and B alternating
+for `--rounds` rounds; prints the median seconds of each (pin, stage, global step) and B's
+time over A's. Planning is linear in the objects when that ratio stays near 1: a planning task's
+cost is its records, not its job's object count.
+
 Ledger: a job of N shards in PostgreSQL driven by W simulated worker processes (lease, heartbeat,
 commit, no model) while this process runs controller ticks; prints commits/s, tick time, `status`
 latency and `GET /v1/jobs/{id}/shards` page latency (the repository call behind it).
@@ -15,6 +21,8 @@ latency and `GET /v1/jobs/{id}/shards` page latency (the repository call behind 
     python benchmarks/plan_scale.py --records 200000 --objects 1 --range-bytes 8000000 --processes 2
     python benchmarks/plan_scale.py --ledger --shards 200000 --workers 32 --database-url postgresql://...
     python benchmarks/plan_scale.py --short --json --database-url postgresql://...   # CI: both, small
+    python benchmarks/plan_scale.py --object-scale 20,2000 --records 20000 --rounds 3
+    python benchmarks/plan_scale.py --object-scale 2,200 --short --json                 # CI: 2,000 records
 """
 
 from __future__ import annotations
@@ -70,7 +78,7 @@ def _plan_task(job_id: str, idx: int, part: int) -> tuple[int, float, float, flo
     is one part); then, in the same process and so under the same load, the tokenizer's own
     batch-encode rate on the object's first TOKENIZER_SAMPLE texts."""
     from batchinf.ledger import jobs
-    from batchinf.planning.plan import plan_part
+    from batchinf.planning.stage import plan_part
 
     t0 = time.perf_counter()
     n = plan_part(job_id, idx, part)
@@ -86,7 +94,7 @@ TOKENIZER_SAMPLE = 20000
 def _global_step(job_id: str) -> None:
     """Run in a process of its own: the global step, then its wall time and peak RSS as JSON."""
     from batchinf.ledger import jobs
-    from batchinf.planning.plan import finish_plan
+    from batchinf.planning import finish_plan
 
     t0 = time.perf_counter()
     finish_plan(jobs.get(job_id))
@@ -115,7 +123,7 @@ def plan_bench(records: int, objects: int, processes: int, work: Path,
                     "--alias", "bench"], check=True, capture_output=True)
     from batchinf.ledger import jobs
     from batchinf.manifest import parse_manifest
-    from batchinf.planning.plan import pin_job
+    from batchinf.planning import pin_job
     from batchinf.scopes import Caller
     from batchinf.submit import submit
 
@@ -125,11 +133,11 @@ def plan_bench(records: int, objects: int, processes: int, work: Path,
         "shards": {"max_records": 2000}}), Caller("default", operator=True))
     t0 = time.perf_counter()
     pin_job(jobs.get(job_id))
-    from batchinf.planning.plan import begin_object, end_object
+    from batchinf.planning.stage import begin_object, end_object
 
     parts = {o.idx: begin_object(job_id, o.idx) or 0 for o in jobs.inputs(job_id)}
     tasks = [(i, k) for i, n in parts.items() for k in range(n)]
-    from batchinf.planning.plan import tokenizer_threads
+    from batchinf.planning.stage import tokenizer_threads
 
     threads = tokenizer_threads_per_process or max(1, (os.cpu_count() or 1) // processes)
     with ProcessPoolExecutor(processes, mp_context=mp.get_context("spawn"), initializer=tokenizer_threads,
@@ -154,6 +162,77 @@ def plan_bench(records: int, objects: int, processes: int, work: Path,
             "planning_vs_tokenizer_range": [ratios[0], ratios[-1]] if ratios else None,
             "peak_rss_mib": {"plan_task": max(d[2] for d in done), "global_step": step["peak_rss_mib"]},
             "status": step["status"]}
+
+
+# --- object scale ------------------------------------------------------------------------------------
+
+
+def write_split(root: Path, records: list[str], objects: int) -> None:
+    """These JSONL lines as `objects` files of (nearly) equal counts, in order."""
+    root.mkdir(parents=True, exist_ok=True)
+    per, extra = divmod(len(records), objects)
+    start = 0
+    for k in range(objects):
+        n = per + (1 if k < extra else 0)
+        (root / f"part-{k:05d}.jsonl").write_text("".join(records[start:start + n]))
+        start += n
+
+
+def _plan_once(work: Path, objects: int, run: int, processes: int) -> dict:
+    """Pin, stage and cut one job over the `objects`-way split; seconds of each phase."""
+    from batchinf import planning
+    from batchinf.ledger import jobs
+    from batchinf.manifest import parse_manifest
+    from batchinf.scopes import Caller
+    from batchinf.submit import submit
+
+    job_id, _ = submit(parse_manifest({
+        "name": f"plan-scale-{objects}-{run}", "task": "embed", "bundle": "minilm@bench", "options": {"max_length": 256},
+        "input": {"uri": str(work / f"in-{objects}") + "/", "format": "jsonl"},
+        "output": {"uri": str(work / "out" / f"{objects}-{run}")}, "shards": {"max_records": 2000}}),
+        Caller("default", operator=True))
+    t0 = time.perf_counter()
+    planning.pin_job(jobs.get(job_id))
+    t1 = time.perf_counter()
+    planning.plan_objects(job_id, [o.idx for o in jobs.inputs(job_id)], processes)
+    t2 = time.perf_counter()
+    planning.finish_plan(jobs.get(job_id))
+    t3 = time.perf_counter()
+    job = jobs.get(job_id)
+    return {"seconds": t3 - t0, "pin": t1 - t0, "stage": t2 - t1, "global_step": t3 - t2,
+            "records": job.records_total, "status": job.status}
+
+
+def object_scale_bench(records: int, scales: list[int], rounds: int, processes: int, work: Path) -> dict:
+    os.environ["BATCHINF_HOME"] = str(work / "home")
+    os.environ.pop("BATCHINF_DATABASE_URL", None)
+    from batchinf.config import settings
+
+    settings.cache_clear()
+    rng = random.Random(0)
+    lines = []
+    for i in range(records):
+        words = max(1, int(rng.lognormvariate(math.log(38), 1.0)))
+        lines.append(json.dumps({"id": f"r{i}", "text": " ".join(rng.choice(WORDS) for _ in range(min(words, 600)))})
+                     + "\n")
+    for n in scales:
+        write_split(work / f"in-{n}", lines, n)
+    subprocess.run([sys.executable, "-m", "batchinf.cli", "bundle", "import", str(minilm_dir()), "--name", "minilm",
+                    "--alias", "bench"], check=True, capture_output=True)
+    _plan_once(work, min(scales), -1, processes)       # warm-up: imports, the tokenizer, the ledger
+    runs: dict[int, list[dict]] = {n: [] for n in scales}
+    for r in range(rounds):                             # alternating, so drifting load hits both alike
+        for n in (scales if r % 2 == 0 else scales[::-1]):
+            runs[n].append(_plan_once(work, n, r, processes))
+    out = {"records": records, "rounds": rounds, "processes": processes, "objects": {}}
+    for n, rs in runs.items():
+        out["objects"][str(n)] = {k: statistics.median(x[k] for x in rs) for k in ("seconds", "pin", "stage",
+                                                                                   "global_step")}
+        out["objects"][str(n)].update(runs=[round(x["seconds"], 3) for x in rs], records=rs[0]["records"],
+                                      status=rs[0]["status"])
+    a, b = str(scales[0]), str(scales[-1])
+    out["ratio"] = out["objects"][b]["seconds"] / out["objects"][a]["seconds"]
+    return out
 
 
 # --- ledger ------------------------------------------------------------------------------------------
@@ -315,7 +394,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--objects", type=int, default=8)
-    ap.add_argument("--processes", type=int, default=2)
+    ap.add_argument("--processes", type=int, default=None, help="planning processes (default 2; 1 with --object-scale)")
     ap.add_argument("--tokenizer-threads", type=int, default=None,
                     help="tokenizer threads per planning process (default: cores / processes; 1 emulates "
                          "one-core workers)")
@@ -327,7 +406,11 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=32)
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--database-url", default=os.environ.get("BATCHINF_DATABASE_URL"))
-    ap.add_argument("--short", action="store_true", help="CI: 4,000 records, 2,000 shards, 4 workers, 4 s")
+    ap.add_argument("--object-scale", metavar="A,B", help="plan --records split into A objects and into B objects, "
+                                                          "alternating, --rounds times each")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--short", action="store_true", help="CI: 4,000 records, 2,000 shards, 4 workers, 4 s "
+                                                         "(with --object-scale: 2,000 records, one round)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--global-step", metavar="JOB_ID", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -336,6 +419,16 @@ def main() -> None:
         return
     if a.range_bytes:
         os.environ["BATCHINF_PLAN_RANGE_BYTES"] = str(a.range_bytes)
+    if a.object_scale:
+        scales = [int(x) for x in a.object_scale.split(",")]
+        if a.short:
+            a.records, a.rounds = 2000, 1
+        processes = a.processes or 1
+        with tempfile.TemporaryDirectory() as work:
+            report = {"object_scale": object_scale_bench(a.records, scales, a.rounds, processes, Path(work))}
+        print(json.dumps(report, indent=None if a.json else 2))
+        return
+    a.processes = a.processes or 2
     if a.short:
         a.records, a.objects, a.processes, a.shards, a.workers, a.seconds = 4000, 4, 2, 2000, 4, 4.0
     report = {}

@@ -135,7 +135,7 @@ def pin_job(job_id: str) -> None:
 @app.task(name="batchinf.plan_object")
 def plan_object(job_id: str, idx: int) -> None:
     """Plan one object; a large one's parts (planning/ranges.py) are sent as `plan_part` tasks."""
-    from batchinf.planning.plan import plan_one_object
+    from batchinf.planning import plan_one_object
 
     with _timed_out(job_id, idx):
         plan_one_object(job_id, idx, send_parts=lambda parts: _send_parts(job_id, idx, parts))
@@ -143,7 +143,7 @@ def plan_object(job_id: str, idx: int) -> None:
 
 @app.task(name="batchinf.plan_part")
 def plan_part(job_id: str, idx: int, k: int) -> None:
-    from batchinf.planning.plan import plan_sent_part
+    from batchinf.planning import plan_sent_part
 
     with _timed_out(job_id, idx):
         plan_sent_part(job_id, idx, k)

@@ -180,6 +180,15 @@ def inputs(job_id: str) -> list[InputObject]:
     return [InputObject.from_row(r) for r in rows]
 
 
+def input_object(job_id: str, idx: int) -> InputObject:
+    """One pinned input object of the job (a planning task reads its own, not every object's)."""
+    with tx() as conn:
+        r = conn.execute(select(job_inputs).where(job_inputs.c.job_id == job_id, job_inputs.c.idx == idx)).first()
+    if r is None:
+        raise LedgerError(f"job {job_id} has no input object {idx}")
+    return InputObject.from_row(r)
+
+
 def plan_sent(job_id: str, idxs: Iterable[int]) -> None:
     """Planning tasks for these objects were sent now (a lost one is sent again later)."""
     with tx() as conn:
@@ -189,10 +198,12 @@ def plan_sent(job_id: str, idxs: Iterable[int]) -> None:
 
 def plan_attempt_started(job_id: str, idx: int) -> bool:
     """Count one more planning attempt of the object (before it starts, so an attempt that hangs
-    or kills its worker counts too); False when the object is already planned (a duplicate)."""
+    or kills its worker counts too); False when the object is already planned (a duplicate) or
+    the job has left planning (one statement: a planning task's bookkeeping is two per object)."""
+    planning = select(jobs.c.id).where(jobs.c.id == job_id, jobs.c.status == JobStatus.PLANNING.value).exists()
     with tx() as conn:
         return conn.execute(update(job_inputs).where(
-            job_inputs.c.job_id == job_id, job_inputs.c.idx == idx, job_inputs.c.records.is_(None))
+            job_inputs.c.job_id == job_id, job_inputs.c.idx == idx, job_inputs.c.records.is_(None), planning)
             .values(attempts=job_inputs.c.attempts + 1, started_at=now(), error=None)).rowcount == 1
 
 
@@ -208,6 +219,14 @@ def plan_attempt_failed(job_id: str, idx: int, error: str) -> None:
     with tx() as conn:
         conn.execute(update(job_inputs).where(job_inputs.c.job_id == job_id, job_inputs.c.idx == idx)
                      .values(error=error[:4000]))
+
+
+def replan(job_id: str, idxs: list[int], error: str) -> None:
+    """These objects are to be planned again (their staged files were lost): unplanned, their
+    `error` saying why, sent again at the lifecycle's next step; their attempts still count."""
+    with tx() as conn:
+        conn.execute(update(job_inputs).where(job_inputs.c.job_id == job_id, job_inputs.c.idx.in_(idxs))
+                     .values(records=None, error=error[:4000], dispatched_at=None))
 
 
 def object_planned(job_id: str, idx: int, records: int) -> None:

@@ -34,6 +34,21 @@ def has_shards(job_id: str) -> bool:
         return conn.execute(select(shards.c.id).where(shards.c.job_id == job_id).limit(1)).first() is not None
 
 
+def selects(job_id: str) -> bool:
+    """Whether the job plans only selected records (a retry job's `selection`)."""
+    with tx() as conn:
+        return conn.execute(select(retry_records.c.job_id).where(retry_records.c.job_id == job_id).limit(1)
+                            ).first() is not None
+
+
+def kept(job_id: str, source: str) -> set[int]:
+    """`selection(job_id).get(source, set())` for one object, read by its own rows (a job that
+    `selects`)."""
+    with tx() as conn:
+        return {int(o) for o in conn.execute(select(retry_records.c.ordinal).where(
+            retry_records.c.job_id == job_id, retry_records.c.source == source)).scalars()}
+
+
 def selection(job_id: str) -> dict[str, set[int]] | None:
     """The records a retry job plans, by source uri; None when it plans every pinned record."""
     with tx() as conn:

@@ -243,7 +243,7 @@ def lease_owners(job_id: str) -> list[str]:
 
 def failed_records(job_id: str) -> int:
     """Records of the job known to have failed: every record of its validation-error shards
-    (bucket < 0, plan.ERROR_BUCKET: counted at planning, `jobs.error_records`) plus the error
+    (bucket < 0, planning.bucketing.ERROR_BUCKET: counted at planning, `jobs.error_records`) plus the error
     rows of the others as they commit or become poison rows (the job's tallies), so the running
     tick reads a few rows, not every shard."""
     with tx() as conn:

@@ -6,9 +6,10 @@ token lengths, one id range and one shard, not on the number of records.
   `DEDUP_RANGE_RECORDS` ids each); per range, every object's sorted ids file is read for that
   range only (row groups outside it are skipped) and equal ids are found by sorting. The first in
   pinned order (object, ordinal) wins; the others become `duplicate_id` rows naming it.
-- Bucket bounds: the quantiles of the merged length histogram (exactly `plan.bucket_bounds`).
+- Bucket bounds: the quantiles of the merged length histogram (exactly the reference step's quantiles,
+  tests/helpers/reference_plan.py `bucket_bounds`).
 - Shards: each bucket's (length, object) groups, in (length, object) order, are cut by count
-  arithmetic exactly as `plan.cut` cuts records, or, sized by work for a worker count, into
+  arithmetic exactly as the reference `cut` cuts records, or, sized by work for a worker count, into
   runs of equal work as `sizing.cut_balanced` cuts records (`sizing.cut_groups_balanced`); a
   shard is a list of slices (object, length, count). Its file is written by one forward cursor
   per object over the object's staged rows, which are sorted by (length, ordinal): a shard's rows are read, no others.
@@ -106,8 +107,8 @@ def _duplicates_in(t: pa.Table, uris: list[str], out: Dups) -> None:
 
 
 def bounds_from_histogram(hist: dict[int, int], max_records: int, max_buckets: int = 32) -> list[int]:
-    """`plan.bucket_bounds` of the lengths this histogram counts (numpy's 'higher' quantiles:
-    the value at sorted position ceil((n - 1) q))."""
+    """The reference `bucket_bounds` (tests/helpers/reference_plan.py) of the lengths this
+    histogram counts (numpy's 'higher' quantiles: the value at sorted position ceil((n - 1) q))."""
     lengths = sorted(L for L, c in hist.items() if c > 0)
     counts = np.cumsum([hist[L] for L in lengths], dtype=np.int64)
     n = int(counts[-1]) if lengths else 0
@@ -119,7 +120,7 @@ def bounds_from_histogram(hist: dict[int, int], max_records: int, max_buckets: i
 
 
 def cut_groups(groups: list[Slice], max_records: int, max_tokens: int) -> list[list[Slice]]:
-    """`plan.cut` over runs of equal-length records: a new shard when the current one holds
+    """The reference `cut` over runs of equal-length records: a new shard when the current one holds
     max_records or the next record would pass max_tokens (a shard's first record always fits)."""
     shards: list[list[Slice]] = []
     cur: list[Slice] = []

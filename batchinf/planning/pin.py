@@ -17,6 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from batchinf import failpoints
 from batchinf.config import settings
 from batchinf.errors import InputError, ManifestError
+from batchinf.ledger import jobs as job_repo
+from batchinf.ledger import retry_records
 from batchinf.ledger.models import Job
 from batchinf.limits import effective
 from batchinf.manifest import InputSpec
@@ -61,6 +63,19 @@ class Bounds:
         if time.monotonic() > self.deadline:
             raise ManifestError(f"pinning the inputs took longer than BATCHINF_PIN_TIME_LIMIT ({self.seconds:g} s) "
                                 f"({self.objects} objects listed); split the job into smaller ones")
+
+
+def pin_job(job: Job) -> None:
+    """submitted -> planning: pin every input object once (a second pinner changes nothing). A
+    retry job pins the very objects (same versions) of the job it retries that hold its records."""
+    pins = pin_again(job, _retried_pins(job)) if job.retry_of else []
+    job_repo.pin(job.id, pins or pin_inputs(job))
+    failpoints.hit("plan.after_pin")
+
+
+def _retried_pins(job: Job) -> list[ObjectPin]:
+    chosen = retry_records.selection(job.id)
+    return [o.pin for o in job_repo.inputs(job.retry_of or "") if chosen is None or o.pin.uri in chosen]
 
 
 def pin_inputs(job: Job) -> list[ObjectPin]:

@@ -14,7 +14,7 @@ else (compressed by name, openai-batch, a retry job's objects, a small object) i
 
 A part cannot know how many lines precede it without reading them, so its rows are numbered from
 its own start (ordinal 0, line 1) and its summary keeps its line and record counts. The global
-step (plan.finish_plan) shifts every part's ordinals and the line (row) numbers in its messages by
+step (finish.finish_plan) shifts every part's ordinals and the line (row) numbers in its messages by
 the prefix sums of the parts before it (`shifts`, `renumber`): ordinals, messages, duplicate ids,
 shards and outputs are exactly those of planning the object whole.
 """
@@ -65,7 +65,7 @@ def part_uri(stage_uri: str, part: Part) -> str:
 
 
 def part_records(task: Any, tally: dict[str, int]) -> Iterator[InputRecord]:
-    """The records of the planning task's part (`task`: a plan.ObjectTask with a `part`), numbered
+    """The records of the planning task's part (`task`: a context.ObjectTask with a `part`), numbered
     from the part's start; `tally` gets its lines and records."""
     part: Part = task.part
     tally.update(lines=0, records=0)
@@ -136,7 +136,7 @@ def renumber(table: pa.Table, uri: str, records: int, lines: int) -> pa.Table:
 
 
 def combined(summaries: list[dict[str, Any]]) -> dict[str, Any]:
-    """One object's summary from its parts' (plan_summary.summarize): counts and histograms
+    """One object's summary from its parts' (summary.summarize): counts and histograms
     added up; the id samples stay per part (the duplicate check reads the parts' ids files)."""
     if len(summaries) == 1:
         return summaries[0]

@@ -90,9 +90,9 @@ def summarize(table: pa.Table, keep: set[int] | None, ids: pa.Table) -> dict[str
     }
 
 
-def write_summary(stage_uri: str, summary: dict[str, Any]) -> None:
+def write_summary(stage_uri: str, summary: dict[str, Any], durable: bool = True) -> None:
     uri = summary_uri(stage_uri)
-    get_store(uri).put_bytes(uri, json.dumps(summary).encode())
+    get_store(uri).put_bytes(uri, json.dumps(summary).encode(), durable)
 
 
 def read_summary(stage_uri: str) -> dict[str, Any]:

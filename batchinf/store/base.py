@@ -185,8 +185,10 @@ class Store(abc.ABC):
         read) if it is larger than `limit` bytes."""
 
     @abc.abstractmethod
-    def put_bytes(self, uri: str, data: bytes) -> None:
-        """Write one object in full; readers see the old or the new content, never a partial one."""
+    def put_bytes(self, uri: str, data: bytes, durable: bool = True) -> None:
+        """Write one object in full; readers see the old or the new content, never a partial one.
+        `durable=False`: a scratch file the job re-creates when it is lost, which a local store
+        may leave in the page cache (no fsync; a crash of the machine may lose it, not tear it)."""
 
     @abc.abstractmethod
     def put_file(self, uri: str, path: str | Path) -> None:

@@ -46,8 +46,9 @@ def _pin(path: Path) -> ObjectPin:
             return ObjectPin(uri=uri, size=os.fstat(f.fileno()).st_size, etag=sha256_fileobj(f))
 
 
-def _atomic_write(path: Path, uri: str, write: Callable[[BinaryIO], object]) -> None:
-    """Write via a temp file in the same directory, fsync, then os.replace; no temp file survives a failure."""
+def _atomic_write(path: Path, uri: str, write: Callable[[BinaryIO], object], durable: bool = True) -> None:
+    """Write via a temp file in the same directory, fsync (unless not `durable`), then os.replace;
+    no temp file survives a failure."""
     with _os_errors("write", uri, missing_is_input=False):
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
@@ -56,7 +57,8 @@ def _atomic_write(path: Path, uri: str, write: Callable[[BinaryIO], object]) -> 
             with os.fdopen(fd, "wb") as f:
                 write(f)
                 f.flush()
-                os.fsync(f.fileno())
+                if durable:
+                    os.fsync(f.fileno())
             os.replace(tmp, path)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -130,8 +132,8 @@ class LocalStore(Store):
                 raise too_big_error(uri, os.fstat(f.fileno()).st_size, limit)
             return data
 
-    def put_bytes(self, uri: str, data: bytes) -> None:
-        _atomic_write(_path(uri), uri, lambda f: f.write(data))
+    def put_bytes(self, uri: str, data: bytes, durable: bool = True) -> None:
+        _atomic_write(_path(uri), uri, lambda f: f.write(data), durable)
 
     def put_file(self, uri: str, path: str | Path) -> None:
         with _os_errors("read", str(path)), open(as_path(path), "rb") as src:

@@ -250,7 +250,7 @@ class S3Store(Store):
                 raise too_big_error(uri, r["ContentLength"], limit)
             return r["Body"].read()
 
-    def put_bytes(self, uri: str, data: bytes) -> None:
+    def put_bytes(self, uri: str, data: bytes, durable: bool = True) -> None:
         bucket, key = _bucket_key(uri)
         with _errors("PutObject", uri):
             client().put_object(Bucket=bucket, Key=key, Body=data, ChecksumAlgorithm="SHA256",

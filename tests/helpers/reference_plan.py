@@ -9,7 +9,35 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from batchinf.planning.plan import ERROR_BUCKET, bucket_bounds, cut, shard_id
+from batchinf.planning.bucketing import ERROR_BUCKET
+from batchinf.planning.shard_names import shard_id
+
+
+def bucket_bounds(lengths: np.ndarray, max_records: int, max_buckets: int = 32) -> list[int]:
+    """Upper bounds (inclusive) of length buckets, from the job's own length distribution:
+    quantile cut points, so each bucket holds a similar number of records, and no more buckets
+    than it takes to keep shards near full (a bucket is cut into shards of max_records). The
+    planner computes the same from a histogram (`bucketing.bounds_from_histogram`)."""
+    if lengths.size == 0:
+        return []
+    n = int(min(max_buckets, max(1, -(-lengths.size // max_records))))
+    qs = np.quantile(lengths, np.linspace(0, 1, n + 1)[1:], method="higher")
+    return sorted({int(q) for q in qs})
+
+
+def cut(order: np.ndarray, tokens: np.ndarray, max_records: int, max_tokens: int) -> list[np.ndarray]:
+    """Split an ordered index array into runs bounded by record count and token sum (the planner
+    cuts runs of equal-length records the same way: `bucketing.cut_groups`)."""
+    runs, start, acc = [], 0, 0
+    for i, idx in enumerate(order):
+        t = int(tokens[idx])
+        if i > start and (i - start >= max_records or acc + t > max_tokens):
+            runs.append(order[start:i])
+            start, acc = i, 0
+        acc += t
+    if start < len(order):
+        runs.append(order[start:])
+    return runs
 
 
 def reference_shards(job_id: str, uris: list[str], staged: list[pa.Table], max_records: int, max_tokens: int,

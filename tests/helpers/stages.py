@@ -9,7 +9,7 @@ from batchinf.dispatch import Dispatcher, plan_objects_here, run_shard
 from batchinf.ledger import jobs, leases, shards
 from batchinf.ledger.models import Job, Lease
 from batchinf.ledger.states import JobStatus
-from batchinf.planning.plan import finish_plan, pin_job
+from batchinf.planning import finish_plan, pin_job
 from batchinf.verify import publish
 
 

@@ -83,6 +83,19 @@ def test_plan_scale_short_mode(tmp_path: Path) -> None:
     assert ledger["idle"]["status_ms"] > 0 and ledger["under_load"]["tick_ms_p50"] > 0
 
 
+def test_plan_scale_object_scale_short_mode(tmp_path: Path) -> None:
+    """The same records planned as 2 and as 200 objects: both jobs plan every record and run,
+    and the ratio of their times is reported (no timing assertion)."""
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "plan_scale.py"), "--object-scale", "2,200",
+                        "--short", "--json"], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    report = json.loads(r.stdout)["object_scale"]
+    assert set(report["objects"]) == {"2", "200"} and report["rounds"] == 1
+    assert all(o["records"] == 2000 and o["status"] == "running" and o["seconds"] > 0
+               for o in report["objects"].values())
+    assert report["ratio"] > 0
+
+
 def test_hostile_neighbours_short_mode(tmp_path: Path) -> None:
     """Beside each hostile job or request of another tenant, the victim's small job still succeeds
     (the script exits non-zero otherwise), and each attack ends refused or bounded."""

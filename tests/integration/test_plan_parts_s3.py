@@ -21,7 +21,8 @@ from batchinf.controller import drive
 from batchinf.ledger import jobs
 from batchinf.manifest import parse_manifest
 from batchinf.parts import read_table
-from batchinf.planning.plan import object_tasks, part_tasks, pin_job
+from batchinf.planning import pin_job
+from batchinf.planning.context import Planning, part_tasks
 from batchinf.store import get_store
 from tests.helpers.corpus import awkward_jsonl as _awkward
 from tests.helpers.corpus import manifest, texts
@@ -59,7 +60,7 @@ def _run(s3_bucket: str, name: str, range_bytes: str, monkeypatch: pytest.Monkey
         ids.append(job_id)
     if overwrite:
         overwrite()
-    parts = [len(part_tasks(t)) for job_id in ids for t in object_tasks(jobs.get(job_id))]
+    parts = [len(part_tasks(t)) for job_id in ids for t in Planning(jobs.get(job_id)).object_tasks()]
     for job_id in ids:
         assert drive(job_id, workers=1, threads=1) == "succeeded"
     store = get_store(s3_bucket)

@@ -95,7 +95,7 @@ def test_s3_inputs_pinned_by_version(tmp_path: Path, tiny_bundle: str, s3_bucket
     job_id, _ = submit(parse_manifest(manifest(f"{s3_bucket}/in/", f"{s3_bucket}/out/")), OPERATOR)
 
     from batchinf.ledger.jobs import get as get_job
-    from batchinf.planning.plan import pin_job
+    from batchinf.planning import pin_job
     pin_job(get_job(job_id))                                  # pins versions; planning reads later
     s3.put_object(Bucket=bucket, Key="in/b.jsonl", Body=b'{"id": "new", "text": "replaced"}\n')
     assert drive(job_id, workers=1, threads=1) == "succeeded"
@@ -128,7 +128,7 @@ def test_input_manifest_and_changed_object(tmp_path: Path, tiny_bundle: str, s3_
     m["input"] = {"manifest": f"{bucket_uri}/inputs.jsonl", "format": "jsonl"}
     job_id, _ = submit(parse_manifest(m), OPERATOR)
     from batchinf.ledger.jobs import get as get_job
-    from batchinf.planning.plan import pin_job
+    from batchinf.planning import pin_job
     pin_job(get_job(job_id))
     s3.put_object(Bucket=bucket, Key="data/a.jsonl", Body=b'{"id": "z", "text": "changed"}\n')
     assert drive(job_id, workers=1, threads=1) == "failed"

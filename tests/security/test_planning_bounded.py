@@ -19,7 +19,7 @@ from batchinf.ledger import db
 from batchinf.ledger import jobs as job_repo
 from batchinf.ledger.models import Job
 from batchinf.manifest import parse_manifest
-from batchinf.planning.plan import pin_job, plan_one_object
+from batchinf.planning import pin_job, plan_one_object
 from batchinf.submit import submit
 from tests.helpers.env import OPERATOR
 from tests.helpers.services import fresh_postgres_db as _fresh_postgres_db

@@ -25,15 +25,17 @@ def external_imports() -> dict[str, set[str]]:
 LAYERS: list[tuple[str, ...]] = [
     ("batchinf.errors", "batchinf.config", "batchinf.checks", "batchinf.failpoints", "batchinf.digests",
      "batchinf.cron", "batchinf.documents", "batchinf.version", "batchinf.logs",
-     "batchinf.planning", "batchinf.openai"),   # the packages themselves import nothing
-    ("batchinf.store", "batchinf.manifest", "batchinf.manifest_rules", "batchinf.formats", "batchinf.runtime",
-     "batchinf.retry_policy", "batchinf.openai.lines", "batchinf.tasks"),
+     "batchinf.openai"),   # the package itself imports nothing
+    ("batchinf.store", "batchinf.planning.shard_names", "batchinf.manifest", "batchinf.manifest_rules",
+     "batchinf.formats", "batchinf.runtime", "batchinf.retry_policy", "batchinf.openai.lines", "batchinf.tasks"),
     ("batchinf.parts", "batchinf.openai.output"),
     ("batchinf.ledger",),
     ("batchinf.bundles", "batchinf.tenants", "batchinf.scopes", "batchinf.limits", "batchinf.submit", "batchinf.planning.pin",
      "batchinf.metrics", "batchinf.openai.batches", "batchinf.rerun", "batchinf.heartbeat"),
-    ("batchinf.planning.summary", "batchinf.planning.ranges", "batchinf.planning.bucketing", "batchinf.planning.sizing"),
-    ("batchinf.planning.plan", "batchinf.execute", "batchinf.verify", "batchinf.schedules"),
+    ("batchinf.planning.summary", "batchinf.planning.ranges", "batchinf.planning.bucketing", "batchinf.planning.sizing",
+     "batchinf.planning.context"),
+    ("batchinf.planning.stage", "batchinf.planning.finish", "batchinf.planning", "batchinf.execute",
+     "batchinf.verify", "batchinf.schedules"),
     ("batchinf.quarantine", "batchinf.dispatch"),
     ("batchinf.lifecycle",),
     ("batchinf.controller", "batchinf.dryrun"),
@@ -165,7 +167,8 @@ def test_submit_has_no_default_caller_and_the_api_is_never_the_operator() -> Non
 STORE_USERS = {
     "batchinf.scopes": "Storage itself",
     "batchinf.submit": "the output prefix's _SUCCESS, after the grant check",
-    "batchinf.planning.plan": "pinned objects (checked when pinned) and the job's work files",
+    "batchinf.planning.stage": "pinned objects (checked when pinned) and the job's work files",
+    "batchinf.planning.finish": "the job's work files",
     "batchinf.planning.ranges": "pinned objects, checked when pinned",
     "batchinf.planning.summary": "the job's work files",
     "batchinf.execute": "pinned objects and the job's work files",

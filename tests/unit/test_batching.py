@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchinf.execute import token_budget_batches
-from batchinf.planning.plan import bucket_bounds, cut
+from tests.helpers.reference_plan import bucket_bounds, cut
 
 
 @settings(max_examples=300, deadline=None)

@@ -19,12 +19,14 @@ from batchinf.planning import bucketing
 from batchinf.ledger import jobs, retry_records, shards
 from batchinf.manifest import parse_manifest
 from batchinf.parts import STAGE_ROW_GROUP, read_table, write_table
-from batchinf.planning.plan import bucket_bounds, cut, finish_plan, object_tasks, plan_object
+from batchinf.planning import finish_plan
+from batchinf.planning.context import Planning
+from batchinf.planning.stage import stage_part
 from batchinf.tasks import base
 from batchinf.submit import submit
 from tests.helpers.env import OPERATOR
 from tests.helpers.corpus import manifest, record_line, texts, write_jsonl
-from tests.helpers.reference_plan import reference_shards
+from tests.helpers.reference_plan import bucket_bounds, cut, reference_shards
 from tests.helpers.stages import plan_job
 
 
@@ -65,7 +67,7 @@ def _sha(uri_or_path: str) -> str:
 
 def _assert_same_as_reference(tmp_path: Path, job_id: str) -> list[dict]:
     job = jobs.get(job_id)
-    tasks = object_tasks(job)
+    tasks = Planning(job).object_tasks()
     uris = [t.pin.uri for t in tasks]
     want, plan = reference_shards(job_id, uris, [read_table(t.stage_uri) for t in tasks], job.manifest.shards.max_records,
                                   job.manifest.shards.max_tokens, retry_records.selection(job_id))
@@ -89,7 +91,7 @@ def test_shard_files_are_byte_identical_to_the_whole_job_step(tmp_path: Path, ti
     plan_job(job_id)
     assert len(bucketing.id_splits([json.loads((Path(t.stage_uri.removeprefix("file://").removesuffix(".parquet")
                                                      + ".summary.json")).read_text())
-                                    for t in object_tasks(jobs.get(job_id))], 40)) >= 3
+                                    for t in Planning(jobs.get(job_id)).object_tasks()], 40)) >= 3
     want = _assert_same_as_reference(tmp_path, job_id)
     dups = [r for w in want for r in w["table"].to_pylist() if r["error"] == "duplicate_id"]
     uris = {Path(u.removeprefix("file://")).name for u in [r["source"] for r in dups]}
@@ -111,11 +113,38 @@ def test_a_retry_selection_plans_only_its_records_as_before(tmp_path: Path, tiny
     assert jobs.get(job_id).records_total == len(pick)
 
 
+def test_staged_files_lost_in_a_crash_are_planned_again(tmp_path: Path, tiny_bundle: str) -> None:
+    """Staged files are written without fsync: after a machine crash one may be missing or short.
+    The global step then plans those objects again (and only those) instead of cutting shards
+    from them, and the shards are those of a plan without the crash."""
+    from batchinf.dispatch import plan_objects_here
+    from batchinf.planning import pin_job
+    from batchinf.planning.summary import ids_uri
+
+    _corpus(tmp_path / "in", n=60)
+    job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "in") + "/", str(tmp_path / "out"),
+                                               shards={"max_records": 10})), OPERATOR)
+    pin_job(jobs.get(job_id))
+    plan_objects_here(jobs.get(job_id), list(range(4)), processes=1)
+    tasks = Planning(jobs.get(job_id)).object_tasks()
+    Path(tasks[1].stage_uri.removeprefix("file://")).unlink()                       # never reached the disk
+    with open(ids_uri(tasks[3].stage_uri).removeprefix("file://"), "r+b") as f:     # half of it did
+        f.truncate(10)
+    finish_plan(jobs.get(job_id))
+    assert jobs.get(job_id).status == "planning" and not shards.of_job(job_id)
+    objs = jobs.inputs(job_id)
+    assert [o.records is None for o in objs] == [False, True, False, True]
+    assert "staged files were lost" in (objs[1].error or "")
+    plan_job(job_id)
+    assert jobs.get(job_id).status == "running"
+    _assert_same_as_reference(tmp_path, job_id)
+
+
 def _planned_objects(tmp_path: Path, name: str, per_object: int, objects: int = 4, stage: bool = True) -> str:
     """A job of `objects` objects of `per_object` records each, pinned, its objects staged (unless
     not `stage`), the global step not run."""
     from batchinf.dispatch import plan_objects_here
-    from batchinf.planning.plan import pin_job
+    from batchinf.planning import pin_job
 
     rng = random.Random(5)
     root = tmp_path / name / "in"
@@ -155,7 +184,7 @@ def test_the_global_steps_peak_memory_does_not_grow_with_the_job(tmp_path: Path,
     peaks, reference = [], []
     for name, n in (("small", 1000), ("large", 4000)):
         job = jobs.get(_planned_objects(tmp_path, name, n))
-        tasks = object_tasks(job)
+        tasks = Planning(job).object_tasks()
         staged = [read_table(t.stage_uri) for t in tasks]
         reference.append(_peak(lambda: reference_shards(job.id, [t.pin.uri for t in tasks], staged, 500, 10**9)))
         peaks.append(_peak(lambda: finish_plan(job)))
@@ -180,7 +209,8 @@ def test_a_planning_task_holds_one_chunk_of_records_as_python_objects(tmp_path: 
     monkeypatch.setattr(base, "STAGE_CHUNK", 500)
     peaks = []
     for name, n in (("small", 2000), ("large", 8000)):
-        task = object_tasks(jobs.get(_planned_objects(tmp_path, name, n, objects=1, stage=False)))[0]
-        peaks.append(_python_peak(lambda: plan_object(task)))
+        planning = Planning(jobs.get(_planned_objects(tmp_path, name, n, objects=1, stage=False)))
+        task = planning.object_tasks()[0]
+        peaks.append(_python_peak(lambda: stage_part(planning, task)))
     assert peaks[1] < 1.3 * peaks[0], f"planning task: {peaks[0]} B of Python objects at 2,000 records, " \
                                       f"{peaks[1]} B at 8,000"

@@ -19,7 +19,7 @@ from batchinf.config import settings
 from batchinf.formats.jsonl import json_objects, part_objects
 from batchinf.ledger import jobs, shards
 from batchinf.manifest import parse_manifest
-from batchinf.planning.plan import object_tasks, part_tasks
+from batchinf.planning.context import Planning, part_tasks
 from batchinf.planning.ranges import Part, object_parts, renumber
 from batchinf.store import ObjectPin
 from batchinf.submit import submit
@@ -136,7 +136,7 @@ def test_planning_in_parts_stages_the_very_shards_of_whole_planning(tmp_path: Pa
     _corpus(tmp_path / "in")
     whole = _plan(tmp_path, monkeypatch, "whole", WHOLE)
     split = _plan(tmp_path, monkeypatch, "split", "700")
-    tasks = object_tasks(jobs.get(split))
+    tasks = Planning(jobs.get(split)).object_tasks()
     counts = {Path(t.pin.uri).name: len(part_tasks(t)) for t in tasks}
     assert counts["c.jsonl.gz"] == 1 and counts["a.jsonl"] > 10 and counts["b.jsonl"] > 10
     assert counts["d.jsonl"] > 1 and counts["e.jsonl"] > 5
@@ -159,7 +159,7 @@ def test_parts_plan_in_a_process_pool(tmp_path: Path, tiny_bundle: str, monkeypa
     (tmp_path / "in" / "a.jsonl").write_bytes(_awkward(7, 60, "a") + b"\n{not json")
     whole = _plan(tmp_path, monkeypatch, "whole", WHOLE)
     split = _plan(tmp_path, monkeypatch, "split", "1500", processes=2)
-    assert len(part_tasks(object_tasks(jobs.get(split))[0])) > 2
+    assert len(part_tasks(Planning(jobs.get(split)).object_tasks()[0])) > 2
     assert _planned(split) == _planned(whole)
     assert [o.attempts for o in jobs.inputs(split)] == [1]
 
@@ -173,7 +173,7 @@ def test_parquet_is_planned_by_row_groups(tmp_path: Path, tiny_bundle: str, monk
     input_ = {"uri": str(tmp_path / "in") + "/", "format": "parquet"}
     whole = _plan(tmp_path, monkeypatch, "whole", WHOLE, input=input_)
     split = _plan(tmp_path, monkeypatch, "split", "2000", input=input_)
-    assert len(part_tasks(object_tasks(jobs.get(split))[0])) > 3
+    assert len(part_tasks(Planning(jobs.get(split)).object_tasks()[0])) > 3
     assert _planned(split) == _planned(whole)
     errors = {r["record_id"]: r for r in _error_rows(split)}
     assert errors["p120"]["ordinal"] == 120 and "a.parquet row 120:" in errors["p120"]["message"]
@@ -196,7 +196,7 @@ def test_a_dry_run_reports_the_same_counts(tmp_path: Path, tiny_bundle: str, mon
 
 def test_a_broker_sends_the_parts_and_the_last_one_staged_records_the_object(
         tmp_path: Path, tiny_bundle: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from batchinf.planning.plan import finish_plan, pin_job, plan_one_object, plan_sent_part
+    from batchinf.planning import finish_plan, pin_job, plan_one_object, plan_sent_part
 
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.jsonl").write_bytes(_awkward(8, 80, "a") + b"\n{not json\n")
@@ -228,7 +228,7 @@ def test_a_global_step_that_cuts_other_parts_is_refused(tmp_path: Path, tiny_bun
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     from batchinf.planning.bucketing import StagedMismatch
     from batchinf.dispatch import plan_objects_here
-    from batchinf.planning.plan import finish_plan, pin_job
+    from batchinf.planning import finish_plan, pin_job
 
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.jsonl").write_bytes(_awkward(9, 40, "a"))
