@@ -20,16 +20,14 @@ import queue
 import socket
 import time
 from multiprocessing.synchronize import Event as EventType
-from typing import Callable
+from typing import Any, Callable
 
 from batchinf import failpoints, logs, metrics
 from batchinf.config import settings
-from batchinf.ledger import jobs as job_repo
 from batchinf.ledger import leases
 from batchinf.ledger import shards as shard_repo
 from batchinf.ledger.events import now
 from batchinf.ledger.models import Job, Lease
-from batchinf.ledger.states import JOB_PLANNING, JobStatus
 from batchinf.retry_policy import Action, RetryPolicy, retrying
 
 log = logging.getLogger("batchinf.dispatch")
@@ -162,16 +160,49 @@ def plan_objects_here(job: Job, idxs: list[int], processes: int) -> None:
     several (plan.plan_objects)."""
     from batchinf.planning.plan import plan_objects
 
-    plan_objects(job.id, idxs, processes)
+    plan_objects(job, idxs, processes)
 
 
-def worker_main(job_id: str, device: str, threads: int, parent_pid: int, twins: mp.Queue,
-                wake: EventType | None = None) -> None:
-    """Entry point of an embedded worker process: lease shards of one job until none are left;
-    when idle, run a straggler's twin the driver asked for. Started while the job is still
-    planning, it loads the bundle meanwhile. It sets `wake` when it ends an attempt or first
-    finds nothing to do, or starts the last chunk of its shard, so the driver steps the job at once
-    (dispatch a split's halves, ask a running shard to split, verify) instead of at its next tick."""
+IDLE_RECHECK_SECONDS = 1.0   # an idle worker looks again this often unwoken (a driver that died, a missed wake)
+
+
+class WorkSignal:
+    """Wakes idle workers when there may be work for them: the driver `notify`s as it queues
+    shards, asks for a twin, or stops the workers (`closing`). A worker notes the signal's count
+    before it looks for work (`seen`) and `wait`s only while nothing came since, so no wake is
+    missed between its look and its wait, and none makes it look twice."""
+
+    def __init__(self, ctx: Any) -> None:
+        self._cond = ctx.Condition()
+        self._count = ctx.RawValue("Q", 0)
+        self.closing = ctx.Event()      # the workers stop: their job is over or stopping
+
+    def notify(self) -> None:
+        with self._cond:
+            self._count.value += 1
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        self.closing.set()
+        self.notify()
+
+    def seen(self) -> int:
+        return self._count.value
+
+    def wait(self, seen: int, timeout: float = IDLE_RECHECK_SECONDS) -> None:
+        with self._cond:
+            if self._count.value == seen and not self.closing.is_set():
+                self._cond.wait(timeout)
+
+
+def worker_main(job_id: str, bundle_digest: str, device: str, threads: int, parent_pid: int, twins: mp.Queue,
+                work: WorkSignal, wake: EventType | None = None) -> None:
+    """Entry point of an embedded worker process: lease shards of one job until the driver closes
+    `work`; when idle, run a straggler's twin the driver asked for, else sleep until `work` wakes
+    it. Started while the job is still planning, it loads the bundle meanwhile. It sets `wake` when
+    it ends an attempt or first finds nothing to do, or starts the last chunk of its shard, so the
+    driver steps the job at once (dispatch a split's halves, ask a running shard to split, verify)
+    instead of at its next tick."""
     import signal
 
     import torch
@@ -186,12 +217,12 @@ def worker_main(job_id: str, device: str, threads: int, parent_pid: int, twins: 
     device = pick_device(device)
     me = worker_name()
     try:
-        open_runtime(job_repo.get(job_id).bundle_digest, device=device)
+        open_runtime(bundle_digest, device=device)
     except Exception:  # noqa: BLE001 -- reported (and counted) by the first shard that needs it
         pass
-    waiting = {JobStatus.RUNNING, JobStatus.PLANNED, *JOB_PLANNING}
     idle = False
-    while os.getppid() == parent_pid:
+    while os.getppid() == parent_pid and not work.closing.is_set():
+        seen = work.seen()
         lease = retrying(leases.claim_next, [job_id], me, settings().lease_seconds)
         while lease is None:
             try:
@@ -203,13 +234,11 @@ def worker_main(job_id: str, device: str, threads: int, parent_pid: int, twins: 
             idle = False
             if wake is not None:
                 wake.set()
-        elif retrying(job_repo.get, job_id).status not in waiting:
-            return
         else:
             if not idle and wake is not None:
                 wake.set()
             idle = True
-            time.sleep(0.1)
+            work.wait(seen)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -229,21 +258,23 @@ class LocalPool(Dispatcher):
     # whole work prefix anyway (lost attempts stay `lost` in the ledger)
     sweeps = False
 
-    def __init__(self, job_id: str, *, workers: int = 1, device: str = "auto", threads: int | None = None) -> None:
+    def __init__(self, job: Job, *, workers: int = 1, device: str = "auto", threads: int | None = None) -> None:
         super().__init__()
-        self.job_id, self.device, self.n = job_id, device, max(1, workers)
+        self.job_id, self.bundle_digest, self.device, self.n = job.id, job.bundle_digest, device, max(1, workers)
         self.threads = threads or max(1, (os.cpu_count() or 1) // self.n)
         self.ctx = mp.get_context("spawn")
         self.procs: list[mp.process.BaseProcess] = []
         self.twins: mp.Queue = self.ctx.Queue()
         self.wake = self.ctx.Event()     # set by a worker: step the job now (see worker_main)
+        self.work = WorkSignal(self.ctx)
         self._checked_leftovers = False
 
     def start(self, n: int | None = None) -> None:
         """Start workers now (e.g. while the job plans), so their start-up overlaps planning."""
         while len(self.procs) < min(self.n, self.n if n is None else n):
             p = self.ctx.Process(target=worker_main, name="batchinf-worker", daemon=True,
-                                 args=(self.job_id, self.device, self.threads, os.getpid(), self.twins, self.wake))
+                                 args=(self.job_id, self.bundle_digest, self.device, self.threads, os.getpid(),
+                                       self.twins, self.work, self.wake))
             p.start()
             self.procs.append(p)
 
@@ -251,8 +282,12 @@ class LocalPool(Dispatcher):
         self.start()
         plan_objects_here(job, idxs, os.cpu_count() or 1)
 
+    def send(self, shard_ids: list[str]) -> None:
+        self.work.notify()
+
     def _send_twin(self, shard_id: str) -> None:
         self.twins.put(shard_id)
+        self.work.notify()
 
     def dead_workers(self, job: Job) -> list[str]:
         dead = []
@@ -289,6 +324,7 @@ class LocalPool(Dispatcher):
         """Wait for workers to finish (they exit once the job leaves running), then kill stragglers.
         Their leases, if any, expire and are taken over by the next driver. `timeout` 0: stop them
         now (SIGTERM), e.g. once their job is over and they hold nothing."""
+        self.work.close()
         for p in self.procs:
             if timeout <= 0:
                 p.terminate()
@@ -299,9 +335,10 @@ class LocalPool(Dispatcher):
         self.procs.clear()
 
 
-def pool_worker_main(device: str, threads: int, parent_pid: int, twins: mp.Queue) -> None:
+def pool_worker_main(device: str, threads: int, parent_pid: int, twins: mp.Queue, work: WorkSignal) -> None:
     """Entry point of a shared pool's worker process (embedded `batchinf serve`): lease shards of
-    any running job until the parent exits; bundles stay loaded per digest between jobs."""
+    any running job until the parent exits or closes `work`, sleeping until `work` wakes it when
+    there is none; bundles stay loaded per digest between jobs."""
     import signal
 
     import torch
@@ -311,7 +348,8 @@ def pool_worker_main(device: str, threads: int, parent_pid: int, twins: mp.Queue
     torch.set_num_interop_threads(1)
     device = pick_device(device)
     me = worker_name()
-    while os.getppid() == parent_pid:
+    while os.getppid() == parent_pid and not work.closing.is_set():
+        seen = work.seen()
         try:
             lease = retrying(leases.claim_next, None, me, settings().lease_seconds)
             while lease is None:
@@ -324,7 +362,7 @@ def pool_worker_main(device: str, threads: int, parent_pid: int, twins: mp.Queue
         if lease is not None:
             run_lease(lease, device, parent_pid)
         else:
-            time.sleep(0.2)
+            work.wait(seen)
 
 
 class SharedPool(Dispatcher):
@@ -341,20 +379,25 @@ class SharedPool(Dispatcher):
         self.ctx = mp.get_context("spawn")
         self.procs: list[mp.process.BaseProcess] = []
         self.twins: mp.Queue = self.ctx.Queue()
+        self.work = WorkSignal(self.ctx)
         self.dead: set[str] = set()
 
     def start(self) -> None:
         while len(self.procs) < self.n:
             p = self.ctx.Process(target=pool_worker_main, name="batchinf-worker", daemon=True,
-                                 args=(self.device, self.threads, os.getpid(), self.twins))
+                                 args=(self.device, self.threads, os.getpid(), self.twins, self.work))
             p.start()
             self.procs.append(p)
 
     def plan(self, job: Job, idxs: list[int]) -> None:
         plan_objects_here(job, idxs, 1)
 
+    def send(self, shard_ids: list[str]) -> None:
+        self.work.notify()
+
     def _send_twin(self, shard_id: str) -> None:
         self.twins.put(shard_id)
+        self.work.notify()
 
     def dead_workers(self, job: Job) -> list[str]:
         for p in list(self.procs):
@@ -377,6 +420,7 @@ class SharedPool(Dispatcher):
         self.start()
 
     def stop(self, timeout: float = 10.0) -> None:
+        self.work.close()
         for p in self.procs:
             p.join(timeout)
             if p.is_alive():

@@ -182,12 +182,16 @@ def plan_one_object(job_id: str, idx: int, send_parts: Callable[[list[int]], Non
     when it raises, so the lifecycle can fail the job once an object has used up its attempts.
     With `send_parts` (a broker's), an object of several parts sends those not staged yet as
     tasks of their own instead (`plan_sent_part`; the attempt lasts until the last is staged)."""
-    parts = begin_object(job_id, idx)
-    if parts is None:
+    job = job_repo.get(job_id)
+    if job.status != JobStatus.PLANNING:
         return 0
-    if send_parts is None or parts == 1:
-        return end_object(job_id, idx, lambda: sum(plan_part(job_id, idx, k) for k in range(parts)))
-    tasks = part_tasks(object_tasks(job_repo.get(job_id))[idx])
+    task = object_tasks(job)[idx]
+    tasks = begin_object(job, task)
+    if tasks is None:
+        return 0
+    if send_parts is None or len(tasks) == 1:
+        keep = _keep(task, _selection(job))
+        return end_object(job_id, idx, lambda: sum(plan_object(t, keep) for t in tasks))
     missing = [k for k, t in enumerate(tasks) if not _staged(t)]
     if not missing:         # all staged by an earlier attempt whose last part was not recorded
         return end_object(job_id, idx, lambda: _staged_records(tasks)) or 0
@@ -203,12 +207,13 @@ def plan_sent_part(job_id: str, idx: int, k: int) -> None:
     job = job_repo.get(job_id)
     if job.status != JobStatus.PLANNING:
         return
-    tasks = part_tasks(object_tasks(job)[idx])
+    task = object_tasks(job)[idx]
+    tasks = part_tasks(task)
 
     def attempt() -> int | None:
         if not _staged(tasks[k]):
             job_repo.plan_part_started(job_id, idx)
-            plan_part(job_id, idx, k)
+            plan_object(tasks[k], _keep(task, _selection(job)))
         return _staged_records(tasks)
     end_object(job_id, idx, attempt)
 
@@ -226,26 +231,31 @@ def _staged_records(tasks: list[ObjectTask]) -> int | None:
     return sum(read_summary(t.stage_uri)["rows"] for t in tasks)
 
 
-def plan_objects(job_id: str, idxs: list[int], processes: int) -> None:
-    """Stage objects on this machine, their parts in a pool of `processes` processes when there
-    are several: each object's attempt is counted and its outcome recorded here."""
+def plan_objects(job: Job, idxs: list[int], processes: int) -> None:
+    """Stage objects of a planning job on this machine, their parts in a pool of `processes`
+    processes when there are several: each object's attempt is counted and its outcome recorded here."""
     from concurrent.futures import ProcessPoolExecutor
     import multiprocessing as mp
 
-    begun = [(i, n) for i in idxs if (n := begin_object(job_id, i)) is not None]
-    total = sum(n for _, n in begun)
+    if job.status != JobStatus.PLANNING:
+        return
+    every, chosen = object_tasks(job), _selection(job)
+    begun = [(every[i], parts) for i in idxs if (parts := begin_object(job, every[i])) is not None]
+    total = sum(len(parts) for _, parts in begun)
     if processes <= 1 or total <= 1:
-        for i, n in begun:
-            end_object(job_id, i, lambda i=i, n=n: sum(plan_part(job_id, i, k) for k in range(n)))
+        for task, parts in begun:
+            keep = _keep(task, chosen)
+            end_object(job.id, task.idx, lambda parts=parts, keep=keep: sum(plan_object(t, keep) for t in parts))
         return
     errors = []
     n = min(total, processes)
     with ProcessPoolExecutor(n, mp_context=mp.get_context("spawn"), initializer=tokenizer_threads,
                              initargs=(max(1, (os.cpu_count() or 1) // n),)) as pool:
-        futures = [(i, [pool.submit(plan_part, job_id, i, k) for k in range(n)]) for i, n in begun]
-        for i, fs in futures:
+        futures = [(task, [pool.submit(plan_object, t, _keep(task, chosen)) for t in parts])
+                   for task, parts in begun]
+        for task, fs in futures:
             try:
-                end_object(job_id, i, partial(_results, fs))
+                end_object(job.id, task.idx, partial(_results, fs))
             except Exception as exc:  # noqa: BLE001 -- recorded for its object; the first is raised below
                 errors.append(exc)
     if errors:
@@ -263,21 +273,22 @@ def _results(futures: list[Future]) -> int:
     return sum(f.result() for f in futures)
 
 
-def begin_object(job_id: str, idx: int) -> int | None:
-    """Count a planning attempt of the object; its number of planning parts, or None when there
-    is nothing to do (the job left planning, the object is planned)."""
-    job = job_repo.get(job_id)
-    if job.status != JobStatus.PLANNING or not job_repo.plan_attempt_started(job_id, idx):
+def begin_object(job: Job, task: ObjectTask) -> list[ObjectTask] | None:
+    """Count a planning attempt of the object (`task`, of the planning `job`); its planning
+    parts' tasks, or None when it is planned already."""
+    if not job_repo.plan_attempt_started(job.id, task.idx):
         return None
-    return end_object(job_id, idx, lambda: len(part_tasks(object_tasks(job)[idx])), planned=False)
+    return end_object(job.id, task.idx, lambda: part_tasks(task), planned=False)
 
 
-def plan_part(job_id: str, idx: int, k: int) -> int:
-    """Stage part k of the object (the ledger is begin_object's and end_object's)."""
-    job = job_repo.get(job_id)
-    task = part_tasks(object_tasks(job)[idx])[k]
-    chosen = lineage.selection(job_id)
-    return plan_object(task, None if chosen is None else chosen.get(task.pin.uri, set()))
+def _selection(job: Job) -> dict[str, set[int]] | None:
+    """The records a retry job plans, by object (`lineage.selection`); None: every record."""
+    return lineage.selection(job.id)
+
+
+def _keep(task: ObjectTask, chosen: dict[str, set[int]] | None) -> set[int] | None:
+    """The ordinals of the object that `chosen` (a `_selection`) plans; None: every one."""
+    return None if chosen is None else chosen.get(task.pin.uri, set())
 
 
 def end_object(job_id: str, idx: int, attempt: Callable[[], Any], planned: bool = True) -> Any:
