@@ -1,5 +1,5 @@
-"""Count what a job costs the ledger: job rows read (`Job.from_row`: a row, its JSON and its
-manifest) and SQL statements (those reading the `jobs` table among them), in this process and in
+"""Count what a job costs the ledger: job rows read (`Job.from_row`: a row and its JSON) and SQL
+statements (SELECTs, and those reading the `jobs` table among them), in this process and in
 the worker processes it spawns. Each process appends one line per event to its own file under a
 directory, so a worker killed at the end of a job has already recorded what it did."""
 
@@ -30,8 +30,10 @@ def install(directory: Path) -> Callable[[], None]:
         return real.__func__(cls, row)
 
     def statement(conn: Any, cursor: Any, sql: str, params: Any, context: Any, many: bool) -> None:
-        reads_jobs = sql.lstrip().upper().startswith(("SELECT", "WITH")) and JOBS_TABLE.search(sql)
-        out.write("select_jobs\n" if reads_jobs else "statement\n")
+        if not sql.lstrip().upper().startswith(("SELECT", "WITH")):
+            out.write("statement\n")       # a write, BEGIN, a PRAGMA
+        else:
+            out.write("select_jobs\n" if JOBS_TABLE.search(sql) else "select\n")
 
     models.Job.from_row = classmethod(from_row)  # type: ignore[method-assign,assignment]
     event.listen(Engine, "before_cursor_execute", statement)
@@ -51,7 +53,8 @@ def counted(directory: str, target: str, *args: Any) -> None:
 
 
 def totals(directory: Path) -> Counter[str]:
-    """Every process's events, summed: job_row, select_jobs, statement."""
+    """Every process's events, summed: job_row; select_jobs (a SELECT reading `jobs`), select
+(another SELECT), statement (any other statement)."""
     c: Counter[str] = Counter()
     for f in directory.glob("*.log"):
         c.update(line.strip() for line in f.read_text().splitlines() if line.strip())
