@@ -1,5 +1,5 @@
 """The two drivers of the one lifecycle (lifecycle.py): `drive` runs one job on this machine
-(embedded `batchinf run`) with a `LocalPool`; `Controller` steps every active job of a shared
+(embedded `batchinf run`) with a `WorkerPool` of its job; `Controller` steps every active job of a shared
 ledger (`batchinf controller`) with the dispatcher it is given (Celery's, from `workers/`).
 Either may be killed and started again at any point: everything is derived from the ledger.
 """
@@ -14,7 +14,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
-from batchinf.dispatch import Dispatcher, LocalPool
+from batchinf.dispatch import Dispatcher, WorkerPool
 from batchinf.errors import LedgerError
 from batchinf.ledger import jobs as job_repo
 from batchinf.ledger import leases
@@ -32,7 +32,7 @@ def drive(job_id: str, *, workers: int = 1, device: str = "auto", threads: int |
     running job is stepped every `tick` seconds and whenever a worker ends an attempt or idles.
     Each step reads the job once (`lifecycle.advance`); the loop goes by the status it leaves."""
     job = job_repo.get(job_id)
-    pool = LocalPool(job, workers=workers, device=device, threads=threads)
+    pool = WorkerPool(job, workers=workers, device=device, threads=threads)
     try:
         if job.status in {JobStatus.RUNNING, JobStatus.PLANNED, *JOB_PLANNING}:
             pool.start()            # workers load the bundle while the job is pinned and planned
@@ -158,10 +158,9 @@ def serve_embedded(stop: threading.Event, *, workers: int = 1, device: str = "au
     controller loop over every active job, a pool of local worker processes that lease shards of
     any running job, and the scheduler. Returns the threads; setting `stop` ends them (and the
     workers)."""
-    from batchinf.dispatch import SharedPool
     from batchinf.schedules import tick as schedule_tick
 
-    pool = SharedPool(workers=workers, device=device, threads=threads)
+    pool = WorkerPool(workers=workers, device=device, threads=threads)
     controller = Controller(pool, name=f"serve@{socket.gethostname()}:{os.getpid()}",
                             max_in_flight=2 * max(1, workers), tick_seconds=tick_seconds)
 
