@@ -1,5 +1,5 @@
 """The two drivers of the one lifecycle (lifecycle.py): `drive` runs one job on this machine
-(embedded `batchinf run`) with a `LocalPool`; `Controller` steps every active job of a shared
+(embedded `batchinf run`) with a `WorkerPool` of its job; `Controller` steps every active job of a shared
 ledger (`batchinf controller`) with the dispatcher it is given (Celery's, from `workers/`).
 Either may be killed and started again at any point: everything is derived from the ledger.
 """
@@ -14,14 +14,14 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
-from batchinf.dispatch import Dispatcher, LocalPool
+from batchinf.dispatch import Dispatcher, WorkerPool
 from batchinf.errors import LedgerError
 from batchinf.ledger import jobs as job_repo
 from batchinf.ledger import leases
 from batchinf.ledger import shards as shard_repo
 from batchinf.ledger.models import Job
 from batchinf.ledger.states import JOB_PLANNING, JOB_TERMINAL, JobStatus
-from batchinf.lifecycle import in_flight_cap, retry_in, share_slots, step
+from batchinf.lifecycle import advance, in_flight_cap, retry_in, share_slots, step
 
 log = logging.getLogger("batchinf.controller")
 
@@ -29,21 +29,28 @@ log = logging.getLogger("batchinf.controller")
 def drive(job_id: str, *, workers: int = 1, device: str = "auto", threads: int | None = None,
           on_tick: Callable[[], object] | None = None, tick: float = 1.0) -> str:
     """Run a job to a terminal state in this machine's processes; returns the final status. A
-    running job is stepped every `tick` seconds and whenever a worker ends an attempt or idles."""
-    pool = LocalPool(job_id, workers=workers, device=device, threads=threads)
+    running job is stepped every `tick` seconds and whenever a worker ends an attempt or idles.
+    Each step reads the job once (`lifecycle.advance`); the loop goes by the status it leaves."""
+    job = job_repo.get(job_id)
+    pool = WorkerPool(job, workers=workers, device=device, threads=threads)
     try:
-        if job_repo.get(job_id).status in {JobStatus.RUNNING, JobStatus.PLANNED, *JOB_PLANNING}:
+        if job.status in {JobStatus.RUNNING, JobStatus.PLANNED, *JOB_PLANNING}:
             pool.start()            # workers load the bundle while the job is pinned and planned
-        while (status := job_repo.get(job_id).status) not in JOB_TERMINAL:
+        status = job.status
+        fresh: Job | None = job                 # the first step takes the job read above; each next one reads it
+        while status not in JOB_TERMINAL:
             if status == JobStatus.PLANNED:     # planned by a dry run (`batchinf plan`): run its shards
                 job_repo.release(job_id)
-            ok = step(job_id, pool)
+                fresh = None
+            ok, after = advance(fresh or job_repo.get(job_id), pool)
+            fresh = None
             if on_tick:
                 on_tick()
             if not ok:
                 time.sleep(retry_in(job_id))    # the step's backoff (lifecycle.retry_in)
             elif status == JobStatus.RUNNING:
                 pool.wait(tick)
+            status = after
         pool.stop(timeout=0)        # the job is over: its workers hold no lease and have nothing to do
         return status
     except BaseException:
@@ -56,12 +63,12 @@ def cancel(job_id: str, reason: str = "cancelled by request", *, finish: bool = 
     when no worker holds a live lease; otherwise the driver or controller running the job
     finishes it. Returns the job's status."""
     if not job_repo.request_cancel(job_id, reason):
-        status = job_repo.get(job_id).status
+        status = job_repo.status_of(job_id)
         if status != JobStatus.CANCELLING:
             raise LedgerError(f"job {job_id} is already {status}; nothing to cancel")
     if finish and leases.leases_held(job_id) == 0:
         step(job_id, Dispatcher())
-    return job_repo.get(job_id).status
+    return job_repo.status_of(job_id)
 
 
 def republish(job_id: str) -> str:
@@ -70,7 +77,7 @@ def republish(job_id: str) -> str:
     stepped as `drive` steps it (the step budget and backoff); returns its final status. A
     succeeded job is left as it is: publishing is idempotent and already done."""
     job_repo.reopen_for_publish(job_id)
-    status = job_repo.get(job_id).status
+    status = job_repo.status_of(job_id)
     if status not in (JobStatus.VERIFYING, JobStatus.SUCCEEDED):
         raise LedgerError(f"job {job_id} is {status}: only a job that is verifying, or failed in verification, "
                           "is published again")
@@ -129,8 +136,8 @@ class Controller:
                     if job.status in JOB_PLANNING and self.dispatcher.steps_beside_tick:
                         self._step_beside(job)
                         continue
-                    step(job_id, self.dispatcher, slots=shares.get(job_id, 0))
-                    moved = moved or job_repo.get(job_id).status not in (job.status, *JOB_TERMINAL)
+                    after = advance(job, self.dispatcher, slots=shares.get(job_id, 0)).status
+                    moved = moved or after not in (job.status, *JOB_TERMINAL)
             except Exception as exc:  # noqa: BLE001 -- this job waits for the next tick; others go on
                 log.warning("job %s: %s: %s", job_id, type(exc).__name__, exc)
         return moved
@@ -138,7 +145,7 @@ class Controller:
     def _step_beside(self, job: Job) -> None:
         """Step a job that is pinning or planning in a side thread, unless its tenant has one there."""
         if all(tenant != job.tenant for tenant, _ in self._beside.values()):
-            self._beside[job.id] = (job.tenant, self._side.submit(step, job.id, self.dispatcher))
+            self._beside[job.id] = (job.tenant, self._side.submit(advance, job, self.dispatcher))
 
     def close(self) -> None:
         """Wait for the steps running beside the tick."""
@@ -151,10 +158,9 @@ def serve_embedded(stop: threading.Event, *, workers: int = 1, device: str = "au
     controller loop over every active job, a pool of local worker processes that lease shards of
     any running job, and the scheduler. Returns the threads; setting `stop` ends them (and the
     workers)."""
-    from batchinf.dispatch import SharedPool
     from batchinf.schedules import tick as schedule_tick
 
-    pool = SharedPool(workers=workers, device=device, threads=threads)
+    pool = WorkerPool(workers=workers, device=device, threads=threads)
     controller = Controller(pool, name=f"serve@{socket.gethostname()}:{os.getpid()}",
                             max_in_flight=2 * max(1, workers), tick_seconds=tick_seconds)
 

@@ -1,10 +1,10 @@
 """Dispatch: how work reaches workers. The lifecycle (lifecycle.py) decides what runs; a
 `Dispatcher` only delivers it. Two implementations share every step:
 
-- `LocalPool` (embedded `batchinf run`): worker processes on this machine that lease shards from
-  the ledger themselves (the ledger is the queue; no message can be lost). Each worker is its own
-  process, so a record that kills it kills only that worker: its leases are expired at once and a
-  replacement starts.
+- `WorkerPool` (embedded `batchinf run` and `serve`): worker processes on this machine, one loop
+  (`worker_main`), that lease shards from the ledger themselves (the ledger is the queue; no
+  message can be lost). Each worker is its own process, so a record that kills it kills only that
+  worker: its leases are expired at once and a replacement starts.
 - the Celery dispatcher in `workers/` (distributed): shard and planning messages to a broker,
   sent again when they may have been lost.
 
@@ -20,16 +20,14 @@ import queue
 import socket
 import time
 from multiprocessing.synchronize import Event as EventType
-from typing import Callable
+from typing import Any, Callable
 
 from batchinf import failpoints, logs, metrics
 from batchinf.config import settings
-from batchinf.ledger import jobs as job_repo
 from batchinf.ledger import leases
 from batchinf.ledger import shards as shard_repo
 from batchinf.ledger.events import now
 from batchinf.ledger.models import Job, Lease
-from batchinf.ledger.states import JOB_PLANNING, JobStatus
 from batchinf.retry_policy import Action, RetryPolicy, retrying
 
 log = logging.getLogger("batchinf.dispatch")
@@ -52,7 +50,7 @@ class Dispatcher:
     workers poll the ledger."""
 
     resends_lost = False          # messages may be lost (a broker): re-send stale queued shards
-    steps_beside_tick = False     # a Controller runs pinning and planning steps beside its tick (SharedPool)
+    steps_beside_tick = False     # a Controller runs pinning and planning steps beside its tick (WorkerPool)
     sweeps = True                 # delete losing attempts' files as the job runs (see lifecycle._sweep)
     requeue_seconds = 30.0        # ... and planning tasks older than this
 
@@ -162,16 +160,50 @@ def plan_objects_here(job: Job, idxs: list[int], processes: int) -> None:
     several (planning.plan_objects)."""
     from batchinf import planning
 
-    planning.plan_objects(job.id, idxs, processes)
+    planning.plan_objects(job, idxs, processes)
 
 
-def worker_main(job_id: str, device: str, threads: int, parent_pid: int, twins: mp.Queue,
-                wake: EventType | None = None) -> None:
-    """Entry point of an embedded worker process: lease shards of one job until none are left;
-    when idle, run a straggler's twin the driver asked for. Started while the job is still
-    planning, it loads the bundle meanwhile. It sets `wake` when it ends an attempt or first
-    finds nothing to do, or starts the last chunk of its shard, so the driver steps the job at once
-    (dispatch a split's halves, ask a running shard to split, verify) instead of at its next tick."""
+IDLE_RECHECK_SECONDS = 1.0   # an idle worker looks again this often unwoken (a driver that died, a missed wake)
+
+
+class WorkSignal:
+    """Wakes idle workers when there may be work for them: the driver `notify`s as it queues
+    shards, asks for a twin, or stops the workers (`closing`). A worker notes the signal's count
+    before it looks for work (`seen`) and `wait`s only while nothing came since, so no wake is
+    missed between its look and its wait, and none makes it look twice."""
+
+    def __init__(self, ctx: Any) -> None:
+        self._cond = ctx.Condition()
+        self._count = ctx.RawValue("Q", 0)
+        self.closing = ctx.Event()      # the workers stop: their job is over or stopping
+
+    def notify(self) -> None:
+        with self._cond:
+            self._count.value += 1
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        self.closing.set()
+        self.notify()
+
+    def seen(self) -> int:
+        return self._count.value
+
+    def wait(self, seen: int, timeout: float = IDLE_RECHECK_SECONDS) -> None:
+        with self._cond:
+            if self._count.value == seen and not self.closing.is_set():
+                self._cond.wait(timeout)
+
+
+def worker_main(job_ids: list[str] | None, bundle_digest: str | None, device: str, threads: int, parent_pid: int,
+                twins: mp.Queue, work: WorkSignal, wake: EventType) -> None:
+    """Entry point of a `WorkerPool`'s process: lease shards of the given jobs (None: of any
+    running job) until the parent exits or closes `work`; when idle, run a straggler's twin the
+    driver asked for, else sleep until `work` wakes it. Started while its job is still planning,
+    it loads the job's bundle (`bundle_digest`) meanwhile; bundles stay loaded per digest between
+    jobs. It sets `wake` when it ends an attempt or first finds nothing to do, or starts the last
+    chunk of its shard, so the driver steps the job at once (dispatch a split's halves, ask a
+    running shard to split, verify) instead of at its next tick."""
     import signal
 
     import torch
@@ -185,31 +217,32 @@ def worker_main(job_id: str, device: str, threads: int, parent_pid: int, twins: 
     torch.set_num_interop_threads(1)
     device = pick_device(device)
     me = worker_name()
-    try:
-        open_runtime(job_repo.get(job_id).bundle_digest, device=device)
-    except Exception:  # noqa: BLE001 -- reported (and counted) by the first shard that needs it
-        pass
-    waiting = {JobStatus.RUNNING, JobStatus.PLANNED, *JOB_PLANNING}
+    if bundle_digest is not None:
+        try:
+            open_runtime(bundle_digest, device=device)
+        except Exception:  # noqa: BLE001 -- reported (and counted) by the first shard that needs it
+            pass
     idle = False
-    while os.getppid() == parent_pid:
-        lease = retrying(leases.claim_next, [job_id], me, settings().lease_seconds)
-        while lease is None:
-            try:
-                lease = retrying(leases.claim_speculative, twins.get_nowait(), me)
-            except queue.Empty:
-                break
+    while os.getppid() == parent_pid and not work.closing.is_set():
+        seen = work.seen()
+        try:
+            lease = retrying(leases.claim_next, job_ids, me, settings().lease_seconds)
+            while lease is None:
+                try:
+                    lease = retrying(leases.claim_speculative, twins.get_nowait(), me)
+                except queue.Empty:
+                    break
+        except Exception:  # noqa: BLE001 -- the ledger stays unavailable: look again when woken
+            lease = None
         if lease is not None:
-            run_lease(lease, device, parent_pid, None if wake is None else wake.set)
+            run_lease(lease, device, parent_pid, wake.set)
             idle = False
-            if wake is not None:
-                wake.set()
-        elif retrying(job_repo.get, job_id).status not in waiting:
-            return
+            wake.set()
         else:
-            if not idle and wake is not None:
+            if not idle:
                 wake.set()
             idle = True
-            time.sleep(0.1)
+            work.wait(seen)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -222,139 +255,53 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-class LocalPool(Dispatcher):
-    """N worker processes for one job on this machine."""
+class WorkerPool(Dispatcher):
+    """N worker processes on this machine that lease shards from the ledger themselves (the ledger
+    is the queue; no message can be lost): of one `job` (embedded `batchinf run`, driven by
+    `controller.drive`), or of every running job (`job` None: embedded `batchinf serve`, driven
+    by `controller.Controller`, whose pinning and planning run in this process beside its tick).
+    Each worker is its own process, so a record that kills it kills only that worker: its leases
+    are expired at once and a replacement starts."""
 
-    # no sweeping while the job runs: the pool's zombies die with it, and publishing deletes the
-    # whole work prefix anyway (lost attempts stay `lost` in the ledger)
-    sweeps = False
+    steps_beside_tick = True      # its pinning and planning read the tenants' objects in this process
 
-    def __init__(self, job_id: str, *, workers: int = 1, device: str = "auto", threads: int | None = None) -> None:
+    def __init__(self, job: Job | None = None, *, workers: int = 1, device: str = "auto",
+                 threads: int | None = None) -> None:
         super().__init__()
-        self.job_id, self.device, self.n = job_id, device, max(1, workers)
+        self.job_ids = None if job is None else [job.id]
+        self.bundle_digest = None if job is None else job.bundle_digest
+        self.device, self.n = device, max(1, workers)
         self.threads = threads or max(1, (os.cpu_count() or 1) // self.n)
+        # one job's pool sweeps nothing while the job runs: its zombies die with it, and publishing
+        # deletes the whole work prefix anyway (lost attempts stay `lost` in the ledger)
+        self.sweeps = job is None
         self.ctx = mp.get_context("spawn")
         self.procs: list[mp.process.BaseProcess] = []
         self.twins: mp.Queue = self.ctx.Queue()
         self.wake = self.ctx.Event()     # set by a worker: step the job now (see worker_main)
-        self._checked_leftovers = False
+        self.work = WorkSignal(self.ctx)
+        self.dead: set[str] = set()
+        self._checked: set[str] = set()  # jobs whose leases of an earlier process were looked at
 
     def start(self, n: int | None = None) -> None:
-        """Start workers now (e.g. while the job plans), so their start-up overlaps planning."""
+        """Start workers now, up to `n` (e.g. while the job plans, so their start-up overlaps it)."""
         while len(self.procs) < min(self.n, self.n if n is None else n):
             p = self.ctx.Process(target=worker_main, name="batchinf-worker", daemon=True,
-                                 args=(self.job_id, self.device, self.threads, os.getpid(), self.twins, self.wake))
+                                 args=(self.job_ids, self.bundle_digest, self.device, self.threads, os.getpid(),
+                                       self.twins, self.work, self.wake))
             p.start()
             self.procs.append(p)
 
     def plan(self, job: Job, idxs: list[int]) -> None:
-        self.start()
-        plan_objects_here(job, idxs, os.cpu_count() or 1)
+        # one job's driver plans with every core; a server plans each job in one process, beside its tick
+        plan_objects_here(job, idxs, (os.cpu_count() or 1) if self.job_ids else 1)
+
+    def send(self, shard_ids: list[str]) -> None:
+        self.work.notify()
 
     def _send_twin(self, shard_id: str) -> None:
         self.twins.put(shard_id)
-
-    def dead_workers(self, job: Job) -> list[str]:
-        dead = []
-        for p in list(self.procs):
-            if not p.is_alive():
-                p.join()
-                self.procs.remove(p)
-                if p.exitcode != 0:
-                    dead.append(worker_name(p.pid))
-        if not self._checked_leftovers:   # leases of a previous run on this host killed with -9
-            self._checked_leftovers = True
-            host = socket.gethostname()
-            for owner in shard_repo.lease_owners(job.id):
-                h, _, pid = owner.rpartition(":")
-                if h == host and pid.isdigit() and not _pid_alive(int(pid)):
-                    dead.append(owner)
-        return dead
-
-    def workers(self) -> int | None:
-        return self.n
-
-    def keep_up(self, job: Job, open_shards: int) -> None:
-        self.start(open_shards)
-
-    def quiesce(self, job: Job) -> bool:
-        self.stop()      # our workers stop at their next heartbeat once the job has stopped
-        return True
-
-    def wait(self, seconds: float) -> None:
-        self.wake.wait(seconds)
-        self.wake.clear()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Wait for workers to finish (they exit once the job leaves running), then kill stragglers.
-        Their leases, if any, expire and are taken over by the next driver. `timeout` 0: stop them
-        now (SIGTERM), e.g. once their job is over and they hold nothing."""
-        for p in self.procs:
-            if timeout <= 0:
-                p.terminate()
-            p.join(timeout)
-            if p.is_alive():
-                p.kill()
-                p.join()
-        self.procs.clear()
-
-
-def pool_worker_main(device: str, threads: int, parent_pid: int, twins: mp.Queue) -> None:
-    """Entry point of a shared pool's worker process (embedded `batchinf serve`): lease shards of
-    any running job until the parent exits; bundles stay loaded per digest between jobs."""
-    import signal
-
-    import torch
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    torch.set_num_threads(threads)
-    torch.set_num_interop_threads(1)
-    device = pick_device(device)
-    me = worker_name()
-    while os.getppid() == parent_pid:
-        try:
-            lease = retrying(leases.claim_next, None, me, settings().lease_seconds)
-            while lease is None:
-                try:
-                    lease = retrying(leases.claim_speculative, twins.get_nowait(), me)
-                except queue.Empty:
-                    break
-        except Exception:  # noqa: BLE001 -- ledger briefly unavailable: try again
-            lease = None
-        if lease is not None:
-            run_lease(lease, device, parent_pid)
-        else:
-            time.sleep(0.2)
-
-
-class SharedPool(Dispatcher):
-    """N long-lived worker processes on this machine that lease shards of every running job from
-    the ledger (embedded `batchinf serve`, driven by `controller.Controller`). Planning runs in
-    the driver's process, beside the controller's tick (`steps_beside_tick`)."""
-
-    steps_beside_tick = True      # its pinning and planning read the tenants' objects in this process
-
-    def __init__(self, *, workers: int = 1, device: str = "auto", threads: int | None = None) -> None:
-        super().__init__()
-        self.n, self.device = max(1, workers), device
-        self.threads = threads or max(1, (os.cpu_count() or 1) // self.n)
-        self.ctx = mp.get_context("spawn")
-        self.procs: list[mp.process.BaseProcess] = []
-        self.twins: mp.Queue = self.ctx.Queue()
-        self.dead: set[str] = set()
-
-    def start(self) -> None:
-        while len(self.procs) < self.n:
-            p = self.ctx.Process(target=pool_worker_main, name="batchinf-worker", daemon=True,
-                                 args=(self.device, self.threads, os.getpid(), self.twins))
-            p.start()
-            self.procs.append(p)
-
-    def plan(self, job: Job, idxs: list[int]) -> None:
-        plan_objects_here(job, idxs, 1)
-
-    def _send_twin(self, shard_id: str) -> None:
-        self.twins.put(shard_id)
+        self.work.notify()
 
     def dead_workers(self, job: Job) -> list[str]:
         for p in list(self.procs):
@@ -363,21 +310,40 @@ class SharedPool(Dispatcher):
                 self.procs.remove(p)
                 if p.exitcode != 0:
                     self.dead.add(worker_name(p.pid))
-        host = socket.gethostname()
-        for owner in shard_repo.lease_owners(job.id):   # leases of a previous server killed with -9
-            h, _, pid = owner.rpartition(":")
-            if h == host and pid.isdigit() and not _pid_alive(int(pid)):
-                self.dead.add(owner)
+        if job.id not in self._checked:   # leases of an earlier process on this host killed with -9
+            self._checked.add(job.id)
+            host = socket.gethostname()
+            for owner in shard_repo.lease_owners(job.id):
+                h, _, pid = owner.rpartition(":")
+                if h == host and pid.isdigit() and not _pid_alive(int(pid)):
+                    self.dead.add(owner)
         return sorted(self.dead)
 
     def workers(self) -> int | None:
         return self.n
 
     def keep_up(self, job: Job, open_shards: int) -> None:
-        self.start()
+        self.start(open_shards if self.job_ids else None)
+
+    def quiesce(self, job: Job) -> bool:
+        if self.job_ids is None:
+            return super().quiesce(job)
+        self.stop()      # our workers stop at their next heartbeat once the job has stopped
+        return True
+
+    def wait(self, seconds: float) -> None:
+        self.wake.wait(seconds)
+        self.wake.clear()
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Close the workers: an idle one exits now, a busy one after its attempt (which stops at
+        its next heartbeat once its job has stopped); kill those still running after `timeout`.
+        Their leases, if any, expire and are taken over by the next driver. `timeout` 0: stop them
+        now (SIGTERM), e.g. once their job is over and they hold nothing."""
+        self.work.close()
         for p in self.procs:
+            if timeout <= 0:
+                p.terminate()
             p.join(timeout)
             if p.is_alive():
                 p.kill()

@@ -18,9 +18,7 @@ from batchinf.bundles import open_runtime
 from batchinf.config import settings
 from batchinf.errors import StaleAttemptError
 from batchinf.heartbeat import Heartbeat
-from batchinf.ledger import jobs as job_repo
 from batchinf.ledger import leases
-from batchinf.ledger import shards as shard_repo
 from batchinf.ledger import splits
 from batchinf.ledger.models import Lease, Shard, ShardResult
 from batchinf.parts import ERROR_SCHEMA, STAGE_ROW_GROUP, PartWriter, error_row, open_parquet, read_table, write_table
@@ -139,7 +137,7 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
     others as the shard's children: a streaming task at its next chunk boundary (the done records
     are a prefix of the staged ones), generate once its records in flight finish (any subset)."""
     t0 = time.perf_counter()
-    job, shard = job_repo.get(lease.job_id), shard_repo.get(lease.shard_id)
+    job, shard = lease.job, lease.shard
     m = job.manifest
     if m.options.device != "auto":
         device = m.options.device

@@ -1,10 +1,10 @@
 """One lifecycle for every driver: a table from job status to the step that advances it.
 
 The embedded driver (`controller.drive`, one job on this machine) and the distributed
-`controller.Controller` (every job of a shared ledger) both call `step`; they differ only in the
-`Dispatcher` that delivers work. Every step reads the job's state from the ledger and is safe to
-re-run after a crash. A step that raises is charged to its job alone, as the `RetryPolicy`
-decides (Stage.STEP): permanent errors fail the job at once with their message; others are
+`controller.Controller` (every job of a shared ledger) both call `advance`; they differ only in
+the `Dispatcher` that delivers work. Every step starts from the job as just read from the ledger,
+passes that `Job` down (nothing below reads it again), and is safe to re-run after a crash. A
+step that raises is charged to its job alone, as the `RetryPolicy` decides (Stage.STEP): permanent errors fail the job at once with their message; others are
 retried, after a backoff (`retry_in`, up to `BATCHINF_STEP_RETRY_CAP` seconds), and fail the job
 after `BATCHINF_MAX_STEP_FAILURES` consecutive failures.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from batchinf import logs, metrics
 from batchinf import planning
@@ -179,18 +179,27 @@ STEPS: dict[JobStatus, tuple[str, Step]] = {
 }
 
 
+class Stepped(NamedTuple):
+    ok: bool        # False: the step failed (it is charged to the job)
+    status: str     # the job's status after the step
+
+
 def step(job_id: str, dispatcher: Dispatcher, slots: int | None = None) -> bool:
-    """Advance one job by one step; False when the step failed (it is charged to the job). A job
-    whose last step failed in its current status waits out `retry_in` (True, nothing done). A step
-    that moves the job logs the transition (`job_id`, `from_status`, `to_status`)."""
-    with logs.context(job_id=job_id):
-        tallies.compact(job_id)
-        job = job_repo.get(job_id)
+    """Advance one job by one step (`advance`), reading it first; False when the step failed."""
+    return advance(job_repo.get(job_id), dispatcher, slots).ok
+
+
+def advance(job: Job, dispatcher: Dispatcher, slots: int | None = None) -> Stepped:
+    """Advance the job, as just read, by one step: the step and everything below it take this
+    `Job` and never read it again. A failed step is charged to the job; a job whose last step
+    failed in its current status waits out `retry_in` (ok, nothing done). A step that moves the
+    job logs the transition (`job_id`, `from_status`, `to_status`)."""
+    with logs.context(job_id=job.id):
+        tallies.compact(job.id)
         before = job.status
-        if job_repo.cancel_if_past_deadline(job):
-            job = job_repo.get(job_id)
+        job = job_repo.cancel_if_past_deadline(job)
         ok = True
-        waiting = _retry_at.get(job_id, ("",))[0] == job.status and retry_in(job_id) > 0
+        waiting = _retry_at.get(job.id, ("",))[0] == job.status and retry_in(job.id) > 0
         if job.status in STEPS and not waiting:
             stage, fn = STEPS[JobStatus(job.status)]
             try:
@@ -199,15 +208,15 @@ def step(job_id: str, dispatcher: Dispatcher, slots: int | None = None) -> bool:
                 _charge(job, stage, exc)
                 ok = False
             else:
-                _retry_at.pop(job_id, None)
+                _retry_at.pop(job.id, None)
                 if job.step_failures:
                     job_repo.step_succeeded(job.id)
-        after = job_repo.get(job_id).status if before not in JOB_TERMINAL else before
+        after = job_repo.status_of(job.id) if before not in JOB_TERMINAL else before
         if after in JOB_TERMINAL:
-            _retry_at.pop(job_id, None)
+            _retry_at.pop(job.id, None)
         if after != before:
-            log.info("job %s: %s -> %s", job_id, before, after, extra={"from_status": before, "to_status": after})
-        return ok
+            log.info("job %s: %s -> %s", job.id, before, after, extra={"from_status": before, "to_status": after})
+        return Stepped(ok, after)
 
 
 def _charge(job: Job, stage: str, exc: Exception) -> None:

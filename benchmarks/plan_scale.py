@@ -135,7 +135,8 @@ def plan_bench(records: int, objects: int, processes: int, work: Path,
     pin_job(jobs.get(job_id))
     from batchinf.planning.stage import begin_object, end_object
 
-    parts = {o.idx: begin_object(job_id, o.idx) or 0 for o in jobs.inputs(job_id)}
+    job = jobs.get(job_id)
+    parts = {o.idx: begin_object(job, o) or 0 for o in jobs.inputs(job_id)}
     tasks = [(i, k) for i, n in parts.items() for k in range(n)]
     from batchinf.planning.stage import tokenizer_threads
 
@@ -194,7 +195,7 @@ def _plan_once(work: Path, objects: int, run: int, processes: int) -> dict:
     t0 = time.perf_counter()
     planning.pin_job(jobs.get(job_id))
     t1 = time.perf_counter()
-    planning.plan_objects(job_id, [o.idx for o in jobs.inputs(job_id)], processes)
+    planning.plan_objects(jobs.get(job_id), [o.idx for o in jobs.inputs(job_id)], processes)
     t2 = time.perf_counter()
     planning.finish_plan(jobs.get(job_id))
     t3 = time.perf_counter()

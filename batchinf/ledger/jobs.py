@@ -3,6 +3,7 @@ one transaction unless it takes a `conn`; reads return `Job` / `InputObject`."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Iterable
 
 from sqlalchemy import Connection, insert, select, text, update
@@ -74,10 +75,14 @@ def request_cancel(job_id: str, reason: str) -> bool:
     return move(job_id, JobStatus.CANCELLING, detail=reason, error=reason)
 
 
-def cancel_if_past_deadline(job: Job) -> bool:
-    if job.deadline_at is None or job.deadline_at > now():
-        return False
-    return request_cancel(job.id, "deadline passed before the job completed")
+DEADLINE_PASSED = "deadline passed before the job completed"
+
+
+def cancel_if_past_deadline(job: Job) -> Job:
+    """The job, cancelling if its deadline passed (as `request_cancel` left it), else as it is."""
+    if job.deadline_at is None or job.deadline_at > now() or not request_cancel(job.id, DEADLINE_PASSED):
+        return job
+    return dataclasses.replace(job, status=JobStatus.CANCELLING.value, error=DEADLINE_PASSED)
 
 
 def create(values: dict[str, Any], selection: list[tuple[str, int]] | None = None) -> tuple[str, bool]:
@@ -113,6 +118,15 @@ def row(job_id: str, *, tenant: str | None = None) -> Any:
 
 def get(job_id: str, *, tenant: str | None = None) -> Job:
     return Job.from_row(row(job_id, tenant=tenant))
+
+
+def status_of(job_id: str) -> str:
+    """The job's status alone (one column of its row: no manifest to parse)."""
+    with tx() as conn:
+        found = conn.execute(select(jobs.c.status).where(jobs.c.id == job_id)).scalar()
+    if found is None:
+        raise LedgerError(f"no job {job_id!r}; see `batchinf jobs`")
+    return found
 
 
 def stored_manifest(job_id: str) -> dict[str, Any]:

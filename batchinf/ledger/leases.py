@@ -23,7 +23,7 @@ from batchinf.ledger import jobs as job_repo
 from batchinf.ledger.attempts import end_attempt
 from batchinf.ledger.db import tx
 from batchinf.ledger.events import now
-from batchinf.ledger.models import Lease, ShardResult, bounded_error
+from batchinf.ledger.models import Job, Lease, Shard, ShardResult, bounded_error
 from batchinf.ledger.shards import transition as transition_shard
 from batchinf.ledger.states import AttemptStatus, JobStatus, ShardStatus, attempt_sources, shard_sources
 from batchinf.ledger.tables import attempts, jobs, record_errors, shards
@@ -41,18 +41,20 @@ def _host(worker: str, host: str | None) -> str:
     return host or worker.rpartition(":")[0] or worker
 
 
-def _take(conn: Connection, shard_id: str, job_id: str, worker: str, lease_seconds: float,
+def _take(conn: Connection, shard_id: str, job: Any, worker: str, lease_seconds: float,
           host: str | None = None) -> Lease | None:
+    """Lease a queued shard of `job` (its row, read in this transaction) to `worker`."""
     t = now()
-    number = conn.execute(_TAKE, {"b_shard": shard_id, "lease_owner": worker, "lease_expires_at": t + lease_seconds,
-                                  "updated_at": t}).scalar()
-    if number is None:
+    row = conn.execute(_TAKE, {"b_shard": shard_id, "lease_owner": worker, "lease_expires_at": t + lease_seconds,
+                               "updated_at": t}).first()
+    if row is None:
         return None
+    number = row.attempt
     conn.execute(_NEW_ATTEMPT, {"shard_id": shard_id, "number": number, "worker": worker, "host": _host(worker, host),
                                 "status": AttemptStatus.RUNNING.value, "started_at": t, "heartbeat_at": t})
-    events.record(conn, job_id, "shard", ShardStatus.QUEUED.value, ShardStatus.RUNNING.value,
+    events.record(conn, job.id, "shard", ShardStatus.QUEUED.value, ShardStatus.RUNNING.value,
                   shard_id=shard_id, detail={"attempt": number, "worker": worker})
-    return Lease(shard_id, job_id, number, worker)
+    return Lease(shard_id, job.id, number, worker, Shard.from_row(row), Job.from_row(job))
 
 
 # Built once with bind parameters (the values come with each execution): a statement costs more
@@ -60,11 +62,15 @@ def _take(conn: Connection, shard_id: str, job_id: str, worker: str, lease_secon
 _TAKE = (update(shards).where(shards.c.id == bindparam("b_shard"), shards.c.status == ShardStatus.QUEUED.value)
          .values(status=ShardStatus.RUNNING.value, attempt=_next_attempt(bindparam("b_shard")), progress_records=0,
                  split_requested_at=None)
-         .returning(shards.c.attempt))
+         .returning(*shards.c))
 _NEW_ATTEMPT = insert(attempts)
 _RUNNING_JOBS = select(jobs.c.id).where(jobs.c.status == JobStatus.RUNNING.value) \
     .order_by(jobs.c.priority.desc(), jobs.c.created_at, jobs.c.id)
-_RUNNING_OF = _RUNNING_JOBS.where(jobs.c.id.in_(bindparam("b_jobs", expanding=True)))
+# a worker of named jobs (one, embedded) reads their rows in the same statement: the lease carries its job
+_RUNNING_OF = select(jobs).where(jobs.c.status == JobStatus.RUNNING.value,
+                                 jobs.c.id.in_(bindparam("b_jobs", expanding=True))) \
+    .order_by(jobs.c.priority.desc(), jobs.c.created_at, jobs.c.id)
+_JOB_ROW = select(jobs).where(jobs.c.id == bindparam("b_job"))
 _NEXT_QUEUED = (select(shards.c.id).where(shards.c.job_id == bindparam("b_job"),
                                           shards.c.status == ShardStatus.QUEUED.value)
                 .order_by(shards.c.bucket.desc(), shards.c.ordinal).limit(1))
@@ -76,7 +82,9 @@ def _claim(q: Any, worker: str, lease_seconds: float, host: str | None) -> Lease
         if conn.dialect.name == "postgresql":
             q = q.with_for_update(of=shards, skip_locked=True)
         row = conn.execute(q).first()
-        return _take(conn, row.id, row.job_id, worker, lease_seconds, host) if row else None
+        if row is None:
+            return None
+        return _take(conn, row.id, conn.execute(_JOB_ROW, {"b_job": row.job_id}).one(), worker, lease_seconds, host)
 
 
 def _queued_of_running_jobs() -> Any:
@@ -88,13 +96,18 @@ def claim_next(job_ids: Iterable[str] | None, worker: str, lease_seconds: float,
                host: str | None = None) -> Lease | None:
     """Lease the next queued shard (of the given jobs, or any running job), highest priority job
     first, then in the job's dispatch order: one probe of the dispatch-order index per running
-    job, not a sort of every queued shard."""
+    job, not a sort of every queued shard. The lease carries the shard and its job."""
     with tx() as conn:
-        order = conn.execute(_RUNNING_JOBS) if job_ids is None else conn.execute(_RUNNING_OF, {"b_jobs": list(job_ids)})
         probe = _NEXT_QUEUED_PG if conn.dialect.name == "postgresql" else _NEXT_QUEUED
-        for job_id in order.scalars().all():
+        if job_ids is not None:
+            for job in conn.execute(_RUNNING_OF, {"b_jobs": list(job_ids)}).all():
+                if (shard_id := conn.execute(probe, {"b_job": job.id}).scalar()) is not None:
+                    return _take(conn, shard_id, job, worker, lease_seconds, host)
+            return None
+        for job_id in conn.execute(_RUNNING_JOBS).scalars().all():
             if (shard_id := conn.execute(probe, {"b_job": job_id}).scalar()) is not None:
-                return _take(conn, shard_id, job_id, worker, lease_seconds, host)
+                job = conn.execute(_JOB_ROW, {"b_job": job_id}).one()
+                return _take(conn, shard_id, job, worker, lease_seconds, host)
     return None
 
 
@@ -130,13 +143,13 @@ def claim_speculative(shard_id: str, worker: str, host: str | None = None) -> Le
     """Start a speculative attempt beside the running one, on another worker; None when the
     shard is not running, already has a twin, or `worker` is the one running it."""
     with tx() as conn:
-        q = (select(shards.c.job_id).join(jobs, jobs.c.id == shards.c.job_id)
+        q = (select(shards).join(jobs, jobs.c.id == shards.c.job_id)
              .where(shards.c.id == shard_id, shards.c.status == ShardStatus.RUNNING.value,
                     jobs.c.status == JobStatus.RUNNING.value))
         if conn.dialect.name == "postgresql":
             q = q.with_for_update(of=shards)
-        job_id = conn.execute(q).scalar()
-        if job_id is None:
+        shard = conn.execute(q).first()
+        if shard is None:
             return None
         live = conn.execute(select(attempts.c.worker).where(
             attempts.c.shard_id == shard_id, attempts.c.status == AttemptStatus.RUNNING.value)).scalars().all()
@@ -146,9 +159,10 @@ def claim_speculative(shard_id: str, worker: str, host: str | None = None) -> Le
         t = now()
         conn.execute(insert(attempts).values(shard_id=shard_id, number=number, worker=worker, host=_host(worker, host),
                                              status=AttemptStatus.RUNNING.value, started_at=t, heartbeat_at=t))
-        events.record(conn, job_id, "attempt", None, AttemptStatus.RUNNING.value, shard_id=shard_id,
+        events.record(conn, shard.job_id, "attempt", None, AttemptStatus.RUNNING.value, shard_id=shard_id,
                       detail={"attempt": number, "worker": worker, "speculative": True})
-        return Lease(shard_id, job_id, number, worker)
+        job = conn.execute(_JOB_ROW, {"b_job": shard.job_id}).one()
+        return Lease(shard_id, shard.job_id, number, worker, Shard.from_row(shard), Job.from_row(job))
 
 
 def heartbeat(lease: Lease, lease_seconds: float, progress_records: int | None = None) -> bool:

@@ -1,10 +1,12 @@
 """What the ledger's reads return: frozen domain objects, never rows. A `Job` carries its
-manifest parsed once, so the stages that take it never re-read or re-parse the job."""
+manifest, parsed once per process (`parsed_manifest`), so the stages that take it never re-read
+or re-parse the job."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+from functools import lru_cache
 from typing import Any
 
 from batchinf.checks import clip
@@ -24,7 +26,7 @@ class Job:
     idempotency_key: str | None
     status: str
     task: str
-    manifest: JobManifest
+    manifest_json: str                # as stored at submit; `manifest` is it, parsed
     bundle_ref: str
     bundle_digest: str
     input_uri: str
@@ -48,12 +50,25 @@ class Job:
     retry_of: str | None              # the job this one retries (`batchinf retry`)
     hold: bool = False                # a dry run's job: planning ends `planned`, not `running`
 
+    @property
+    def manifest(self) -> JobManifest:
+        return parsed_manifest(self.manifest_json)
+
     @classmethod
     def from_row(cls, row: Any) -> Job:
         m = dict(row._mapping)
-        m["manifest"] = manifest_from_dict(json.loads(m["manifest"]))
+        m["manifest_json"] = m["manifest"]
         m["plan"] = json.loads(m["plan"] or "{}")
         return _from_mapping(cls, m)
+
+
+@lru_cache(maxsize=256)
+def parsed_manifest(text: str) -> JobManifest:
+    """A job's manifest as stored, parsed once per process for each stored text (at the first
+    use, not at each read of the row): it was validated at submit (`submit.submit`, the choke
+    point) and a job's manifest never changes, so every later read of the row shares one parsed
+    model (never mutated: stages only read it)."""
+    return manifest_from_dict(json.loads(text))
 
 
 @dataclass(frozen=True)
@@ -108,10 +123,14 @@ class Shard:
 
 @dataclass(frozen=True)
 class Lease:
+    """A claimed attempt: its identity (shard, job, fencing token, worker) and what its worker
+    runs, read in the claim's own transaction, so the worker never reads them again."""
     shard_id: str
     job_id: str
     attempt: int          # fencing token
     worker: str
+    shard: Shard = field(compare=False, repr=False)    # as the claim left it (running)
+    job: Job = field(compare=False, repr=False)
 
 
 @dataclass(frozen=True)

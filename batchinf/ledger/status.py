@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import Connection, func, select
 
 from batchinf.config import settings
-from batchinf.errors import BatchinfError
+from batchinf.errors import BatchinfError, LedgerError
 from batchinf.ledger.db import tx
 from batchinf.ledger.events import now
 from batchinf.checks import clip
@@ -26,33 +26,59 @@ from batchinf.ledger.tables import attempts, bundles, job_events, jobs, record_e
 
 
 def status(job_id: str, *, tenant: str | None = None) -> dict[str, Any]:
-    """The status object of `run/submit/status/jobs --json` and the REST API (one model for all).
+    """The status object of `run/submit/status/jobs --json` and the REST API (one model for all),
+    in two statements (the CLI polls it every tick): the job's row with its running aggregates and
+    the jobs that retry it (`_with_aggregates`), and its tallies.
 
     With `tenant`, a job of another tenant is reported exactly like a missing one."""
-    return statuses([job_row(job_id, tenant=tenant)])[0]
+    retry = jobs.alias("retry")
+    q = (_with_aggregates(select(jobs, retry.c.id.label("retried_by")))
+         .outerjoin(retry, retry.c.retry_of == jobs.c.id).where(jobs.c.id == job_id)
+         .order_by(retry.c.created_at, retry.c.id))
+    if tenant is not None:
+        q = q.where(jobs.c.tenant == tenant)
+    with tx() as conn:
+        rows = conn.execute(q).all()
+        if not rows:
+            raise LedgerError(f"no job {job_id!r}; see `batchinf jobs`")
+        totals = tallies.read(conn, [job_id])
+    return _view(rows[0], totals[job_id], [r.retried_by for r in rows if r.retried_by is not None])
+
+
+def _with_aggregates(q: Any) -> Any:
+    """`q` (a select from `jobs`) with each job's aggregates as correlated columns: `in_running`,
+    the records finished inside its running shards (their heartbeats' progress), and
+    `live_seconds`, the worker seconds of its attempts still running, up to their last heartbeat."""
+    in_running = (select(func.coalesce(func.sum(shards.c.progress_records), 0))
+                  .where(shards.c.job_id == jobs.c.id, shards.c.status == ShardStatus.RUNNING.value)
+                  .scalar_subquery())
+    live = (select(func.coalesce(func.sum(
+        func.coalesce(attempts.c.heartbeat_at, attempts.c.started_at) - attempts.c.started_at), 0.0))
+        .select_from(attempts).join(shards, shards.c.id == attempts.c.shard_id)
+        .where(attempts.c.finished_at.is_(None), shards.c.job_id == jobs.c.id).scalar_subquery())
+    return q.add_columns(in_running.label("in_running"), live.label("live_seconds"))
 
 
 def statuses(rows: list[Any]) -> list[dict[str, Any]]:
-    """The status objects of these job rows, in their order, with one query per aggregate for all
-    of them (a page of 50 jobs costs as many queries as one job)."""
+    """The status objects of these job rows (read `_with_aggregates`), in their order, with one
+    statement for their tallies and one for the jobs that retry them (a page of 50 jobs costs as
+    many statements as one job)."""
     if not rows:
         return []
     ids = [r.id for r in rows]
     with tx() as conn:
         totals = tallies.read(conn, ids)
-        running = _in_running(conn, ids)
-        live = dict(conn.execute(      # attempts still running count up to their last heartbeat
-            select(shards.c.job_id, func.coalesce(func.sum(
-                func.coalesce(attempts.c.heartbeat_at, attempts.c.started_at) - attempts.c.started_at), 0.0))
-            .select_from(attempts).join(shards, shards.c.id == attempts.c.shard_id)
-            .where(attempts.c.finished_at.is_(None), shards.c.job_id.in_(ids)).group_by(shards.c.job_id)).all())
         retries: dict[str, list[str]] = {i: [] for i in ids}
         for rid, of in conn.execute(select(jobs.c.id, jobs.c.retry_of).where(jobs.c.retry_of.in_(ids))
                                     .order_by(jobs.c.created_at, jobs.c.id)).all():
             retries[of].append(rid)
-    return [{**_status(r, totals[r.id], totals[r.id].worker_seconds + float(live.get(r.id, 0.0)),
-                       int(running.get(r.id, 0))),
-             "retry_of": r.retry_of, "retries": retries[r.id]} for r in rows]
+    return [_view(r, totals[r.id], retries[r.id]) for r in rows]
+
+
+def _view(row: Any, totals: tallies.JobTallies, retries: list[str]) -> dict[str, Any]:
+    worker_seconds = totals.worker_seconds + float(row.live_seconds or 0.0)
+    return {**_status(row, totals, worker_seconds, int(row.in_running or 0)),
+            "retry_of": row.retry_of, "retries": retries}
 
 
 def _in_running(conn: Connection, ids: list[str]) -> dict[str, int]:
@@ -162,7 +188,7 @@ def page_jobs(limit: int = 50, *, tenant: str | None = None, status_is: str | No
               name: str | None = None, schedule: str | None = None,
               cursor: str | None = None) -> tuple[list[dict[str, Any]], str | None]:
     """One page of status objects, newest first, and the cursor of the next page (None at the end)."""
-    q = select(jobs).order_by(jobs.c.created_at.desc(), jobs.c.id.desc())
+    q = _with_aggregates(select(jobs)).order_by(jobs.c.created_at.desc(), jobs.c.id.desc())
     for col, value in ((jobs.c.tenant, tenant), (jobs.c.status, status_is), (jobs.c.name, name),
                        (jobs.c.schedule, schedule)):
         if value is not None:

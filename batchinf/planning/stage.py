@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import Future
 from contextlib import ExitStack
-from functools import lru_cache, partial
+from functools import partial
 from typing import Any, Callable
 
 from batchinf import failpoints
@@ -68,14 +68,22 @@ def stage_part(planning: Planning, task: ObjectTask, keep: set[int] | None = Non
 def plan_part(job_id: str, idx: int, k: int) -> int:
     """Stage part k of the object (the ledger is begin_object's and end_object's): a planning
     pool process's task, the job's planning context built once per process."""
-    planning = _planning(job_id)
+    planning = _planning(job_repo.get(job_id))
     obj = job_repo.input_object(job_id, idx)
     return stage_part(planning, planning.part_tasks(obj)[k], planning.kept(obj))
 
 
-@lru_cache(maxsize=4)
-def _planning(job_id: str) -> Planning:
-    return Planning(job_repo.get(job_id))     # what it holds never changes while the job plans
+_contexts: dict[str, Planning] = {}
+
+
+def _planning(job: Job) -> Planning:
+    """The job's planning context, built once per process: what it holds never changes while the
+    job plans."""
+    if job.id not in _contexts:
+        if len(_contexts) >= 4:
+            _contexts.pop(next(iter(_contexts)))
+        _contexts[job.id] = Planning(job)
+    return _contexts[job.id]
 
 
 def plan_one_object(job_id: str, idx: int, send_parts: Callable[[list[int]], None] | None = None) -> int:
@@ -85,12 +93,17 @@ def plan_one_object(job_id: str, idx: int, send_parts: Callable[[list[int]], Non
     when it raises, so the lifecycle can fail the job once an object has used up its attempts.
     With `send_parts` (a broker's), an object of several parts sends those not staged yet as
     tasks of their own instead (`plan_sent_part`; the attempt lasts until the last is staged)."""
-    parts = begin_object(job_id, idx)
+    job = job_repo.get(job_id)
+    if job.status != JobStatus.PLANNING:
+        return 0
+    obj = job_repo.input_object(job_id, idx)
+    parts = begin_object(job, obj)
     if parts is None:
         return 0
+    planning = _planning(job)
     if send_parts is None or parts == 1:
-        return end_object(job_id, idx, lambda: sum(plan_part(job_id, idx, k) for k in range(parts)))
-    tasks = Planning(job_repo.get(job_id)).part_tasks(job_repo.input_object(job_id, idx))
+        return end_object(job_id, idx, partial(_stage_object, planning, obj))
+    tasks = planning.part_tasks(obj)
     missing = [k for k, t in enumerate(tasks) if not _staged(t)]
     if not missing:         # all staged by an earlier attempt whose last part was not recorded
         return end_object(job_id, idx, lambda: _staged_records(tasks)) or 0
@@ -131,15 +144,15 @@ def _staged_records(tasks: list[ObjectTask]) -> int | None:
     return sum(read_summary(t.stage_uri)["rows"] for t in tasks)
 
 
-def plan_objects(job_id: str, idxs: list[int], processes: int) -> None:
-    """Stage objects on this machine, their parts in a pool of `processes` processes when there
-    are several: each object's attempt is counted and its outcome recorded here."""
+def plan_objects(job: Job, idxs: list[int], processes: int) -> None:
+    """Stage objects of the planning `job` on this machine, their parts in a pool of `processes`
+    processes when there are several: each object's attempt is counted and its outcome recorded here."""
     from concurrent.futures import ProcessPoolExecutor
     import multiprocessing as mp
 
-    job = job_repo.get(job_id)
+    job_id = job.id
     objects = {o.idx: o for o in job_repo.inputs(job_id)}
-    begun = [(i, n) for i in idxs if (n := _begin(job, objects[i])) is not None]
+    begun = [(i, n) for i in idxs if (n := begin_object(job, objects[i])) is not None]
     total = sum(n for _, n in begun)
     if processes <= 1 or total <= 1:
         planning = Planning(job) if begun else None
@@ -176,13 +189,9 @@ def _stage_object(planning: Planning, obj: InputObject) -> int:
     return sum(stage_part(planning, t, keep) for t in planning.part_tasks(obj))
 
 
-def begin_object(job_id: str, idx: int) -> int | None:
+def begin_object(job: Job, obj: InputObject) -> int | None:
     """Count a planning attempt of the object; its number of planning parts, or None when there
     is nothing to do (the job left planning, the object is planned)."""
-    return _begin(job_repo.get(job_id), job_repo.input_object(job_id, idx))
-
-
-def _begin(job: Job, obj: InputObject) -> int | None:
     if not job_repo.plan_attempt_started(job.id, obj.idx):
         return None
     return end_object(job.id, obj.idx, lambda: part_count(job, obj), planned=False)

@@ -1,6 +1,6 @@
 """Chaos at every step of a dynamic split: a job planned as one shard runs on two workers, so the
 idle one gets the running shard split, again and again; the split attempt's worker crashes before
-or after its split commit (`split.before_commit`, `split.after_commit`). Embedded (a LocalPool of
+or after its split commit (`split.before_commit`, `split.after_commit`). Embedded (a WorkerPool of
 two processes; embed, and generate, whose continuous batch splits between admissions) and
 distributed (a controller and two Celery workers). The job must end `succeeded` with
 exactly-once coverage; a generate job's sampled answers are those of a run without crashes."""

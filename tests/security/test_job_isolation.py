@@ -56,7 +56,7 @@ def test_poisoned_jobs_end_with_their_reason_and_the_healthy_one_succeeds(
 
 class _Beside(InProcess):
     """InProcess whose pinning and planning a Controller runs beside its tick, as embedded
-    `serve`'s SharedPool does."""
+    `serve`'s WorkerPool does."""
 
     steps_beside_tick = True
 
