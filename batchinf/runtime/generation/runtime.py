@@ -107,12 +107,12 @@ class GenerateRuntime(Prompts):
                              budget=settings().max_kv_cache_bytes if kv_budget is None else kv_budget,
                              max_batch_tokens=max_batch_tokens, max_slots=max_slots,
                              share_prefixes=self.share_prefixes)
-        plans = scheduler(reqs, kv, stop_admitting=stop_admitting)
+        sched = scheduler(reqs, kv, stop_admitting=stop_admitting)
         engine = Engine(self.model, self.model.new_cache(len(kv.slots), kv.capacity),
                         stats if stats is not None else GenStats(), eos_ids=self.eos_ids,
                         decode=self.decode, vocab=lambda: vocab_of(self))
         with torch.inference_mode():
-            while plans.busy:
-                engine.run(plans.schedule())
-                for seq in plans.update():
+            while sched.busy:
+                engine.run(sched.schedule())
+                for seq in sched.update():
                     yield seq.result(self.decode)
