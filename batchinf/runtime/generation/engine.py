@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from batchinf.runtime.generation.sampling import generator, pick
+from batchinf.runtime.generation.sampling import generator, sample
 from batchinf.runtime.generation.scheduler import StepPlan
 from batchinf.runtime.generation.seq import GenStats, Seq
 from batchinf.runtime.generation.stops import follow, stop_ids
@@ -102,6 +102,16 @@ class Engine:
         self.advance(live, logits[[s.slot for s in live]] if len(live) < len(rows) else logits)
 
     def advance(self, seqs: list[Seq], logits: torch.Tensor) -> None:
-        """Pick each sequence's next token from its logits row [len(seqs), V] and check stops."""
-        for s, t in zip(seqs, pick(seqs, logits, self.vocab)):
+        """Pick each sequence's next token from its logits row [len(seqs), V] (greedy, sampled,
+        masked by its grammar; logprobs where asked) and check stops."""
+        picked = logits.argmax(-1).tolist()
+        for i, s in enumerate(seqs):
+            row = s.guide.masked(logits[i]) if s.guide is not None else logits[i]
+            if s.gen is not None:
+                picked[i] = sample(row, s.req.params, s.gen)
+            elif s.guide is not None:
+                picked[i] = int(row.argmax())
+            if s.req.params.logprobs is not None:
+                s.logprobs.append(self.vocab().logprobs(logits[i], picked[i], s.req.params.logprobs))
+        for s, t in zip(seqs, picked):
             follow(s, t, self.decode)

@@ -1,18 +1,11 @@
-"""Sampling for generation: per-record parameters and seeds, one token from logits, and each
-sequence's next token from its row of a step's logits (greedy, sampled, masked by a grammar)."""
+"""Sampling for generation: per-record parameters, seeds and generators, and one token from logits."""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
-
-if TYPE_CHECKING:
-    from batchinf.runtime.generation.seq import Seq
-    from batchinf.runtime.generation.structured import Vocab
 
 
 @dataclass(frozen=True)
@@ -58,17 +51,3 @@ def generator(p: SamplingParams, device: torch.device) -> torch.Generator | None
     gen.manual_seed(p.seed)
     return gen
 
-
-def pick(seqs: list[Seq], logits: torch.Tensor, vocab: Callable[[], Vocab]) -> list[int]:
-    """Each sequence's next token from its row of logits [len(seqs), V], recording logprobs where
-    asked (`vocab` is built on first use)."""
-    picked = logits.argmax(-1).tolist()
-    for i, s in enumerate(seqs):
-        row = s.guide.masked(logits[i]) if s.guide is not None else logits[i]
-        if s.gen is not None:
-            picked[i] = sample(row, s.req.params, s.gen)
-        elif s.guide is not None:
-            picked[i] = int(row.argmax())
-        if s.req.params.logprobs is not None:
-            s.logprobs.append(vocab().logprobs(logits[i], picked[i], s.req.params.logprobs))
-    return picked
