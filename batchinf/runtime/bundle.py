@@ -178,7 +178,9 @@ def _build_generate_meta(src: Path, files: list[str], *, max_length: int | None,
     and fixtures (token ids of fixed texts; greedy continuations of the first few) computed with
     our own runtime on CPU in float32."""
     from batchinf.runtime.families import is_decoder
-    from batchinf.runtime.generate import GenerateRuntime, GenRequest, SamplingParams
+    from batchinf.runtime.generation.runtime import GenerateRuntime
+    from batchinf.runtime.generation.sampling import SamplingParams
+    from batchinf.runtime.generation.seq import GenRequest
 
     if dtype not in ("float32", "bfloat16", "float16"):
         raise BundleError(f"dtype {dtype!r} is not supported; use float32 or bfloat16")
@@ -330,7 +332,8 @@ def verify_generate_fixtures(runtime: Any) -> None:
     must stay among the model's top 5 when the recorded continuation is fed back (teacher forcing)."""
     import torch
 
-    from batchinf.runtime.generate import GenRequest, SamplingParams
+    from batchinf.runtime.generation.sampling import SamplingParams
+    from batchinf.runtime.generation.seq import GenRequest
 
     pinned = [(i, fx) for i, fx in enumerate(runtime.meta["fixtures"]) if "continuation" in fx]
     exact = runtime.model.lm_head.weight.dtype == torch.float32

@@ -1,6 +1,6 @@
 """The transformers fallback for generation: a causal LM whose architecture has no native decoder
 (GPT-2, GPT-NeoX/Pythia, OPT, Phi, Falcon, ...) runs through transformers' own
-`AutoModelForCausalLM`, behind the interface `runtime/generate.py`'s continuous batching drives
+`AutoModelForCausalLM`, behind the interface `runtime/generation/engine.py`'s continuous batching drives
 (`prefill`, `decode_step`, a cache of slots, `lm_head`, `config`).
 
 Each slot holds its own transformers `DynamicCache` of batch size 1, and every forward pass is

@@ -82,7 +82,7 @@ def record_params(opts: GenerateOptions, record_id: str, over: dict[str, Any] | 
     """A record's sampling params: the job's options, overridden by the record's own (an
     openai-batch body). The seed is the body's if it gives one (same seed, same answer, as
     OpenAI promises), else derived from the job seed and the record id."""
-    from batchinf.runtime.sampling import derive_seed
+    from batchinf.runtime.generation.sampling import derive_seed
 
     over = over or {}
     return {"max_tokens": over.get("max_tokens", opts.max_tokens),
@@ -177,7 +177,7 @@ class Generate(Task):
                     break
             if row["error"] is None and params["response_format"] is not None:
                 if params["response_format"] not in schema_problems:
-                    from batchinf.runtime.structured import grammar_problem
+                    from batchinf.runtime.generation.structured import grammar_problem
 
                     schema_problems[params["response_format"]] = grammar_problem(params["response_format"])
                 if (bad := schema_problems[params["response_format"]]):
@@ -199,7 +199,8 @@ class Generate(Task):
         own staged seed (its own generator), so its answer depends on nothing else in the batch:
         a retry, or a split shard's children, give identical bytes. Once `split()` says so, no
         more records are admitted; those in flight finish, the others come back `deferred`."""
-        from batchinf.runtime.generate import GenRequest, GenStats, SamplingParams
+        from batchinf.runtime.generation.sampling import SamplingParams
+        from batchinf.runtime.generation.seq import GenRequest, GenStats
 
         valid = ok_rows(c)
         requests = [GenRequest(i, c["input_ids"][i], SamplingParams(
@@ -248,7 +249,7 @@ class Generate(Task):
         return rb._build_generate_meta(src, files, max_length=max_length, dtype=dtype)
 
     def open_runtime(self, root: Path, meta: dict[str, Any], device: str) -> Any:
-        from batchinf.runtime.generate import GenerateRuntime
+        from batchinf.runtime.generation.runtime import GenerateRuntime
 
         return GenerateRuntime(root, meta, device=device)
 

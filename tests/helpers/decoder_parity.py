@@ -7,7 +7,9 @@ from typing import Any
 
 import torch
 
-from batchinf.runtime.generate import GenerateRuntime, GenRequest, SamplingParams
+from batchinf.runtime.generation.runtime import GenerateRuntime
+from batchinf.runtime.generation.sampling import SamplingParams
+from batchinf.runtime.generation.seq import GenRequest
 from batchinf.runtime.llama import KVCache
 
 

@@ -14,7 +14,8 @@ def assert_greedy_matches(rt: Any, model: Any, tok: Any, questions: list[str], t
     for p, q in zip(prompts, questions):
         assert p == list(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
                                                  tokenize=True, return_dict=False))
-    from batchinf.runtime.generate import GenRequest, SamplingParams
+    from batchinf.runtime.generation.sampling import SamplingParams
+    from batchinf.runtime.generation.seq import GenRequest
 
     ours = {r.key: r for r in rt.generate(GenRequest(i, p, SamplingParams(max_tokens=tokens))
                                           for i, p in enumerate(prompts))}

@@ -30,8 +30,9 @@ from batchinf.ledger.tables import attempts, shards
 from batchinf.manifest import parse_manifest
 from batchinf.parts import read_table
 from tests.helpers.stages import plan_job
-from batchinf.runtime.generate import GenRequest, SamplingParams
-from batchinf.runtime.sampling import derive_seed
+from batchinf.runtime.generation.sampling import SamplingParams
+from batchinf.runtime.generation.seq import GenRequest
+from batchinf.runtime.generation.sampling import derive_seed
 from batchinf.store import get_store, join
 from tests.helpers.stages import publish_job
 from batchinf.verify import MANIFEST, PARTIAL, SUCCESS, verify_output

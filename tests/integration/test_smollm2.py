@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from batchinf.runtime.generate import GenerateRuntime
+from batchinf.runtime.generation.runtime import GenerateRuntime
 from batchinf.runtime.gguf import GGUFFile
 from tests.helpers.gguf_greedy import assert_greedy_matches
 

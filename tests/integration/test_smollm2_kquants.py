@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from batchinf.runtime.generate import GenerateRuntime
+from batchinf.runtime.generation.runtime import GenerateRuntime
 from batchinf.runtime.gguf import GGUFFile
 from batchinf.runtime.gguf_quants import GGML_TYPES
 from tests.helpers.gguf_greedy import assert_greedy_matches

@@ -16,7 +16,8 @@ from batchinf.controller import drive
 from batchinf.ledger.jobs import get as job_row
 from batchinf.manifest import parse_manifest
 from batchinf.parts import read_table
-from batchinf.runtime.generate import GenRequest, SamplingParams
+from batchinf.runtime.generation.sampling import SamplingParams
+from batchinf.runtime.generation.seq import GenRequest
 from batchinf.checks import canonical_response_format
 from batchinf.store import get_store, join
 from batchinf.submit import submit

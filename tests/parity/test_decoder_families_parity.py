@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from batchinf.runtime import bundle as rb
-from batchinf.runtime.generate import GenerateRuntime
+from batchinf.runtime.generation.runtime import GenerateRuntime
 from batchinf.runtime.llama import load_llama
 from tests.helpers.decoder_parity import assert_greedy_matches, hf_causal_lm, prefill_logits
 from tests.helpers.tiny_decoders import CONFIGS, WINDOW, make_tiny_decoder

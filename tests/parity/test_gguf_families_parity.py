@@ -16,7 +16,7 @@ import torch
 
 from batchinf.runtime import bundle as rb
 from batchinf.runtime.decoder_config import rope_inv_freq
-from batchinf.runtime.generate import GenerateRuntime
+from batchinf.runtime.generation.runtime import GenerateRuntime
 from batchinf.runtime.gguf import convert_gguf
 from batchinf.runtime.llama import load_llama
 from tests.helpers.decoder_parity import assert_greedy_matches, hf_causal_lm, prefill_logits

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from batchinf.runtime import bundle as rb
-from batchinf.runtime.generate import GenerateRuntime
+from batchinf.runtime.generation.runtime import GenerateRuntime
 from batchinf.runtime.llama import KVCache, load_llama
 from tests.helpers.decoder_parity import assert_greedy_matches, hf_causal_lm
 from tests.helpers.tiny_llama import FAMILIES, make_family_dirs

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from batchinf.runtime.generate import GenerateRuntime, GenRequest, SamplingParams
+from batchinf.runtime.generation.runtime import GenerateRuntime
+from batchinf.runtime.generation.sampling import SamplingParams
+from batchinf.runtime.generation.seq import GenRequest
 from batchinf.tasks import build_meta
 from tests.helpers.decoder_parity import hf_causal_lm
 from tests.helpers.tiny_decoders import FALLBACK_CONFIGS, make_tiny_causal_lm

@@ -20,7 +20,7 @@ import pytest
 from batchinf.errors import BundleError
 from tests.helpers.env import OPERATOR
 from batchinf.runtime.chat_template import TemplateLimitError, compile_template, render
-from batchinf.runtime.generate import GenerateRuntime
+from batchinf.runtime.generation.runtime import GenerateRuntime
 from tests.helpers.template_bombs import BOMBS, router
 from tests.helpers.tiny_llama import CHAT_TEMPLATE, make_tiny_llama
 

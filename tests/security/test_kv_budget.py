@@ -11,7 +11,9 @@ import pytest
 
 from batchinf.limits import kv_values_per_token
 from batchinf.runtime import bundle as rb
-from batchinf.runtime.generate import GenerateRuntime, GenRequest, GenStats, SamplingParams
+from batchinf.runtime.generation.runtime import GenerateRuntime
+from batchinf.runtime.generation.sampling import SamplingParams
+from batchinf.runtime.generation.seq import GenRequest, GenStats
 from tests.helpers.tiny_llama import make_tiny_llama
 
 

@@ -25,8 +25,9 @@ from batchinf.ledger.states import JobStatus, ShardStatus
 from batchinf.lifecycle import step
 from batchinf.manifest import parse_manifest
 from batchinf.parts import read_table
-from batchinf.runtime.generate import GenRequest, SamplingParams
-from batchinf.runtime.sampling import derive_seed
+from batchinf.runtime.generation.sampling import SamplingParams
+from batchinf.runtime.generation.seq import GenRequest
+from batchinf.runtime.generation.sampling import derive_seed
 from batchinf.submit import submit
 from tests.helpers.env import OPERATOR
 from batchinf.verify import verify_output

@@ -13,15 +13,12 @@ import torch
 from batchinf.config import settings
 from batchinf.errors import BundleError
 from batchinf.runtime import bundle as rb
-from batchinf.runtime.sampling import derive_seed
-from batchinf.runtime.generate import (
-    GenerateRuntime,
-    GenRequest,
-    GenStats,
-    SamplingParams,
-    common_prefix,
-)
+from batchinf.runtime.generation.kv import common_prefix
+from batchinf.runtime.generation.runtime import GenerateRuntime
+from batchinf.runtime.generation.sampling import SamplingParams, derive_seed
+from batchinf.runtime.generation.seq import GenRequest, GenStats
 from batchinf.runtime.llama import Fill, KVCache, load_llama, pack_weights
+from benchmarks.static_batching import StaticScheduler
 from tests.helpers.tiny_llama import FAMILIES, make_family_dirs, make_tiny_llama
 
 
@@ -56,7 +53,7 @@ def test_continuous_batching_equals_one_at_a_time(runtime: GenerateRuntime) -> N
     for r in batched:
         assert r == alone[r.key]
     assert [r.key for r in batched] != list(range(12))        # yielded as they finish, not in order
-    static = {r.key: r for r in runtime.generate(reqs, max_slots=3, static=True)}
+    static = {r.key: r for r in runtime.generate(reqs, max_slots=3, scheduler=StaticScheduler)}
     assert static == alone
     # A first token comes from prefill, or from the decode step a prefix-sharing request joins.
     assert stats.decode_tokens - stats.joined == sum(r.output_tokens - 1 for r in batched)
@@ -181,7 +178,7 @@ def test_static_batching_wastes_finished_slots(runtime: GenerateRuntime) -> None
     reqs = _requests(runtime, 12)
     cont, stat = GenStats(), GenStats()
     list(runtime.generate(reqs, max_slots=4, stats=cont))
-    list(runtime.generate(reqs, max_slots=4, stats=stat, static=True))
+    list(runtime.generate(reqs, max_slots=4, stats=stat, scheduler=StaticScheduler))
     assert cont.decode_tokens - cont.joined == stat.decode_tokens - stat.joined
     assert stat.decode_slot_steps > cont.decode_slot_steps
 

@@ -11,9 +11,10 @@ import jsonschema
 import pytest
 
 from batchinf.checks import canonical_response_format
-from batchinf.runtime.generate import GenerateRuntime, GenRequest
-from batchinf.runtime.sampling import SamplingParams
-from batchinf.runtime.structured import grammar_problem
+from batchinf.runtime.generation.runtime import GenerateRuntime
+from batchinf.runtime.generation.seq import GenRequest
+from batchinf.runtime.generation.sampling import SamplingParams
+from batchinf.runtime.generation.structured import grammar_problem
 from tests.helpers.tiny_llama import make_tiny_llama
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 50},

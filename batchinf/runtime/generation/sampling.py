@@ -1,4 +1,4 @@
-"""Sampling for generation: per-record parameters and seeds, and one token from logits."""
+"""Sampling for generation: per-record parameters, seeds and generators, and one token from logits."""
 
 from __future__ import annotations
 
@@ -41,3 +41,13 @@ def sample(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator) -> int
         x = x.masked_fill(drop.scatter(0, order, drop), float("-inf"))
     probs = x.softmax(-1)
     return int(torch.multinomial(probs, 1, generator=gen))
+
+
+def generator(p: SamplingParams, device: torch.device) -> torch.Generator | None:
+    """A sampled sequence's own generator, seeded with its seed; None when greedy."""
+    if p.temperature <= 0:
+        return None
+    gen = torch.Generator(device=device)
+    gen.manual_seed(p.seed)
+    return gen
+
