@@ -1,12 +1,13 @@
 """One lifecycle for every driver: a table from job status to the step that advances it.
 
 The embedded driver (`controller.drive`, one job on this machine) and the distributed
-`controller.Controller` (every job of a shared ledger) both call `advance`; they differ only in
-the `Dispatcher` that delivers work. Every step starts from the job as just read from the ledger,
-passes that `Job` down (nothing below reads it again), and is safe to re-run after a crash. A
-step that raises is charged to its job alone, as the `RetryPolicy` decides (Stage.STEP): permanent errors fail the job at once with their message; others are
-retried, after a backoff (`retry_in`, up to `BATCHINF_STEP_RETRY_CAP` seconds), and fail the job
-after `BATCHINF_MAX_STEP_FAILURES` consecutive failures.
+`controller.Controller` (every job of a shared ledger) both call `advance`; they differ only in the
+`Dispatcher` that delivers work. Every step starts from the job as just read from the ledger, passes
+that `Job` down (nothing below reads it again), and is safe to re-run after a crash. A step that
+raises is charged to its job alone, as the `RetryPolicy` decides (Stage.STEP): permanent errors fail
+the job at once with their message; others are retried, after a backoff (`retry_in`, up to
+`BATCHINF_STEP_RETRY_CAP` seconds), and fail the job after `BATCHINF_MAX_STEP_FAILURES` consecutive
+failures.
 """
 
 from __future__ import annotations
