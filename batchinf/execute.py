@@ -26,14 +26,6 @@ from batchinf.planning.shard_names import shard_id
 from batchinf.retry_policy import retrying
 from batchinf.store import get_store, join
 from batchinf.tasks import get_task
-from batchinf.tasks.batching import (  # noqa: F401 -- re-exported: the batching helpers' old home
-    EmbedOutcome,
-    GenOutcome,
-    embed_isolating,
-    generate_isolating,
-    isolate,
-    token_budget_batches,
-)
 
 SPLIT_POLL_SECONDS = 0.25   # a split request waits at most this long (one indexed read per poll)
 

@@ -34,7 +34,7 @@ def main() -> None:
     import torch
 
     from batchinf.config import settings
-    from batchinf.execute import token_budget_batches
+    from batchinf.tasks.batching import token_budget_batches
     from batchinf.runtime.encoder import embed_batch, load_encoder
     from batchinf.runtime.tokenizer import TextTokenizer
 

@@ -17,7 +17,7 @@ from batchinf.ledger.states import JobStatus
 
 def default_workers() -> int:
     """One worker process per core this process may use, each with one thread: on CPU that
-    layout measures faster than one process with every thread (README "Performance")."""
+    layout measures faster than one process with every thread (docs/performance)."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:          # no affinity on this platform

@@ -22,7 +22,7 @@ SHARDS_PER_WORKER = 4
 
 
 def min_shard_work() -> int:
-    """BATCHINF_MIN_SHARD_TOKENS (default 10,000). Measured (README "Performance"): a shard's
+    """BATCHINF_MIN_SHARD_TOKENS (default 10,000). Measured (docs/performance): a shard's
     fixed cost outside its compute is ~0.15-0.2 s on the 2-core dev machine and all-MiniLM-L6-v2
     computes ~2.2k tokens/s on one loaded thread, so 20x the fixed cost (<= 5% overhead) is ~4 s,
     ~9-10k tokens."""

@@ -65,7 +65,7 @@ def _identity(*tensors: Tensor) -> tuple[int, ...]:
 class Prepacked:
     """A float32 CPU projection through oneDNN with its weight prepacked once, optionally with the
     GELU or the residual add fused into the GEMM: 1.1-1.5x torch's F.linear per GEMM on one AVX2
-    thread (README "Performance"). Stale once its weight is replaced, moved or written: the
+    thread (docs/performance). Stale once its weight is replaced, moved or written: the
     callers then take the plain path."""
 
     def __init__(self, weight: Tensor, bias: Tensor) -> None:

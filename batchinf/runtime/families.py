@@ -1,5 +1,5 @@
 """The registry of model families: which config.json `model_type`s batchinf runs, for which
-tasks, and by which implementation. Bundle import detects a model's family here; README's
+tasks, and by which implementation. Bundle import detects a model's family here; the docs'
 "Supported models" table is generated from it (a unit test keeps the two equal)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ FALLBACK = "transformers fallback"
 
 @dataclass(frozen=True)
 class Family:
-    name: str                        # as README names it
+    name: str                        # as the docs name it
     model_types: tuple[str, ...]     # config.json model_type values
     tasks: tuple[str, ...]
     runtime: tuple[str, ...]         # the batchinf.runtime modules that compute it
@@ -67,7 +67,7 @@ def gguf_support() -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def supported_models_markdown() -> str:
-    """README's "Supported models" table."""
+    """The supported-models table (docs/reference/supported-models.md)."""
     gguf_types, quant = gguf_support()
     rows = ["| Family | config.json `model_type` | Tasks | Implementation | GGUF import |",
             "|---|---|---|---|---|"]

@@ -2,7 +2,7 @@
 
 glibc serves an allocation above its mmap threshold (128 KiB, rising to at most 32 MiB) with a
 fresh mmap and unmaps it on free, so every activation of a batch, tens of MB each, is faulted
-in page by page again on the next batch. On the 2-core machine of README "Performance" that was
+in page by page again on the next batch. On the 2-core machine of docs/performance that was
 a third of an encoder's time at one torch thread: 13 s of a 38 s benchmark in the kernel, and
 1.24x (one thread) to 1.42x (two) the float32 tokens/s once freed blocks stay in the heap.
 Raising the mmap and trim thresholds keeps them (as PyTorch's CPU tuning guide gets from

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchinf.execute import token_budget_batches
+from batchinf.tasks.batching import token_budget_batches
 from tests.helpers.reference_plan import bucket_bounds, cut
 
 
@@ -54,7 +54,7 @@ def test_generate_isolating_keeps_finished_answers_and_isolates_the_failing_reco
     requests are retried in halves until only the failing record fails."""
     from types import SimpleNamespace
 
-    from batchinf.execute import GenOutcome, generate_isolating
+    from batchinf.tasks.batching import GenOutcome, generate_isolating
 
     calls: list[list[int]] = []
 

@@ -159,7 +159,7 @@ def test_a_worker_starting_its_last_chunk_counts_as_idle(asker: str, tmp_path: P
 
 
 def test_execute_reports_progress_as_it_starts_the_last_chunk(tmp_path: Path, tiny_bundle: str) -> None:
-    from batchinf.execute import Heartbeat
+    from batchinf.heartbeat import Heartbeat
     from batchinf.ledger.status import status
 
     job_id, lease = _one_shard_job(tmp_path)

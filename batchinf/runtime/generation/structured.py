@@ -7,7 +7,7 @@ to -inf, so greedy and sampled answers alike are valid JSON that matches the sch
 max_tokens cuts them: finish_reason "length"). JSON is written compact (no free whitespace), so a
 model cannot spend its budget on blank lines. llguidance was chosen over xgrammar (which pulls
 triton and transformers in at run time) and outlines-core: one small wheel, no dependencies, and a
-mask costs tens of microseconds per row (README "Performance").
+mask costs tens of microseconds per row (docs/performance).
 
 Log-probabilities are the model's own (log-softmax of the raw logits, before temperature and masks),
 in OpenAI's `choices[].logprobs.content` shape.
