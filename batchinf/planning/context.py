@@ -16,7 +16,7 @@ from batchinf.ledger import jobs as job_repo
 from batchinf.ledger import retry_records
 from batchinf.ledger.models import InputObject, Job
 from batchinf.planning import ranges
-from batchinf.planning.ranges import Part
+from batchinf.planning.ranges import Range
 from batchinf.scopes import Storage
 from batchinf.store import ObjectPin, join
 from batchinf.tasks import get_task
@@ -41,7 +41,7 @@ class ObjectTask:
     may_read: Callable[[str], None] | None = None   # raises for an object a record names (image URIs) that
                                                      # the job may not read (a confined job: outside its grants)
     splittable: bool = True     # False: planned whole whatever its size (a retry job plans chosen ordinals)
-    part: Part | None = None    # the part of the object this task plans (planning/ranges.py); None: all of it
+    part: Range | None = None    # the part of the object this task plans (planning/ranges.py); None: all of it
 
 
 def stage_uri(work_uri: str, idx: int) -> str:

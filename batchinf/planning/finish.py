@@ -33,7 +33,7 @@ from batchinf.parts import STAGE_ROW_GROUP, write_table
 from batchinf.planning import bucketing, ranges
 from batchinf.planning.bucketing import ERROR_BUCKET
 from batchinf.planning.context import ObjectTask, Planning, part_tasks
-from batchinf.planning.ranges import Part, combined, renumber
+from batchinf.planning.ranges import Range, combined, renumber
 from batchinf.planning.shard_names import shard_file, shard_id
 from batchinf.planning.sizing import target_work
 from batchinf.planning.summary import ids_uri, read_summary, summary_uri
@@ -133,7 +133,7 @@ def _part_summary(whole: ObjectTask, task: ObjectTask) -> dict[str, Any] | None:
     except ValueError:          # torn JSON
         return None
     if s is None:
-        other = summary_uri(ranges.part_uri(whole.stage_uri, Part(0, 0, 0)) if task.part is None else whole.stage_uri)
+        other = summary_uri(ranges.part_uri(whole.stage_uri, Range(0, 0, 0)) if task.part is None else whole.stage_uri)
         if not get_store(other).exists(other):
             return None
     elif (s.get("part") or {}).get("number") == (task.part.number if task.part else None):

@@ -41,14 +41,14 @@ SPLITTABLE = ("jsonl", "parquet")
 
 
 @dataclass(frozen=True)
-class Part:
-    """Bytes [start, stop) of an object, its `number`-th planning part."""
+class Range:
+    """Bytes [start, stop) of an object: its `number`-th planning part."""
     number: int
     start: int
     stop: int
 
 
-def object_parts(pin: ObjectPin, fmt: str, splittable: bool = True) -> list[Part] | None:
+def object_parts(pin: ObjectPin, fmt: str, splittable: bool = True) -> list[Range] | None:
     """The object's planning parts, or None when it is planned whole (one task, as always)."""
     size, step = pin.size, settings().plan_range_bytes
     if not splittable or fmt not in SPLITTABLE or size <= step or \
@@ -56,10 +56,10 @@ def object_parts(pin: ObjectPin, fmt: str, splittable: bool = True) -> list[Part
         return None
     n = -(-size // step)
     cuts = [size * k // n for k in range(n + 1)]
-    return [Part(k, cuts[k], cuts[k + 1]) for k in range(n)]
+    return [Range(k, cuts[k], cuts[k + 1]) for k in range(n)]
 
 
-def part_uri(stage_uri: str, part: Part) -> str:
+def part_uri(stage_uri: str, part: Range) -> str:
     """plan/obj-00003.parquet -> plan/obj-00003.p0012.parquet"""
     return stage_uri.removesuffix(".parquet") + f".p{part.number:04d}.parquet"
 
@@ -67,7 +67,7 @@ def part_uri(stage_uri: str, part: Part) -> str:
 def part_records(task: Any, tally: dict[str, int]) -> Iterator[InputRecord]:
     """The records of the planning task's part (`task`: a context.ObjectTask with a `part`), numbered
     from the part's start; `tally` gets its lines and records."""
-    part: Part = task.part
+    part: Range = task.part
     tally.update(lines=0, records=0)
     with get_store(task.pin.uri).open_ranged(task.pin) as fh:
         if task.fmt == "parquet":
@@ -88,7 +88,7 @@ def part_records(task: Any, tally: dict[str, int]) -> Iterator[InputRecord]:
                                     kind=task.kind, task=task.task)
 
 
-def _row_groups(fh: Any, part: Part) -> list[int] | None:
+def _row_groups(fh: Any, part: Range) -> list[int] | None:
     """The row groups whose first data page starts in the part; None when it is no Parquet file."""
     try:
         meta = pq.ParquetFile(fh).metadata

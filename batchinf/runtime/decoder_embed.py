@@ -27,11 +27,11 @@ class DecoderEncoder(nn.Module):
         d = self.decoder
         cache = KVCache(d.config, B, S, d.lm_head.weight.dtype, input_ids.device)
         pos = torch.arange(S, device=input_ids.device)
-        part = d._part(input_ids, pos[None], pos.expand(B, S), torch.arange(B, device=input_ids.device), S,
-                       fresh=True)
+        segment = d._segment(input_ids, pos[None], pos.expand(B, S), torch.arange(B, device=input_ids.device), S,
+                             fresh=True)
         if d.config.bidirectional:
-            part.where.mask, part.where.local = bidirectional_masks(attention_mask.bool(), d.config)
-        return d._run([part], cache).view(B, S, -1)
+            segment.where.mask, segment.where.local = bidirectional_masks(attention_mask.bool(), d.config)
+        return d._run([segment], cache).view(B, S, -1)
 
 
 def bidirectional_masks(valid: Tensor, cfg: Any) -> tuple[Tensor, Tensor | None]:

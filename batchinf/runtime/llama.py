@@ -5,7 +5,7 @@ Parameter names equal HF `*ForCausalLM` state-dict keys. Two entry points drive 
 the first `n` slots, each at its own position). A decode step can carry a `Fill` as well: prompt
 tokens of other slots (whose earlier positions already hold K/V, e.g. copied from a slot with the
 same prefix) written into the cache in the same pass, so that joining a running batch costs no
-forward pass of its own. A forward pass is a list of `Part`s that share the token-wise work
+forward pass of its own. A forward pass is a list of `Segment`s that share the token-wise work
 (projections, MLP) and differ in how they attend.
 
 On CPU with MKL, small-batch matmuls (decode, short prefills) run against prepacked weights
@@ -114,11 +114,11 @@ class Attention(nn.Module):
         self.qk_norm, self.scale, self.softcap = cfg.qk_norm, cfg.attn_scale, cfg.attn_softcap
         self.sliding = cfg.is_sliding(layer)
 
-    def forward(self, x: Tensor, parts: list[Part], kv: LayerCache) -> Tensor:
-        """x [N, D]: the tokens of every part, flattened in order -> [N, D]."""
+    def forward(self, x: Tensor, segments: list[Segment], kv: LayerCache) -> Tensor:
+        """x [N, D]: the tokens of every segment, flattened in order -> [N, D]."""
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)        # [N, H*Dh], [N, KV*Dh] x2
         ys, at = [], 0
-        for p in parts:
+        for p in segments:
             B, S = p.tokens.shape
             rows = slice(at, at + B * S)
             at += B * S
@@ -174,11 +174,11 @@ class DecoderLayer(nn.Module):
             self.pre_feedforward_layernorm = RMSNorm(*norm)
             self.post_feedforward_layernorm = RMSNorm(*norm)
 
-    def forward(self, x: Tensor, parts: list[Part], kv: LayerCache) -> Tensor:
+    def forward(self, x: Tensor, segments: list[Segment], kv: LayerCache) -> Tensor:
         if self.sandwich:
-            x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), parts, kv))
+            x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), segments, kv))
             return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
-        x = x + self.self_attn(self.input_layernorm(x), parts, kv)
+        x = x + self.self_attn(self.input_layernorm(x), segments, kv)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -202,7 +202,7 @@ class Where:
 
 
 @dataclass
-class Part:
+class Segment:
     """Rows of a forward pass that attend alike."""
     tokens: Tensor           # [B, S]
     where: Where
@@ -289,8 +289,8 @@ class LlamaForCausalLM(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
 
-    def _part(self, tokens: Tensor, qpos: Tensor, where_pos: Tensor, slots: Tensor | None, span: int,
-              fresh: bool = False) -> Part:
+    def _segment(self, tokens: Tensor, qpos: Tensor, where_pos: Tensor, slots: Tensor | None, span: int,
+              fresh: bool = False) -> Segment:
         """Rows whose queries sit at positions qpos [B or 1, S] and attend causally to cache
         positions [0, span) (and, in sliding layers, to the last `local_window` of them)."""
         S = qpos.shape[1]
@@ -307,21 +307,21 @@ class LlamaForCausalLM(nn.Module):
         dtype = self.lm_head.weight.dtype
         cos, sin = self._rope(qpos, dtype, self.inv_freq)                           # [B, 1, S, Dh]
         local_rope = self._rope(qpos, dtype, self.local_inv_freq) if self.local_inv_freq is not None else None
-        return Part(tokens, Where(slots, where_pos, heads(causal), span, fresh, local), cos, sin, local_rope)
+        return Segment(tokens, Where(slots, where_pos, heads(causal), span, fresh, local), cos, sin, local_rope)
 
     def _logits(self, h: Tensor) -> Tensor:
         logits = self.lm_head(h).float()
         cap = self.config.final_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
-    def _run(self, parts: list[Part], cache: KVCache) -> Tensor:
-        """Every part's tokens through the decoder -> final hidden states [N, D], parts in order."""
-        tokens = parts[0].tokens.reshape(-1) if len(parts) == 1 else torch.cat([p.tokens.reshape(-1) for p in parts])
+    def _run(self, segments: list[Segment], cache: KVCache) -> Tensor:
+        """Every segment's tokens through the decoder -> final hidden states [N, D], segments in order."""
+        tokens = segments[0].tokens.reshape(-1) if len(segments) == 1 else torch.cat([p.tokens.reshape(-1) for p in segments])
         x = self.model.embed_tokens(tokens)                        # [N, D]
         if self.config.embed_scale is not None:
             x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype)
         for layer, kv in zip(self.model.layers, cache.layers):
-            x = layer(x, parts, kv)
+            x = layer(x, segments, kv)
         return self.model.norm(x)
 
     def prefill(self, tokens: Tensor, lengths: Tensor, slots: Tensor, cache: KVCache,
@@ -331,8 +331,8 @@ class LlamaForCausalLM(nn.Module):
         real tokens, because padding only follows them."""
         B, S = tokens.shape
         pos = torch.arange(S, device=tokens.device)
-        part = self._part(tokens, pos[None], pos.expand(B, S), slots, S, fresh=True)
-        h = self._run([part], cache).view(B, S, -1)
+        segment = self._segment(tokens, pos[None], pos.expand(B, S), slots, S, fresh=True)
+        h = self._run([segment], cache).view(B, S, -1)
         if all_logits:
             return self._logits(h)
         return self._logits(h[torch.arange(B, device=h.device), lengths - 1])
@@ -340,18 +340,18 @@ class LlamaForCausalLM(nn.Module):
     def decode_step(self, tokens: Tensor, pos: Tensor, cache: KVCache, fill: Fill | None = None) -> Tensor:
         """tokens [B], pos [B] for cache slots 0..B-1 -> next-token logits [B, V]. `fill` is written
         first in every layer, so decode rows of the filled slots see it."""
-        parts = [self._fill_part(fill)] if fill is not None else []
-        parts.append(self._part(tokens[:, None], pos[:, None], pos[:, None], None, int(pos.max()) + 1))
-        h = self._run(parts, cache)
+        segments = [self._fill_segment(fill)] if fill is not None else []
+        segments.append(self._segment(tokens[:, None], pos[:, None], pos[:, None], None, int(pos.max()) + 1))
+        h = self._run(segments, cache)
         return self._logits(h[-len(tokens):])
 
     def fill(self, fill: Fill, cache: KVCache) -> None:
         """A Fill on its own (when it is too large to ride along a decode step)."""
-        self._run([self._fill_part(fill)], cache)
+        self._run([self._fill_segment(fill)], cache)
 
-    def _fill_part(self, f: Fill) -> Part:
+    def _fill_segment(self, f: Fill) -> Segment:
         pos = f.start[:, None] + torch.arange(f.tokens.shape[1], device=f.tokens.device)  # [B, S]
-        return self._part(f.tokens, pos, pos, f.slots, int((f.start + f.lengths).max()))
+        return self._segment(f.tokens, pos, pos, f.slots, int((f.start + f.lengths).max()))
 
 
 def config_of(c: dict[str, Any]) -> LlamaConfig:

@@ -20,7 +20,7 @@ from batchinf.formats.jsonl import json_objects, part_objects
 from batchinf.ledger import jobs, shards
 from batchinf.manifest import parse_manifest
 from batchinf.planning.context import Planning, part_tasks
-from batchinf.planning.ranges import Part, object_parts, renumber
+from batchinf.planning.ranges import Range, object_parts, renumber
 from batchinf.store import ObjectPin
 from batchinf.submit import submit
 from tests.helpers.env import OPERATOR
@@ -71,7 +71,7 @@ def test_one_place_decides_the_parts(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BATCHINF_PLAN_RANGE_BYTES", "100")
     settings.cache_clear()
     pin = ObjectPin("file:///in/a.jsonl", 250, "e")
-    assert object_parts(pin, "jsonl") == [Part(0, 0, 83), Part(1, 83, 166), Part(2, 166, 250)]
+    assert object_parts(pin, "jsonl") == [Range(0, 0, 83), Range(1, 83, 166), Range(2, 166, 250)]
     assert len(object_parts(ObjectPin("file:///in/a.parquet", 1000, "e"), "parquet") or []) == 10
     assert object_parts(ObjectPin("file:///in/a.jsonl", 100, "e"), "jsonl") is None          # not above it
     for name in ("a.jsonl.gz", "a.JSONL.ZST", "a.jsonl.bz2"):                                  # compressed: whole
