@@ -287,14 +287,14 @@ def publish_partial(job: Job) -> dict[str, Any]:
     return partial
 
 
-def _manifest(job: Job, rows: list[Shard], inputs: list[dict[str, Any]], published: Published,
+def _output_manifest(job: Job, rows: list[Shard], inputs: list[dict[str, Any]], published: Published,
               ctx: RenderContext | None, verify_seconds: float) -> dict[str, Any]:
     """`_MANIFEST.json`: the one place it is built."""
     plan = job.plan
     sums = {k: sum(getattr(r, k) or 0 for r in rows)
             for k in ("tokens_input", "tokens_output", "tokens_real", "tokens_padded",
                       "output_rows", "error_rows", "execute_seconds")}
-    manifest = {
+    output_manifest = {
         "job_id": job.id, "name": job.name, "task": job.task, "bundle": job.bundle_ref,
         "bundle_digest": job.bundle_digest, "implementation": _implementation(job.bundle_digest),
         "precision": _precision(job),
@@ -313,8 +313,8 @@ def _manifest(job: Job, rows: list[Shard], inputs: list[dict[str, Any]], publish
         **_lineage(job),
     }
     if ctx is not None:
-        manifest["openai"] = ctx.to_dict()
-    return manifest
+        output_manifest["openai"] = ctx.to_dict()
+    return output_manifest
 
 
 def publish(job: Job) -> dict[str, Any]:
@@ -333,20 +333,20 @@ def publish(job: Job) -> dict[str, Any]:
     store = get_store(out)
     ctx = _openai_context(job)
     published = _promote_parts(job, rows, Coverage(inputs), True, ctx)
-    manifest = _manifest(job, rows, inputs, published, ctx, time.perf_counter() - t0)
-    counts = manifest["counts"]
+    output_manifest = _output_manifest(job, rows, inputs, published, ctx, time.perf_counter() - t0)
+    counts = output_manifest["counts"]
     if counts["records_succeeded"] + counts["records_failed"] != job.records_total:
         raise VerificationError(f"job {job_id}: {counts} do not add up")
     failpoints.hit("verify.before_publish")
-    store.put_bytes(join(out, MANIFEST), json.dumps(manifest, indent=1).encode())
+    store.put_bytes(join(out, MANIFEST), json.dumps(output_manifest, indent=1).encode())
     store.put_bytes(join(out, SUCCESS), b"")
-    job_repo.move(job_id, JobStatus.SUCCEEDED, detail={"parts": len(manifest["parts"])}, finished_at=now(),
-                  verify_seconds=manifest["timings"]["verify"],
+    job_repo.move(job_id, JobStatus.SUCCEEDED, detail={"parts": len(output_manifest["parts"])}, finished_at=now(),
+                  verify_seconds=output_manifest["timings"]["verify"],
                   summary=json.dumps(published.summary) if published.summary else None)
     store.delete_prefix(job.work_uri)
     if not store.list(join(out, "_work/")):
         store.delete_prefix(join(out, "_work/"))
-    return manifest
+    return output_manifest
 
 
 def verify_output(output_uri: str) -> dict[str, Any]:
@@ -355,17 +355,17 @@ def verify_output(output_uri: str) -> dict[str, Any]:
     parts render to). Each part is read once."""
     store = get_store(output_uri)
     with _readable(join(output_uri, MANIFEST)):
-        manifest = json.loads(store.get_bytes(join(output_uri, MANIFEST)))
+        output_manifest = json.loads(store.get_bytes(join(output_uri, MANIFEST)))
     if not store.exists(join(output_uri, SUCCESS)):
         raise VerificationError(f"{join(output_uri, SUCCESS)} is missing")
-    _no_unlisted_parts(output_uri, manifest)
-    c = manifest["counts"]
+    _no_unlisted_parts(output_uri, output_manifest)
+    c = output_manifest["counts"]
     if c["records_succeeded"] + c["records_failed"] != c["records_total"]:
         raise VerificationError(f"counts do not add up: {c}")
-    rendered = _openai_files(manifest) if "openai" in manifest else {}
-    coverage = Coverage(manifest["inputs"])
+    rendered = _openai_files(output_manifest) if "openai" in output_manifest else {}
+    coverage = Coverage(output_manifest["inputs"])
     with tempfile.TemporaryDirectory() as tmp:
-        for p in (q for q in manifest["parts"] if q["kind"] != "openai"):
+        for p in (q for q in output_manifest["parts"] if q["kind"] != "openai"):
             with read_part(join(output_uri, p["key"]), COVERAGE_COLUMNS) as got:
                 if (got.sha256, got.rows) != (p["sha256"], p["rows"]):
                     raise VerificationError(f"{p['key']}: sha256 {got.sha256[:12]}… / {got.rows} rows, manifest "
@@ -373,15 +373,15 @@ def verify_output(output_uri: str) -> dict[str, Any]:
                 coverage.add(join(output_uri, p["key"]), p["kind"], got.table)
                 if p["key"] in rendered:
                     _verify_rendered(output_uri, rendered[p["key"]], got.path, p["kind"],
-                                     RenderContext(**manifest["openai"]), tmp)
+                                     RenderContext(**output_manifest["openai"]), tmp)
         coverage.check()
-    return {"ok": True, "output_uri": output_uri, "parts": len(manifest["parts"]), "counts": c}
+    return {"ok": True, "output_uri": output_uri, "parts": len(output_manifest["parts"]), "counts": c}
 
 
-def _no_unlisted_parts(output_uri: str, manifest: dict[str, Any]) -> None:
+def _no_unlisted_parts(output_uri: str, output_manifest: dict[str, Any]) -> None:
     """Nothing beside the listed parts looks like a part: a `part-*` file, or a file under
     `errors/` or `openai/`, that the manifest does not list was not published by this job."""
-    listed = {p["key"] for p in manifest["parts"]}
+    listed = {p["key"] for p in output_manifest["parts"]}
     base = normalize_uri(output_uri).rstrip("/") + "/"
     for pin in get_store(base).list(base):
         key = pin.uri[len(base):] if pin.uri.startswith(base) else pin.uri
@@ -389,19 +389,19 @@ def _no_unlisted_parts(output_uri: str, manifest: dict[str, Any]) -> None:
             continue
         if key.split("/")[-1].startswith("part-") or key.startswith(("errors/", "openai/")):
             raise VerificationError(f"{join(output_uri, key)} is not listed in {MANIFEST}: it was not published by "
-                                    f"job {manifest.get('job_id')}; remove it, or re-run the job to a new output")
+                                    f"job {output_manifest.get('job_id')}; remove it, or re-run the job to a new output")
 
 
-def _openai_files(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def _openai_files(output_manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The openai/ files by the Parquet part each renders, checked to correspond one to one to
     the parts and to hold one line per input record."""
-    rendered = [p for p in manifest["parts"] if p["kind"] == "openai"]
-    parquet = [p["key"] for p in manifest["parts"] if p["kind"] != "openai"]
+    rendered = [p for p in output_manifest["parts"] if p["kind"] == "openai"]
+    parquet = [p["key"] for p in output_manifest["parts"] if p["kind"] != "openai"]
     if sorted(p["from"] for p in rendered) != sorted(parquet):
         raise VerificationError("openai/ files do not correspond one to one to the Parquet parts")
-    if sum(p["rows"] for p in rendered) != manifest["counts"]["records_total"]:
+    if sum(p["rows"] for p in rendered) != output_manifest["counts"]["records_total"]:
         raise VerificationError(f"openai/ files hold {sum(p['rows'] for p in rendered)} lines for "
-                                f"{manifest['counts']['records_total']} records")
+                                f"{output_manifest['counts']['records_total']} records")
     return {p["from"]: p for p in rendered}
 
 
