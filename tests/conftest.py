@@ -14,6 +14,22 @@ import pytest
 
 from tests.helpers import env, real_models, services
 
+# --- parallel runs (pytest-xdist, `--dist loadgroup` in .ci/run) ----------------------------------
+
+# modules whose tests share nothing costly and each run for minutes: spread over the processes
+UNGROUPED = {"tests/integration/test_benchmarks.py"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A module's tests run in one process (its module fixtures, such as servers and converted
+    models, are built once), except the benchmarks' smoke runs, each minutes long: in one process
+    they would be the run's last straggler."""
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        if module not in UNGROUPED:
+            item.add_marker(pytest.mark.xdist_group(module))
+
+
 # --- object stores -------------------------------------------------------------------------------
 
 
