@@ -232,6 +232,7 @@ def test_generate_options_are_refused_when_their_kv_cache_is_over_the_limit(svc:
 
     import_bundle(make_tiny_llama(svc.root / "tiny-llama"), "tinyllama", alias="prod")
     src = svc.root / "in" / "prompts.jsonl"
+    src.parent.mkdir(parents=True, exist_ok=True)      # the first test of the module to run may be this one
     src.write_text("".join(json.dumps({"id": f"p{i}", "prompt": "hello there"}) + "\n" for i in range(4)))
 
     def gen(name: str, **options: Any) -> dict[str, Any]:
