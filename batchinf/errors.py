@@ -4,7 +4,13 @@ from __future__ import annotations
 
 
 class BatchinfError(Exception):
-    """Base of every error batchinf raises on purpose; the CLI prints these without a traceback."""
+    """Base of every error batchinf raises on purpose; the CLI prints these without a traceback.
+    `param` names the request field at fault and `line` the line of an uploaded file, where one
+    is (the OpenAI API's error envelope carries both)."""
+
+    def __init__(self, *args: object, param: str | None = None, line: int | None = None) -> None:
+        super().__init__(*args)
+        self.param, self.line = param, line
 
 
 class ConfigError(BatchinfError):

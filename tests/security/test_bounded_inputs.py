@@ -168,6 +168,8 @@ def test_a_chunked_body_over_the_limit_is_cut_off_on_every_route(served: Served,
                                       FORM if route == "/v1/files" else b"")
     assert status == 413, body[:300]
     msg = json.loads(body)
+    if route.startswith(("/v1/files", "/v1/batches")):      # OpenAI's envelope on its routes
+        msg = {"error": msg["error"]["code"], "message": msg["error"]["message"]}
     assert msg["error"] == "too_large" and f"over the limit of {limit} bytes" in msg["message"] and fix in msg["message"]
     assert sent < offered                           # the server stopped reading: the rest was never taken
     assert rss.growth < RSS_GOAL_KIB, rss.growth
@@ -182,7 +184,7 @@ def test_a_chunked_body_within_the_limit_is_still_read(served: Served) -> None:
 
     with httpx.Client(base_url=served.url, headers={"Authorization": f"Bearer {served.token}"}) as c:
         r = c.post("/v1/batches", content=body(), headers={"Content-Type": "application/json"})
-    assert r.status_code in (400, 404, 422) and r.json()["error"] != "too_large", r.text
+    assert r.status_code in (400, 404, 422) and r.json()["error"]["code"] != "too_large", r.text
 
 
 NUMBERS = {   # a spelling of a number past the bound -> the manifest text
