@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 from batchinf import failpoints, logs, metrics
 from batchinf.config import settings
+from batchinf.errors import AttemptReleased
 from batchinf.ledger import leases
 from batchinf.ledger import shards as shard_repo
 from batchinf.ledger.events import now
@@ -121,6 +122,10 @@ def _run_lease(lease: Lease, device: str, parent_pid: int | None, nearly_done: C
         result = execute_shard(lease, device=pick_device(device), heartbeat=hb)
         log.info("shard %s attempt %d committed: %d rows, %d error rows", lease.shard_id, lease.attempt,
                  result.output_rows, result.error_rows)
+    except AttemptReleased as exc:              # its job stopped before it finished a record
+        log.info("shard %s attempt %d released: %s", lease.shard_id, lease.attempt, exc)
+        metrics.attempt_ended("released")
+        retrying(leases.release_attempt, lease, str(exc))
     except Exception as exc:  # noqa: BLE001 -- every failure is classified and charged to its shard
         policy = RetryPolicy.from_settings()
         decision = policy.decide(exc, lease.attempt)
@@ -326,9 +331,12 @@ class WorkerPool(Dispatcher):
         self.start(open_shards if self.job_ids else None)
 
     def quiesce(self, job: Job) -> bool:
-        if self.job_ids is None:
-            return super().quiesce(job)
-        self.stop()      # our workers stop at their next heartbeat once the job has stopped
+        # running attempts commit what they finished at their next batch (or give their lease
+        # back), waking the driver; then the idle workers are stopped
+        if not super().quiesce(job):
+            return False
+        if self.job_ids is not None:
+            self.stop()
         return True
 
     def wait(self, seconds: float) -> None:
@@ -338,9 +346,11 @@ class WorkerPool(Dispatcher):
     def stop(self, timeout: float = 10.0) -> None:
         """Close the workers: an idle one exits now, a busy one after its attempt (which stops at
         its next heartbeat once its job has stopped); kill those still running after `timeout`.
-        Their leases, if any, expire and are taken over by the next driver. `timeout` 0: stop them
-        now (SIGTERM), e.g. once their job is over and they hold nothing."""
+        `timeout` 0: stop them now (SIGTERM): once their job is over and they hold nothing, or on
+        Ctrl-C. Whatever leases they still held are then given back (`released`), so the next
+        driver runs those shards at once, not after their leases expire."""
         self.work.close()
+        stopped = [worker_name(p.pid) for p in self.procs]
         for p in self.procs:
             if timeout <= 0:
                 p.terminate()
@@ -349,3 +359,7 @@ class WorkerPool(Dispatcher):
                 p.kill()
                 p.join()
         self.procs.clear()
+        try:
+            leases.release_workers(stopped, "its driver stopped (Ctrl-C or shutdown)")
+        except Exception:  # noqa: BLE001 -- the ledger is down: the leases expire as they would have
+            log.warning("could not give back the leases of stopped workers; they expire instead")

@@ -42,6 +42,11 @@ class StaleAttemptError(LedgerError):
     """An attempt lost its fencing token: another attempt owns the shard now."""
 
 
+class AttemptReleased(BatchinfError):
+    """The attempt stops without committing (its job was cancelled before it finished a record):
+    its lease is given back, charged to nothing."""
+
+
 class StoreError(BatchinfError):
     """An object store operation failed permanently."""
 

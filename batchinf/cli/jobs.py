@@ -258,8 +258,9 @@ def status(job_id: str, as_json: bool, tenant: str | None) -> None:
 @tenant_filter
 @friendly
 def cancel(job_id: str, as_json: bool, tenant: str | None) -> None:
-    """Cancel a job: dispatch stops, running attempts stop within a heartbeat, committed results
-    stay and `_PARTIAL.json` describes what is done. `_SUCCESS` is never written."""
+    """Cancel a job: dispatch stops, running attempts stop at their next batch and commit what
+    they finished, committed results stay and `_PARTIAL.json` describes what is done. `_SUCCESS`
+    is never written."""
     from batchinf.controller import cancel as do_cancel
     from batchinf.ledger.status import status as job_status
 

@@ -181,20 +181,23 @@ def heartbeat(lease: Lease, lease_seconds: float, progress_records: int | None =
         return True
 
 
+# A cancelling job's attempts still beat and commit what they have finished (they stop at their
+# next batch: `splits.stop_wanted`); once it is cancelled, expired or failed nothing commits.
+_COMMITTING = (JobStatus.RUNNING.value, JobStatus.CANCELLING.value)
 # built once, like _TAKE: heartbeats are the ledger's most frequent writes
 _BEAT_ATTEMPT = update(attempts).where(      # the attempt runs, its shard runs, its job runs
     attempts.c.shard_id == bindparam("b_shard"), attempts.c.number == bindparam("b_number"),
     attempts.c.status == AttemptStatus.RUNNING.value,
     select(shards.c.id).where(shards.c.id == bindparam("b_shard"),
                               shards.c.status == ShardStatus.RUNNING.value).exists(),
-    select(jobs.c.id).where(jobs.c.id == bindparam("b_job"), jobs.c.status == JobStatus.RUNNING.value).exists())
+    select(jobs.c.id).where(jobs.c.id == bindparam("b_job"), jobs.c.status.in_(_COMMITTING)).exists())
 _BEAT_SHARD = update(shards).where(shards.c.id == bindparam("b_shard"), shards.c.attempt == bindparam("b_number"))
 
 
 def commit_attempt(lease: Lease, result: ShardResult) -> None:
     """Checkpoint: the shard becomes committed with this attempt's outputs, in one transaction,
-    only if the attempt may still commit it (see `_COMMIT`) and the job is still running (so
-    nothing commits after a cancel or deadline). The winner becomes the fencing token; a
+    only if the attempt may still commit it (see `_COMMIT`) and the job is running or cancelling
+    (a cancel keeps what running attempts finished; nothing commits once the job has stopped). The winner becomes the fencing token; a
     speculative twin still running is superseded. Raises StaleAttemptError otherwise."""
     with tx() as conn:
         commit_in(conn, lease, result)
@@ -206,8 +209,8 @@ def commit_in(conn: Connection, lease: Lease, result: ShardResult, **fields: Any
     # FOR SHARE (PostgreSQL) serializes with the job's cancel/expire transition (an UPDATE of the
     # row) while commits run side by side: a commit writes nothing to the job's row (its totals are tallies)
     q = _JOB_FOR_SHARE if conn.dialect.name == "postgresql" else _JOB_STATUS
-    if conn.execute(q, {"b_job": lease.job_id}).scalar() != JobStatus.RUNNING:
-        raise StaleAttemptError(f"job {lease.job_id} is no longer running; attempt {lease.attempt} "
+    if conn.execute(q, {"b_job": lease.job_id}).scalar() not in _COMMITTING:
+        raise StaleAttemptError(f"job {lease.job_id} has stopped; attempt {lease.attempt} "
                                 f"of shard {lease.shard_id} is discarded")
     t, key = now(), {"b_shard": lease.shard_id, "b_number": lease.attempt}
     won = conn.execute(_COMMIT, {
@@ -284,8 +287,8 @@ def _end_lease(conn: Connection, shard_id: str, attempt: int, error: str, policy
                outcome: AttemptStatus, give_up: bool = False) -> ShardStatus | None:
     """An attempt that raised (FAILED) or lost its worker (LOST) ends. For the attempt holding the
     shard, the shard goes where `policy.end_attempt` says: retrying (after its delay), quarantined
-    or failed (a failed shard fails its job); `give_up`: it fails now; no policy (a stopped job):
-    retrying at once. A speculative attempt just ends: the attempt holding the shard carries on."""
+    or failed (a failed shard fails its job); `give_up`: it fails now; no policy (RELEASED: the
+    worker gave the lease back): retrying at once, charged to nothing. A speculative attempt just ends: the attempt holding the shard carries on."""
     job_id, holder = conn.execute(select(shards.c.job_id, shards.c.attempt).where(shards.c.id == shard_id)).one()
     if holder != attempt:
         end_attempt(conn, shard_id, attempt, outcome, error=error[:4000])
@@ -380,15 +383,32 @@ def release_dead(workers: Iterable[str], why: str) -> int:
 
 
 def release_leases(job_id: str) -> None:
-    """A stopped job's running shards give up their leases (their attempts are lost)."""
+    """A stopped job's running shards give up their leases (their attempts are released)."""
+    _release(shards.c.job_id == job_id, "job stopped")
+
+
+def release_attempt(lease: Lease, why: str) -> None:
+    """The attempt gives its lease back (its worker stops, or its job is cancelled before it
+    finished a record): released, not charged; its shard may run again at once."""
+    _release((attempts.c.shard_id == lease.shard_id) & (attempts.c.number == lease.attempt), why)
+
+
+def release_workers(workers: Iterable[str], why: str) -> None:
+    """The running attempts of these workers (stopped by their driver: Ctrl-C, shutdown) give
+    their leases back, so the next driver runs their shards at once instead of after the lease."""
+    if names := list(workers):
+        _release(attempts.c.worker.in_(names), why)
+
+
+def _release(which: Any, why: str) -> None:
     with tx() as conn:
         rows = conn.execute(select(attempts.c.shard_id, attempts.c.number)
                             .join(shards, shards.c.id == attempts.c.shard_id)
-                            .where(shards.c.job_id == job_id, shards.c.status == ShardStatus.RUNNING.value,
+                            .where(which, shards.c.status == ShardStatus.RUNNING.value,
                                    attempts.c.status == AttemptStatus.RUNNING.value)
                             .order_by(attempts.c.number.desc())).all()   # twins before holders
         for r in rows:
-            _end_lease(conn, r.shard_id, r.number, "job stopped", None, AttemptStatus.LOST)
+            _end_lease(conn, r.shard_id, r.number, why, None, AttemptStatus.RELEASED)
 
 
 def leases_held(job_id: str) -> int:

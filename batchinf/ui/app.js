@@ -6,7 +6,7 @@ const TOKEN_KEY = "batchinf.token";
 const POLL_MS = 2000;
 const ACTIVE = new Set(["submitted", "planning", "planned", "running", "verifying", "cancelling"]);
 const COLORS = { committed: "#2e9d5b", running: "#2f6fde", retried: "#e0a100", failed: "#b0172b", lost: "#d2452f",
-  quarantined: "#8e44ad", superseded: "#9aa3b2" };
+  released: "#6b8fb8", quarantined: "#8e44ad", superseded: "#9aa3b2" };
 const OUTCOMES = Object.keys(COLORS);
 let timer = null;
 let errorCode = "";
