@@ -38,7 +38,7 @@ LAYERS: list[tuple[str, ...]] = [
      "batchinf.verify", "batchinf.schedules"),
     ("batchinf.quarantine", "batchinf.dispatch"),
     ("batchinf.lifecycle",),
-    ("batchinf.controller", "batchinf.dryrun"),
+    ("batchinf.controller", "batchinf.dryrun", "batchinf.dev_cluster"),
     ("batchinf.api", "batchinf.openai.routes", "batchinf.openai.schemas"),
     ("batchinf.cli", "batchinf.__main__", "batchinf.workers"),
 ]

@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 TREE: dict[str, set[str]] = {
     "": {"run", "submit", "plan", "start", "retry", "status", "cancel", "jobs", "verify", "bundle", "db", "serve",
          "token", "schedule",
-         "scheduler", "worker", "controller", "tenant", "info", "files", "batches"},
+         "scheduler", "worker", "controller", "tenant", "info", "files", "batches", "dev"},
+    "dev": {"cluster", "down"},
     "files": {"upload", "list", "show", "download", "delete"},
     "batches": {"create", "list", "show", "cancel"},
     "bundle": {"import", "import-gguf", "list", "verify", "alias"},
