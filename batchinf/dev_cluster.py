@@ -28,6 +28,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from batchinf.config import settings
 from batchinf.errors import ConfigError
+from batchinf.dispatch import pid_alive
 from batchinf.ledger.db import create_database, drop_database
 
 BUCKET = "batchinf"
@@ -54,7 +55,7 @@ class DevCluster:
         self.state_file.write_text(json.dumps(asdict(self), indent=2))
 
     def alive(self) -> dict[str, bool]:
-        return {name: _alive(pid) for name, pid in self.pids.items()}
+        return {name: pid_alive(pid) for name, pid in self.pids.items()}
 
 
 def root_dir() -> Path:
@@ -232,16 +233,6 @@ def _wait_port(port: int, what: str, c: DevCluster) -> None:
     raise ConfigError(f"dev cluster: {what} did not start on port {port} (see {c.root})")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _signal(pid: int, sig: int) -> bool:
     try:
         os.killpg(pid, sig)
@@ -253,9 +244,9 @@ def _signal(pid: int, sig: int) -> bool:
 def _stop_all(pids: dict[str, int], grace: float = 10.0) -> list[str]:
     """SIGTERM every process group at once, SIGKILL what is left after `grace` seconds; the names
     of those that were running."""
-    running = [name for name, pid in pids.items() if _alive(pid) and _signal(pid, signal.SIGTERM)]
+    running = [name for name, pid in pids.items() if pid_alive(pid) and _signal(pid, signal.SIGTERM)]
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(_alive(pids[n]) for n in running):
+    while time.monotonic() < deadline and any(pid_alive(pids[n]) for n in running):
         for n in running:
             try:
                 os.waitpid(pids[n], os.WNOHANG)         # our own children (a failed `up`) are reaped
@@ -263,6 +254,6 @@ def _stop_all(pids: dict[str, int], grace: float = 10.0) -> list[str]:
                 pass
         time.sleep(0.1)
     for n in running:
-        if _alive(pids[n]):
+        if pid_alive(pids[n]):
             _signal(pids[n], signal.SIGKILL)
     return running

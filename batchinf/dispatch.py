@@ -250,7 +250,8 @@ def worker_main(job_ids: list[str] | None, bundle_digest: str | None, device: st
             work.wait(seen)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this id exists (a zombie counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -320,7 +321,7 @@ class WorkerPool(Dispatcher):
             host = socket.gethostname()
             for owner in shard_repo.lease_owners(job.id):
                 h, _, pid = owner.rpartition(":")
-                if h == host and pid.isdigit() and not _pid_alive(int(pid)):
+                if h == host and pid.isdigit() and not pid_alive(int(pid)):
                     self.dead.add(owner)
         return sorted(self.dead)
 

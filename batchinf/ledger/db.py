@@ -124,24 +124,23 @@ def _server_admin(server_url: str) -> Engine:
 
 def create_database(server_url: str, name: str) -> None:
     """A new, empty PostgreSQL database `name` (letters, digits, _) on the server."""
-    assert re.fullmatch(r"[a-z0-9_]+", name), name
-    admin = _server_admin(server_url)
-    try:
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
-    finally:
-        admin.dispose()
+    _on_server(server_url, f'CREATE DATABASE "{name}"', name)
 
 
 def drop_database(server_url: str, name: str) -> None:
     """Drop the database (closing its connections); a server that is gone has nothing to drop."""
+    try:
+        _on_server(server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', name)
+    except OperationalError:
+        pass
+
+
+def _on_server(server_url: str, sql: str, name: str) -> None:
     assert re.fullmatch(r"[a-z0-9_]+", name), name
     admin = _server_admin(server_url)
     try:
         with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    except OperationalError:
-        pass
+            conn.execute(text(sql))
     finally:
         admin.dispose()
 
