@@ -286,6 +286,12 @@ def sandbox_environment() -> dict[str, str]:
     return {name: value for name in ("PYTHONPATH", "TZ") if (value := _text(name))}
 
 
+def foreign_environment() -> dict[str, str]:
+    """This process's environment less batchinf's and AWS's own variables: what a process that
+    batchinf starts with a configuration of its own (`batchinf dev cluster`) inherits besides it."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("BATCHINF_", "AWS_"))}
+
+
 # A forked child (a Celery prefork worker) loads its own: its parent may have cached settings
 # before setting a variable for its children (`batchinf worker` sets BATCHINF_DEVICE so).
 os.register_at_fork(after_in_child=settings.cache_clear)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from batchinf.config import settings
+from batchinf.config import foreign_environment, settings
 from batchinf.errors import ConfigError
 from batchinf.dispatch import pid_alive
 from batchinf.ledger.db import create_database, drop_database
@@ -44,6 +44,7 @@ class DevCluster:
     pids: dict[str, int] = field(default_factory=dict)      # process group leaders, by name
     pg_data: str | None = None                  # a temporary PostgreSQL cluster's data directory
     pg_user: str | None = None                  # who runs it (root cannot: `postgres`)
+    pg_bin: str | None = None                   # where initdb and pg_ctl are
     server_url: str | None = None               # an existing server: the database created on it is dropped
     database: str | None = None
 
@@ -130,7 +131,7 @@ def _ledger(c: DevCluster, server_url: str | None) -> None:
     if binaries is None:
         raise ConfigError("no initdb found to make a temporary PostgreSQL cluster: install PostgreSQL, or pass "
                           "--database-url postgresql://USER@HOST:PORT/ of a server to create the ledger on")
-    os.environ["PATH"] = f"{binaries}{os.pathsep}{os.environ.get('PATH', '')}"
+    c.pg_bin = binaries
     c.pg_user = "postgres" if os.geteuid() == 0 else None          # PostgreSQL refuses to run as root
     # as root the data directory must be one `postgres` can reach: a directory of its own in the temp dir
     data = Path(tempfile.mkdtemp(prefix="batchinf-dev-pg-")) if c.pg_user else Path(c.root) / "pg"
@@ -180,8 +181,7 @@ def _s3(c: DevCluster) -> None:
 
 
 def _child_env(c: DevCluster) -> dict[str, str]:
-    keep = {k: v for k, v in os.environ.items() if not k.startswith(("BATCHINF_", "AWS_"))}
-    return {**keep, "BATCHINF_HOME": str(settings().home), **c.env}
+    return {**foreign_environment(), "BATCHINF_HOME": str(settings().home), **c.env}
 
 
 def _spawn(c: DevCluster, name: str, argv: list[str]) -> None:
@@ -198,6 +198,7 @@ def _run(c: DevCluster, argv: list[str], what: str) -> None:
 
 
 def _pg(c: DevCluster, argv: list[str], check: bool = True) -> None:
+    argv = [str(Path(c.pg_bin or "") / argv[0]), *argv[1:]]
     full = ["runuser", "-u", c.pg_user, "--", *argv] if c.pg_user else argv
     r = subprocess.run(full, capture_output=True, text=True, timeout=120, check=False)
     if check and r.returncode != 0:
