@@ -148,18 +148,20 @@ async function jobsView() {
         q.status || q.name ? el("a", { href: listHash({ limit: q.limit }), id: "filter-clear" }, "clear") : null),
         el("div", { class: "scroll" }, el("table", { id: "jobs" },
           el("thead", {}, el("tr", {}, ["job", "name", "status", "progress (records)", "records/s", "ETA", "created"]
-            .map((h) => el("th", { class: h.includes("/s") || h === "ETA" ? "num" : null }, h)))),
+            .map((h, i) => el("th", { class: [h.includes("/s") || h === "ETA" ? "num" : "", i > 3 || !i ? "opt" : ""]
+              .join(" ").trim() || null }, h)))),
           el("tbody", { id: "jobs-body" }))),
         el("div", { class: "toolbar", id: "pager" })];
     });
     fill("jobs-body", page.items.length ? page.items.map((j) => el("tr", { "data-job": j.job_id },
-      el("td", {}, el("a", { href: `#/jobs/${j.job_id}` }, j.job_id)), el("td", { class: "name" }, clip(j.name)),
+      el("td", { class: "nowrap opt" }, el("a", { href: `#/jobs/${j.job_id}` }, j.job_id)),
+      el("td", { class: "name" }, el("a", { href: `#/jobs/${j.job_id}` }, clip(j.name))),
       el("td", {}, el("span", { class: `badge ${j.status}`, "data-field": "status" }, j.status)),
       el("td", { class: "nowrap" }, progressBar(j), " ", el("span", { "data-field": "records_done" }, fmt(j.counts.records_done)),
         " / ", fmt(j.counts.records_total)),
-      el("td", { class: "num", "data-field": "records_per_second" }, fmt(j.progress.records_per_second, 1)),
-      el("td", { class: "num" }, dur(j.progress.eta_seconds)),
-      el("td", { class: "nowrap" }, when(j.created_at))))
+      el("td", { class: "num opt", "data-field": "records_per_second" }, fmt(j.progress.records_per_second, 1)),
+      el("td", { class: "num opt" }, dur(j.progress.eta_seconds)),
+      el("td", { class: "nowrap opt" }, when(j.created_at))))
       : el("tr", {}, el("td", { colspan: 7, class: "muted" }, q.status || q.name ? "No job matches." : "No jobs yet.")));
     fill("pager",
       el("button", { id: "prev", disabled: q.cursor ? null : "", onclick: () => {
