@@ -185,14 +185,17 @@ def _fetch_page(q: Any, limit: int) -> tuple[list[Any], bool]:
 
 
 def page_jobs(limit: int = 50, *, tenant: str | None = None, status_is: str | None = None,
-              name: str | None = None, schedule: str | None = None,
+              name: str | None = None, schedule: str | None = None, name_contains: str | None = None,
               cursor: str | None = None) -> tuple[list[dict[str, Any]], str | None]:
-    """One page of status objects, newest first, and the cursor of the next page (None at the end)."""
+    """One page of status objects, newest first, and the cursor of the next page (None at the end).
+    `name_contains` matches a substring of the name, case-insensitively (% and _ are literal)."""
     q = _with_aggregates(select(jobs)).order_by(jobs.c.created_at.desc(), jobs.c.id.desc())
     for col, value in ((jobs.c.tenant, tenant), (jobs.c.status, status_is), (jobs.c.name, name),
                        (jobs.c.schedule, schedule)):
         if value is not None:
             q = q.where(col == value)
+    if name_contains is not None:
+        q = q.where(jobs.c.name.icontains(name_contains, autoescape=True))
     if cursor:
         created, last_id = decode_cursor(cursor, (int, float), str)
         q = q.where((jobs.c.created_at < created) | ((jobs.c.created_at == created) & (jobs.c.id < last_id)))
