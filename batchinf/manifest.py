@@ -96,7 +96,7 @@ class JobManifest(Section):
     # a document names output and deadline; Python code output_uri and deadline_seconds
     model_config = ConfigDict(title="batchinf job manifest", validate_by_name=True, validate_by_alias=True)
 
-    name: Annotated[str, NAME] = Field(description="the job's name, shown in its status (printable, at most 256 "
+    name: Annotated[str, NAME] = Field(description="the job's name, shown in its status (printable, at most 200 "
                                                     "characters)")
     task: Annotated[str, choice(TASKS)] = "embed"
     bundle: Annotated[str, TEXT] = Field(

@@ -213,7 +213,7 @@ def test_huge_manifest_numbers_and_bad_names_are_refused(served: Served) -> None
     cases = [({"shards": {"target_workers": 3 << 61}}, f"shards.target_workers {3 << 61} is over the limit of 10000"),
              ({"options": {"dimensions": 5 << 60}}, f"options.dimensions {5 << 60} is over the limit of 65536"),
              ({"name": "\x00" * 999}, "name holds the control character"),
-             ({"name": "q" * 1000}, "name is 1000 characters long, over the limit of 256")]
+             ({"name": "q" * 1000}, "name is 1000 characters long, over the limit of 200")]
     with httpx.Client(base_url=served.url, headers={"Authorization": f"Bearer {served.token}"}, timeout=30) as c:
         for extra, says in cases:
             r = c.post("/v1/jobs", json={**base, **extra})
