@@ -4,7 +4,6 @@ what the openai-http engine's tests and benchmark run against."""
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import threading
 import time
@@ -92,7 +91,6 @@ def throttling_proxy(upstream_port: int, retry_after: float = 1.0) -> Iterator[d
 
     port = free_port()
     seen: dict = {"base_url": f"http://127.0.0.1:{port}/v1", "left": 0, "match": None, "throttled": 0, "forwarded": 0}
-    client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{upstream_port}", timeout=300)
 
     async def forward(request: Request) -> Response:
         body = await request.body()
@@ -101,8 +99,9 @@ def throttling_proxy(upstream_port: int, retry_after: float = 1.0) -> Iterator[d
             seen["throttled"] += 1
             return Response('{"error": "slow down"}', status_code=429, headers={"Retry-After": str(retry_after)})
         seen["forwarded"] += 1
-        r = await client.request(request.method, request.url.path, content=body,
-                                 headers={"content-type": request.headers.get("content-type", "application/json")})
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{upstream_port}", timeout=300) as client:
+            r = await client.request(request.method, request.url.path, content=body,
+                                     headers={"content-type": request.headers.get("content-type", "application/json")})
         return Response(r.content, status_code=r.status_code, media_type=r.headers.get("content-type"))
 
     app = Starlette(routes=[Route("/{path:path}", forward, methods=["GET", "POST"])])
@@ -116,4 +115,3 @@ def throttling_proxy(upstream_port: int, retry_after: float = 1.0) -> Iterator[d
     finally:
         server.should_exit = True
         thread.join(10)
-        asyncio.run(client.aclose())

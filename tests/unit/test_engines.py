@@ -99,3 +99,40 @@ def test_a_worker_refuses_an_engine_whose_package_is_missing(monkeypatch: pytest
     out = CliRunner().invoke(main, ["worker", "--engine", "vllm"])
     assert out.exit_code != 0 and "engine vllm needs the batchinf_no_such_package package" in out.output
     assert engines.require(()) == ("native",)
+
+
+# --- the openai-http engine's checks and mapping (no server needed) ---------------------------------
+
+def test_an_endpoint_holds_no_credentials_and_names_only_its_own_key_variable() -> None:
+    from batchinf.engines.openai_http import endpoint_spec
+    from batchinf.errors import BundleError
+
+    spec = endpoint_spec("http://127.0.0.1:8080/v1/", "m")
+    assert spec["base_url"] == "http://127.0.0.1:8080/v1" and spec["api_key_env"] == "BATCHINF_OPENAI_HTTP_API_KEY"
+    for bad, why in [("http://user:secret@host/v1", "no credentials"), ("ftp://host/v1", "http:// or https://"),
+                     ("http://host/v1?key=1", "no credentials"), ("file:///etc/passwd", "http:// or https://")]:
+        with pytest.raises(BundleError, match=why):
+            endpoint_spec(bad, "m")
+    with pytest.raises(BundleError, match="only a BATCHINF_OPENAI_HTTP_"):
+        endpoint_spec("http://h/v1", "m", api_key_env="AWS_SECRET_ACCESS_KEY")
+    with pytest.raises(BundleError, match="out of range"):
+        endpoint_spec("http://h/v1", "m", concurrency=100000)
+
+
+def test_every_sampling_field_reaches_the_request_body() -> None:
+    from batchinf.checks import canonical_response_format
+    from batchinf.engines.openai_http import _retry_after, completion_body
+    from batchinf.runtime.generation.sampling import SamplingParams
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    fmt = canonical_response_format({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    p = SamplingParams(max_tokens=7, temperature=0.5, top_k=3, top_p=0.9, seed=42, stop=("\n",), logprobs=2,
+                       response_format=fmt)
+    body = completion_body("m", [1, 2, 3], p)
+    assert {k: body[k] for k in ("model", "prompt", "max_tokens", "temperature", "top_k", "top_p", "seed", "stop",
+                                 "logprobs")} == {"model": "m", "prompt": [1, 2, 3], "max_tokens": 7, "temperature": 0.5,
+                                                  "top_k": 3, "top_p": 0.9, "seed": 42, "stop": ["\n"], "logprobs": 2}
+    assert body["response_format"]["type"] == "json_schema" and body["json_schema"] == schema
+    assert "top_k" not in completion_body("m", [1], SamplingParams(max_tokens=1))
+    assert _retry_after("3") == 3.0 and _retry_after(None) is None and _retry_after("soon") is None
+    assert _retry_after("Thu, 01 Jan 1970 00:00:00 GMT") == 0.0
