@@ -194,9 +194,13 @@ class HttpGenerateRuntime(GenerateRuntime):
             return
         results: queue.Queue = queue.Queue()
         stop = threading.Event()
-        worker = threading.Thread(target=lambda: asyncio.run(self._send_all(reqs, results, stop, stop_admitting,
-                                                                            concurrency or self.spec["concurrency"])),
-                                  name="batchinf-openai-http", daemon=True)
+        def send() -> None:
+            try:
+                asyncio.run(self._send_all(reqs, results, stop, stop_admitting, concurrency or self.spec["concurrency"]))
+            except BaseException as exc:  # noqa: BLE001 -- handed to the caller, whose records are not done
+                results.put(("crashed", None, exc))
+
+        worker = threading.Thread(target=send, name="batchinf-openai-http", daemon=True)
         worker.start()
         failures: dict[int, str] = {}
         try:
@@ -211,6 +215,8 @@ class HttpGenerateRuntime(GenerateRuntime):
                     yield value
                 elif kind == "failed":
                     failures[key] = value
+                elif kind == "crashed":
+                    raise value
         finally:
             stop.set()
             worker.join(30)

@@ -8,7 +8,8 @@ On a tiny random Llama (head_dim 64, which vLLM's CPU attention supports), impor
   of its shard does), and differs for another seed;
 - a json_schema response_format gives JSON that the schema accepts;
 - a job with `engine: vllm` runs end to end in a worker process and equals the native job's answers
-  where greedy.
+  where greedy; a seeded sampled one whose worker is killed after writing a shard gives every
+  record once, with the same tokens as a clean run.
 
     python -m tests.helpers.vllm_checks HOME_DIR
 """
@@ -28,6 +29,7 @@ PROMPTS = ["the people of the world", "water and light", "every day of the year"
 def main(home: Path) -> dict[str, Any]:
     os.environ["BATCHINF_HOME"] = str(home)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")      # GiB: the tiny model needs little
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     for name in ("BATCHINF_DATABASE_URL", "BATCHINF_BUNDLE_STORE"):
         os.environ.pop(name, None)
     import torch
@@ -94,22 +96,42 @@ def main(home: Path) -> dict[str, Any]:
     # a job on the vllm engine, end to end, against the same job on native
     inp = home.parent / "in.jsonl"
     inp.write_text("".join(json.dumps({"id": f"r{i}", "prompt": p}) + "\n" for i, p in enumerate(PROMPTS)))
+    # and a seeded sampled job on vllm whose first worker is killed after writing a shard (the shard is
+    # retried in a new worker process, which loads vLLM again): the same bytes as a clean run
+    from sqlalchemy import select
+
+    from batchinf.ledger.db import tx
+    from batchinf.ledger.tables import attempts, shards
+
     answers = {}
-    for engine in ("vllm", "native"):
-        out = home.parent / "out" / engine
-        raw = {"name": engine, "task": "generate", "bundle": "tiny@prod", "engine": engine,
+    sampled = {"max_tokens": 10, "temperature": 0.9, "top_k": 40, "top_p": 0.95, "seed": 5}
+    for name, engine, options, crash in (("vllm", "vllm", {"max_tokens": 10}, False),
+                                         ("native", "native", {"max_tokens": 10}, False),
+                                         ("vllm_sampled", "vllm", sampled, False), ("vllm_killed", "vllm", sampled, True)):
+        out = home.parent / "out" / name
+        raw = {"name": name, "task": "generate", "bundle": "tiny@prod", "engine": engine,
                "input": {"uri": str(inp)}, "output": {"uri": str(out)}, "shards": {"max_records": 3},
-               "options": {"max_tokens": 10}}
+               "options": options}
         job_id, _ = submit(parse_manifest(raw), Caller("default", operator=True))
-        final = drive(job_id, workers=1, threads=1)
-        report[f"job_{engine}"] = final if final == "succeeded" else f"{final}: {job_row(job_id).error}"
+        if crash:
+            os.environ["BATCHINF_FAILPOINTS"] = "execute.after_write=crash"
+        final = drive(job_id, workers=1, threads=1, on_tick=lambda: os.environ.pop("BATCHINF_FAILPOINTS", None))
+        report[f"job_{name}"] = final if final == "succeeded" else f"{final}: {job_row(job_id).error}"
+        if crash:
+            with tx() as conn:
+                report["killed_attempts_lost"] = len(conn.execute(
+                    select(attempts.c.number).join(shards, shards.c.id == attempts.c.shard_id)
+                    .where(shards.c.job_id == job_id, attempts.c.status == "lost")).scalars().all())
         if final == "succeeded":
             m = json.loads((out / MANIFEST).read_text())
-            answers[engine] = {r["record_id"]: r["output_ids"] for p in m["parts"] if p["kind"] == "results"
-                               for r in read_table(str(out / p["key"])).to_pylist()}
-    if len(answers) == 2:
+            answers[name] = {r["record_id"]: r["output_ids"] for p in m["parts"] if p["kind"] == "results"
+                             for r in read_table(str(out / p["key"])).to_pylist()}
+    if "vllm" in answers and "native" in answers:
         report["job_vllm_equals_native"] = [sum(answers["vllm"][k] == v for k, v in answers["native"].items()),
                                             len(answers["native"])]
+    if "vllm_sampled" in answers and "vllm_killed" in answers:
+        report["killed_equals_clean"] = answers["vllm_sampled"] == answers["vllm_killed"]
+        report["killed_records"] = len(answers["vllm_killed"])
     return report
 
 

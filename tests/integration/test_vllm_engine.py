@@ -46,6 +46,12 @@ def test_structured_output_is_valid(report: dict) -> None:
     assert report["structured_valid"] is True, report["structured_valid"]
 
 
+def test_a_worker_killed_mid_job_gives_every_record_once_and_the_same_samples(report: dict) -> None:
+    assert report["job_vllm_sampled"] == "succeeded" and report["job_vllm_killed"] == "succeeded"
+    assert report["killed_attempts_lost"] >= 1            # the killed worker's attempt, retried elsewhere
+    assert report["killed_records"] == 6 and report["killed_equals_clean"] is True
+
+
 def test_a_job_on_vllm_runs_end_to_end_and_equals_native(report: dict) -> None:
     assert report["job_vllm"] == "succeeded" and report["job_native"] == "succeeded"
     equal, total = report["job_vllm_equals_native"]
