@@ -292,3 +292,11 @@ def sandbox_environment() -> dict[str, str]:
 # A forked child (a Celery prefork worker) loads its own: its parent may have cached settings
 # before setting a variable for its children (`batchinf worker` sets BATCHINF_DEVICE so).
 os.register_at_fork(after_in_child=settings.cache_clear)
+
+
+def engine_secret(name: str) -> str | None:
+    """An engine's credential from this worker's environment (the openai-http engine's API key), read
+    when used: `name` is the variable its bundle names, which must be a BATCHINF_OPENAI_HTTP_* one."""
+    if not name.startswith("BATCHINF_OPENAI_HTTP_"):
+        raise ConfigError(f"{name}: an engine's key may be read only from a BATCHINF_OPENAI_HTTP_* variable")
+    return os.environ.get(name) or None

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import queue
 import random
 import re
@@ -206,14 +205,14 @@ class HttpGenerateRuntime(GenerateRuntime):
         try:
             for _ in reqs:
                 kind, key, value = results.get()
-                if kind == "result":
+                if kind == "answer":
                     if stats is not None:
                         stats.prompt_tokens += value.input_tokens
                         stats.prefill_positions += value.input_tokens
                         stats.decode_tokens += value.output_tokens
                         stats.decode_slot_steps += value.output_tokens
                     yield value
-                elif kind == "failed":
+                elif kind == "no_answer":
                     failures[key] = value
                 elif kind == "crashed":
                     raise value
@@ -224,7 +223,9 @@ class HttpGenerateRuntime(GenerateRuntime):
             raise RecordsFailed(failures)
 
     def _headers(self) -> dict[str, str]:
-        key = os.environ.get(self.spec["api_key_env"])
+        from batchinf.config import engine_secret
+
+        key = engine_secret(self.spec["api_key_env"])
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     async def _send_all(self, reqs: list[GenRequest], results: queue.Queue, stop: threading.Event,
@@ -241,9 +242,9 @@ class HttpGenerateRuntime(GenerateRuntime):
                         results.put(("deferred", r.key, None))
                         return
                     try:
-                        results.put(("result", r.key, await self._complete(client, r)))
+                        results.put(("answer", r.key, await self._complete(client, r)))
                     except _NoAnswer as exc:
-                        results.put(("failed", r.key, str(exc)))
+                        results.put(("no_answer", r.key, str(exc)))
 
             tasks = [asyncio.create_task(one(r)) for r in reqs]
             while not all(t.done() for t in tasks):

@@ -94,6 +94,7 @@ def throttling_proxy(upstream_port: int, retry_after: float = 1.0) -> Iterator[d
 
     async def forward(request: Request) -> Response:
         body = await request.body()
+        seen["authorization"] = request.headers.get("authorization")
         if request.method == "POST" and seen["left"] > 0 and (seen["match"] is None or seen["match"](json.loads(body))):
             seen["left"] -= 1
             seen["throttled"] += 1

@@ -178,7 +178,9 @@ def _pinned(digest: str) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_429_with_retry_after_is_waited_out_and_each_record_sent_once(world: World) -> None:
+def test_429_with_retry_after_is_waited_out_and_each_record_sent_once(world: World,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BATCHINF_OPENAI_HTTP_API_KEY", "sekrit-key")      # the worker's environment
     with throttling_proxy(world.server.port, retry_after=1.0) as proxy:
         digest = world.import_http("throttled", proxy["base_url"])
         assert digest != world.http                           # another endpoint: another bundle
@@ -189,6 +191,10 @@ def test_429_with_retry_after_is_waited_out_and_each_record_sent_once(world: Wor
         assert not errors and len(got) == 6 and proxy["throttled"] == 8
         # what reached the server: the fixtures replayed at load, then each record once
         assert proxy["forwarded"] - before == len(_pinned(digest)) + 6
+        assert proxy["authorization"] == "Bearer sekrit-key"
+        from batchinf.bundles import local_dir
+
+        assert "sekrit" not in (local_dir(digest) / "bundle.json").read_text()
 
 
 @pytest.mark.slow

@@ -136,3 +136,18 @@ def test_every_sampling_field_reaches_the_request_body() -> None:
     assert "top_k" not in completion_body("m", [1], SamplingParams(max_tokens=1))
     assert _retry_after("3") == 3.0 and _retry_after(None) is None and _retry_after("soon") is None
     assert _retry_after("Thu, 01 Jan 1970 00:00:00 GMT") == 0.0
+
+
+def test_an_engine_loads_only_the_pinned_files(tiny_llama: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The digests are checked before any engine sees the files: a bundle changed after import is
+    refused whatever the engine; an engine this process lacks is refused by name."""
+    from batchinf.bundles import local_dir, open_runtime
+    from batchinf.errors import BundleError
+
+    monkeypatch.setitem(engines.PACKAGES, "vllm", ("batchinf_no_such_package", "pip install it"))
+    with pytest.raises(engines.EngineUnavailable, match="engine vllm needs"):
+        open_runtime(tiny_llama, engine="vllm")
+    weights = local_dir(tiny_llama) / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-8] + b"\0" * 8)
+    with pytest.raises(BundleError, match="model.safetensors"):
+        open_runtime(tiny_llama, engine="vllm")
