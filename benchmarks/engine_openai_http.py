@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spec = endpoint_spec(server.base_url, MODEL, concurrency=a.concurrency)
         digest = import_gguf(smollm2_gguf(), "smollm2", alias="http", endpoint=spec).digest
-        runtime = open_runtime(digest)          # the engine's runtime (fixtures replayed once here)
+        runtime = open_runtime(digest, engine="openai-http")   # the engine (its fixtures replayed here)
         qs = questions(a.prompts)
         prompts = [runtime.encode_chat([{"role": "user", "content": q}]) for q in qs]
         inp = tmp / "prompts.jsonl"
@@ -143,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         "prompts": a.prompts, "max_tokens": a.max_tokens, "concurrency": a.concurrency, "slots": a.slots,
         "reps": a.reps, "order": order,
         "seconds": {k: statistics.median(v) for k, v in seconds.items()},
+        "seconds_each": seconds,
         "completions_per_s": {k: a.prompts / statistics.median(v) for k, v in seconds.items()},
         "overhead_vs_plain": {k: statistics.median(v) / base - 1 for k, v in seconds.items() if k != "plain asyncio client"},
         "same_answers_as_plain": {k: sum(x == y for x, y in zip(v, answers["plain asyncio client"]))

@@ -38,7 +38,9 @@ class LlamaServer:
 
         cmd = [str(llama_server()), "-m", str(self.gguf), "--host", "127.0.0.1", "--port", str(self.port),
                "--alias", self.alias, "-np", str(self.slots), "-c", str(2048 * self.slots), "-t", str(self.threads),
-               "--no-webui", "--seed", "0"]
+               "--no-webui", "--seed", "0",
+               # no prompt cache: a request's answer and time then do not depend on the requests before it
+               "--no-cache-prompt", "--cache-ram", "0"]
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
