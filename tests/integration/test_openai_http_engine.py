@@ -19,7 +19,6 @@ import pytest
 from batchinf.bundles import import_bundle
 from batchinf.controller import drive
 from batchinf.engines.openai_http import endpoint_spec
-from batchinf.errors import BundleError
 from batchinf.ledger import status
 from batchinf.ledger.jobs import get as job_row
 from batchinf.manifest import parse_manifest
@@ -50,8 +49,8 @@ class World:
 
     def job(self, name: str, alias: str, n: int = len(QUESTIONS), **options: Any) -> str:
         inp = self.tmp / f"{name}.jsonl"
-        inp.write_text("".join(json.dumps({"id": f"q{i}", "messages": [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]})
-                               + "\n" for i in range(n)))
+        chats = [[{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}] for i in range(n)]
+        inp.write_text("".join(json.dumps({"id": f"q{i}", "messages": m}) + "\n" for i, m in enumerate(chats)))
         raw = {"name": name, "task": "generate", "bundle": f"smollm2@{alias}",
                "input": {"uri": str(inp), "messages_field": "messages"}, "output": {"uri": str(self.tmp / "out" / name)},
                "shards": {"max_records": 6}, "options": {"max_tokens": 12, **options}}
