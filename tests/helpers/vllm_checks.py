@@ -126,6 +126,32 @@ def main(home: Path) -> dict[str, Any]:
             m = json.loads((out / MANIFEST).read_text())
             answers[name] = {r["record_id"]: r["output_ids"] for p in m["parts"] if p["kind"] == "results"
                              for r in read_table(str(out / p["key"])).to_pylist()}
+    # cancel mid-job: one record a shard, each shard's worker slowed after writing; cancelled once one
+    # shard committed, the job ends cancelled with a _PARTIAL.json naming what was done
+    import threading
+    import time
+
+    from batchinf.controller import cancel
+    from batchinf.ledger.status import status
+
+    out = home.parent / "out" / "cancelled"
+    raw = {"name": "cancelled", "task": "generate", "bundle": "tiny@prod", "engine": "vllm",
+           "input": {"uri": str(inp)}, "output": {"uri": str(out)}, "shards": {"max_records": 1},
+           "options": {"max_tokens": 10}}
+    job_id, _ = submit(parse_manifest(raw), Caller("default", operator=True))
+    os.environ["BATCHINF_FAILPOINTS"] = "execute.after_write=sleep(1.5)"
+    final_status: list[str] = []
+    driver = threading.Thread(target=lambda: final_status.append(drive(job_id, workers=1, threads=1)))
+    driver.start()
+    deadline = time.monotonic() + 300
+    while status(job_id)["shards"]["committed"] < 1 and time.monotonic() < deadline and driver.is_alive():
+        time.sleep(0.2)
+    cancel(job_id, finish=False)
+    driver.join(300)
+    os.environ.pop("BATCHINF_FAILPOINTS", None)
+    partial = out / "_PARTIAL.json"
+    report["cancelled"] = {"status": final_status[0] if final_status else None, "partial": partial.is_file(),
+                           "committed": status(job_id)["shards"]["committed"]}
     if "vllm" in answers and "native" in answers:
         report["job_vllm_equals_native"] = [sum(answers["vllm"][k] == v for k, v in answers["native"].items()),
                                             len(answers["native"])]

@@ -51,6 +51,11 @@ def test_a_worker_killed_mid_job_gives_every_record_once_and_the_same_samples(re
     assert report["killed_records"] == 6 and report["killed_equals_clean"] is True
 
 
+def test_cancel_stops_a_vllm_job_with_a_partial_output(report: dict) -> None:
+    c = report["cancelled"]
+    assert c["status"] == "cancelled" and c["partial"] is True and 1 <= c["committed"] < 6, c
+
+
 def test_a_job_on_vllm_runs_end_to_end_and_equals_native(report: dict) -> None:
     assert report["job_vllm"] == "succeeded" and report["job_native"] == "succeeded"
     equal, total = report["job_vllm_equals_native"]
