@@ -34,6 +34,16 @@ class DeviceUnavailableError(BundleError):
     bundle's fault: the attempt fails and is retried, perhaps on another worker of a mixed fleet."""
 
 
+class RecordsFailed(BatchinfError):
+    """Some requests of one engine call ended without an answer (a remote engine's retries ran out,
+    or the server refused them): request key -> why. Each becomes its record's error row; the
+    answers the call gave stand."""
+
+    def __init__(self, failures: dict[int, str]) -> None:
+        super().__init__(f"{len(failures)} record(s) got no answer")
+        self.failures = failures
+
+
 class LedgerError(BatchinfError):
     """The ledger refused an operation (illegal transition, unknown job or shard)."""
 

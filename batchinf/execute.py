@@ -156,7 +156,9 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
     m = job.manifest
     if m.options.device != "auto":
         device = m.options.device
-    runtime = open_runtime(job.bundle_digest, device=device, with_model=shard.bucket >= 0)
+    runtime = open_runtime(job.bundle_digest, device=device, with_model=shard.bucket >= 0, engine=job.engine)
+    if (starting := getattr(runtime, "begin_shard", None)) is not None:
+        starting(job.id)        # a remote engine replays the fixtures at each job's start and every N shards
 
     def check() -> None:
         if heartbeat is not None and heartbeat.lost.is_set():

@@ -18,6 +18,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
 from pydantic.json_schema import GenerateJsonSchema
 
 from batchinf.documents import DocumentError, parse_document
+from batchinf.engines import ENGINES
 from batchinf.errors import ManifestError
 from batchinf.manifest_rules import (BOOLEAN, DURATION, INT64_MIN, KEY, LIMITED, NAME, NULL_IS_DEFAULT, OUTPUT, STRING, TEXT,
                                      Section, Refused, choice, integer, manifest_error, nullable, number, parse_duration,
@@ -101,6 +102,10 @@ class JobManifest(Section):
     task: Annotated[str, choice(TASKS)] = "embed"
     bundle: Annotated[str, TEXT] = Field(
         description="NAME (newest), NAME@ALIAS, or sha256:HEX; resolved to a digest at submit")
+    engine: Annotated[str | None, nullable(choice(ENGINES))] = Field(
+        None, description="what executes the bundle: native (batchinf's runtime), vllm, or openai-http (the server "
+                          "the bundle names); default: the bundle's declared engine, else native. The job waits for "
+                          "a worker that has it")
     input: InputSpec
     output_uri: Annotated[str, OUTPUT] = Field(alias="output", description="where the output is published")
     shards: Annotated[ShardSpec, NULL_IS_DEFAULT] = Field(default_factory=ShardSpec)

@@ -64,12 +64,15 @@ _TAKE = (update(shards).where(shards.c.id == bindparam("b_shard"), shards.c.stat
                  split_requested_at=None)
          .returning(*shards.c))
 _NEW_ATTEMPT = insert(attempts)
-_RUNNING_JOBS = select(jobs.c.id).where(jobs.c.status == JobStatus.RUNNING.value) \
+# a worker claims only shards of jobs on the engines it has (b_engines; batchinf/engines)
+_ON_ENGINES = jobs.c.engine.in_(bindparam("b_engines", expanding=True))
+_RUNNING_JOBS = select(jobs.c.id).where(jobs.c.status == JobStatus.RUNNING.value, _ON_ENGINES) \
     .order_by(jobs.c.priority.desc(), jobs.c.created_at, jobs.c.id)
 # a worker of named jobs (one, embedded) reads their rows in the same statement: the lease carries its job
-_RUNNING_OF = select(jobs).where(jobs.c.status == JobStatus.RUNNING.value,
+_RUNNING_OF = select(jobs).where(jobs.c.status == JobStatus.RUNNING.value, _ON_ENGINES,
                                  jobs.c.id.in_(bindparam("b_jobs", expanding=True))) \
     .order_by(jobs.c.priority.desc(), jobs.c.created_at, jobs.c.id)
+NATIVE_ONLY = ("native",)     # a worker that names no engines has batchinf's own runtime only
 _JOB_ROW = select(jobs).where(jobs.c.id == bindparam("b_job"))
 _NEXT_QUEUED = (select(shards.c.id).where(shards.c.job_id == bindparam("b_job"),
                                           shards.c.status == ShardStatus.QUEUED.value)
@@ -77,11 +80,12 @@ _NEXT_QUEUED = (select(shards.c.id).where(shards.c.job_id == bindparam("b_job"),
 _NEXT_QUEUED_PG = _NEXT_QUEUED.with_for_update(skip_locked=True)
 
 
-def _claim(q: Any, worker: str, lease_seconds: float, host: str | None) -> Lease | None:
+def _claim(q: Any, worker: str, lease_seconds: float, host: str | None,
+           engines: Iterable[str] = NATIVE_ONLY) -> Lease | None:
     with tx() as conn:
         if conn.dialect.name == "postgresql":
             q = q.with_for_update(of=shards, skip_locked=True)
-        row = conn.execute(q).first()
+        row = conn.execute(q, {"b_engines": list(engines)}).first()
         if row is None:
             return None
         return _take(conn, row.id, conn.execute(_JOB_ROW, {"b_job": row.job_id}).one(), worker, lease_seconds, host)
@@ -89,32 +93,36 @@ def _claim(q: Any, worker: str, lease_seconds: float, host: str | None) -> Lease
 
 def _queued_of_running_jobs() -> Any:
     return (select(shards.c.id, shards.c.job_id).join(jobs, jobs.c.id == shards.c.job_id)
-            .where(shards.c.status == ShardStatus.QUEUED.value, jobs.c.status == JobStatus.RUNNING.value))
+            .where(shards.c.status == ShardStatus.QUEUED.value, jobs.c.status == JobStatus.RUNNING.value, _ON_ENGINES))
 
 
 def claim_next(job_ids: Iterable[str] | None, worker: str, lease_seconds: float,
-               host: str | None = None) -> Lease | None:
-    """Lease the next queued shard (of the given jobs, or any running job), highest priority job
-    first, then in the job's dispatch order: one probe of the dispatch-order index per running
-    job, not a sort of every queued shard. The lease carries the shard and its job."""
+               host: str | None = None, engines: Iterable[str] = NATIVE_ONLY) -> Lease | None:
+    """Lease the next queued shard (of the given jobs, or any running job) whose job runs on one
+    of `engines`, highest priority job first, then in the job's dispatch order: one probe of the
+    dispatch-order index per running job, not a sort of every queued shard. The lease carries the
+    shard and its job."""
+    on = {"b_engines": list(engines)}
     with tx() as conn:
         probe = _NEXT_QUEUED_PG if conn.dialect.name == "postgresql" else _NEXT_QUEUED
         if job_ids is not None:
-            for job in conn.execute(_RUNNING_OF, {"b_jobs": list(job_ids)}).all():
+            for job in conn.execute(_RUNNING_OF, {"b_jobs": list(job_ids), **on}).all():
                 if (shard_id := conn.execute(probe, {"b_job": job.id}).scalar()) is not None:
                     return _take(conn, shard_id, job, worker, lease_seconds, host)
             return None
-        for job_id in conn.execute(_RUNNING_JOBS).scalars().all():
+        for job_id in conn.execute(_RUNNING_JOBS, on).scalars().all():
             if (shard_id := conn.execute(probe, {"b_job": job_id}).scalar()) is not None:
                 job = conn.execute(_JOB_ROW, {"b_job": job_id}).one()
                 return _take(conn, shard_id, job, worker, lease_seconds, host)
     return None
 
 
-def claim_shard(shard_id: str, worker: str, lease_seconds: float, host: str | None = None) -> Lease | None:
+def claim_shard(shard_id: str, worker: str, lease_seconds: float, host: str | None = None,
+                engines: Iterable[str] = NATIVE_ONLY) -> Lease | None:
     """Lease one named shard; None when it is not queued (duplicate delivery, already leased or
-    committed) or its job is not running. `host`: the worker's failure domain (default: its machine)."""
-    return _claim(_queued_of_running_jobs().where(shards.c.id == shard_id), worker, lease_seconds, host)
+    committed), its job is not running, or runs on an engine not among `engines` (a message on
+    the wrong queue). `host`: the worker's failure domain (default: its machine)."""
+    return _claim(_queued_of_running_jobs().where(shards.c.id == shard_id), worker, lease_seconds, host, engines)
 
 
 def retry_elsewhere(shard_id: str, host: str, policy: RetryPolicy) -> bool:
@@ -139,16 +147,18 @@ def computing(lease: Lease, on: bool) -> None:
                      .values(computing_at=now() if on else None))
 
 
-def claim_speculative(shard_id: str, worker: str, host: str | None = None) -> Lease | None:
+def claim_speculative(shard_id: str, worker: str, host: str | None = None,
+                      engines: Iterable[str] = NATIVE_ONLY) -> Lease | None:
     """Start a speculative attempt beside the running one, on another worker; None when the
-    shard is not running, already has a twin, or `worker` is the one running it."""
+    shard is not running, already has a twin, `worker` is the one running it, or its job runs on
+    an engine not among `engines`."""
     with tx() as conn:
         q = (select(shards).join(jobs, jobs.c.id == shards.c.job_id)
              .where(shards.c.id == shard_id, shards.c.status == ShardStatus.RUNNING.value,
-                    jobs.c.status == JobStatus.RUNNING.value))
+                    jobs.c.status == JobStatus.RUNNING.value, _ON_ENGINES))
         if conn.dialect.name == "postgresql":
             q = q.with_for_update(of=shards)
-        shard = conn.execute(q).first()
+        shard = conn.execute(q, {"b_engines": list(engines)}).first()
         if shard is None:
             return None
         live = conn.execute(select(attempts.c.worker).where(
