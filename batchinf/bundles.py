@@ -44,9 +44,12 @@ def import_bundle(src: str | Path, name: str, *, alias: str | None = None,
     if matryoshka_dims:
         meta["matryoshka_dims"] = check_matryoshka_dims(matryoshka_dims, meta)
     if endpoint is not None:
-        if meta["task"] != "generate":
-            raise BundleError(f"an openai-http endpoint executes generate bundles; {src} is a {meta['task']} model")
+        from batchinf.engines import TASKS
         from batchinf.engines.openai_http import pin_endpoint
+
+        if meta["task"] not in (runs := TASKS["openai-http"] or ()):
+            raise BundleError(f"an openai-http endpoint executes {', '.join(runs)} bundles; {src} is a "
+                              f"{meta['task']} model")
 
         meta = pin_endpoint(src, meta, endpoint)
     digest = rb.digest_of(meta)

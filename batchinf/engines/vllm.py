@@ -84,7 +84,10 @@ class VllmGenerateRuntime(GenerateRuntime):
 
     def generate(self, requests: Iterable[GenRequest], *, max_batch_tokens: int = 16384, max_slots: int = 64,
                  stats: GenStats | None = None, stop_admitting: Callable[[], bool] | None = None,
-                 **_: Any) -> Iterator[GenResult]:
+                 abort: Callable[[], bool] | None = None, **_: Any) -> Iterator[GenResult]:
+        """A shard's requests added at once, results as they finish. Once `stop_admitting` says so
+        those not started are aborted (a split hands them on); once `abort` says so (a cancel)
+        every request not finished is, at the next engine step."""
         reqs = list(requests)
         self.check(reqs, max_batch_tokens)
         if not reqs:
@@ -99,7 +102,7 @@ class VllmGenerateRuntime(GenerateRuntime):
             engine.add_request(rid, {"prompt_token_ids": list(r.prompt_ids)}, sampling_params(r.params, self.eos_ids))
         started: set[str] = set()
         try:
-            while by_id and engine.has_unfinished_requests():
+            while by_id and engine.has_unfinished_requests() and not (abort is not None and abort()):
                 if stop_admitting is not None and stop_admitting():
                     unstarted = [rid for rid in by_id if rid not in started]
                     if unstarted:            # a split: those not started yet go to the shard's children
