@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 
 from batchinf.errors import BatchinfError
 from batchinf.parts import local_copy
-from batchinf.planning.summary import ids_uri
+from batchinf.planning.summary import has_ids_file, ids_uri, inline_ids, without_summary
 from batchinf.planning.sizing import cut_groups_balanced
 
 DEDUP_RANGE_RECORDS = 1 << 20     # ids compared at once by the duplicate check
@@ -68,18 +68,26 @@ def find_duplicates(ids_paths: list[str | None], summaries: list[dict[str, Any]]
     `bases` shift their ordinals into their objects'."""
     out: Dups = {}
     splits = id_splits(summaries)
+
+    def mine(t: pa.Table, o: int) -> pa.Table:
+        if bases and bases[o]:
+            t = t.set_column(t.schema.get_field_index("ordinal"), "ordinal",
+                             pc.add(t.column("ordinal"), pa.scalar(bases[o], pa.int64())))
+        return t.append_column("obj", pa.array(np.full(t.num_rows, o, dtype=np.int32)))
+
+    # the ids of small objects are in their summaries (which the step holds anyway): one table
+    inline = [mine(inline_ids(s), o) for o, s in enumerate(summaries) if s["ids"] and not has_ids_file(s)]
+    held = pa.concat_tables(inline) if inline else None
     for lo, hi in zip([None, *splits], [*splits, None]):
         filters = ([("record_id", ">=", lo)] if lo is not None else []) + \
                   ([("record_id", "<", hi)] if hi is not None else [])
         parts = []
+        if held is not None:
+            parts.append(held.filter(pq.filters_to_expression(filters)) if filters else held)
         for o, path in enumerate(ids_paths):
-            if path is None or not summaries[o]["ids"]:
+            if path is None or not summaries[o]["ids"] or not has_ids_file(summaries[o]):
                 continue
-            t = pq.read_table(path, filters=filters or None)
-            if bases and bases[o]:
-                t = t.set_column(t.schema.get_field_index("ordinal"), "ordinal",
-                                 pc.add(t.column("ordinal"), pa.scalar(bases[o], pa.int64())))
-            parts.append(t.append_column("obj", pa.array(np.full(t.num_rows, o, dtype=np.int32))))
+            parts.append(mine(pq.read_table(path, filters=filters or None), o))
         if parts:
             _duplicates_in(pa.concat_tables(parts), uris, out)
     return out
@@ -207,7 +215,7 @@ class Cursor:
                     if self.next_group >= pf.num_row_groups:
                         raise StagedMismatch(f"staged object {self.path} has fewer planned rows than its summary "
                                              "counts; plan the job again")
-                    t = self.shift(pf.read_row_group(self.next_group))
+                    t = self.shift(without_summary(pf.read_row_group(self.next_group)))
                     self.next_group += 1
                     t = self.fix(t.filter(pa.array(self.accept(t))))
                     pieces.append(t)
@@ -312,6 +320,8 @@ def local_paths(stack: ExitStack, uris: list[str]) -> list[str]:
     return [stack.enter_context(local_copy(u)) for u in uris]
 
 
-def ids_paths(stack: ExitStack, stage_uris: list[str]) -> list[str | None]:
-    return local_paths(stack, [ids_uri(u) for u in stage_uris])
+def ids_paths(stack: ExitStack, stage_uris: list[str], summaries: list[dict[str, Any]]) -> list[str | None]:
+    """Local ids files of the staged objects that have one (None: their ids are in their summary)."""
+    return [stack.enter_context(local_copy(ids_uri(u))) if s["ids"] and has_ids_file(s) else None
+            for u, s in zip(stage_uris, summaries)]
 

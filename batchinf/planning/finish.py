@@ -36,7 +36,7 @@ from batchinf.planning.context import ObjectTask, Planning, part_tasks
 from batchinf.planning.ranges import Range, combined, renumber
 from batchinf.planning.shard_names import shard_file, shard_id
 from batchinf.planning.sizing import target_work
-from batchinf.planning.summary import ids_uri, read_summary, summary_uri
+from batchinf.planning.summary import has_ids_file, ids_uri, read_summary
 from batchinf.store import get_store, parse_uri
 from batchinf.tasks.batching import token_budget_batches
 
@@ -66,7 +66,7 @@ def finish_plan(job: Job, workers: int | None = None) -> None:
         return
     summaries = st.objects(len(tasks))
     with ExitStack() as stack:
-        part_dups = bucketing.find_duplicates(bucketing.ids_paths(stack, st.uris), st.summaries,
+        part_dups = bucketing.find_duplicates(bucketing.ids_paths(stack, st.uris, st.summaries), st.summaries,
                                               [uris[o] for o in st.owner], [b[0] for b in st.bases])
     dups: bucketing.Dups = {}
     for p, mine in part_dups.items():
@@ -133,27 +133,27 @@ def _part_summary(whole: ObjectTask, task: ObjectTask) -> dict[str, Any] | None:
     except ValueError:          # torn JSON
         return None
     if s is None:
-        other = summary_uri(ranges.part_uri(whole.stage_uri, Range(0, 0, 0)) if task.part is None else whole.stage_uri)
+        other = ranges.part_uri(whole.stage_uri, Range(0, 0, 0)) if task.part is None else whole.stage_uri
         if not get_store(other).exists(other):
             return None
     elif (s.get("part") or {}).get("number") == (task.part.number if task.part else None):
         return s if _whole(task, s) else None
     raise bucketing.StagedMismatch(
         f"{task.pin.uri} was staged in other parts than this planner cuts (is BATCHINF_PLAN_RANGE_BYTES "
-        f"the same for every planner?): no summary {summary_uri(task.stage_uri)}; give every planner one "
+        f"the same for every planner?): no staged file {task.stage_uri}; give every planner one "
         "setting and plan the job again")
 
 
 def _whole(task: ObjectTask, s: dict[str, Any]) -> bool:
-    """Whether a local part's staged and ids files are whole: of the sizes its summary wrote down
-    (after a crash a file whose data did not reach the disk is missing or short; a remote store's
-    writes are durable, as the staged files' need not be)."""
-    scheme, _, path = parse_uri(task.stage_uri)
-    if scheme != "file" or "bytes" not in s:
+    """Whether a local part's ids file is whole: of the size its summary wrote down (after a crash
+    a file whose data did not reach the disk is missing or short; the staged file, whose footer
+    holds the summary, is whole when its footer reads; a remote store's writes are durable, as the
+    staged files' need not be)."""
+    scheme, _, _ = parse_uri(task.stage_uri)
+    if scheme != "file" or not has_ids_file(s):
         return True
     try:
-        return (os.stat(path).st_size == s["bytes"]["staged"]
-                and os.stat(parse_uri(ids_uri(task.stage_uri))[2]).st_size == s["bytes"]["ids"])
+        return os.stat(parse_uri(ids_uri(task.stage_uri))[2]).st_size == s["bytes"]["ids"]
     except OSError:
         return False
 

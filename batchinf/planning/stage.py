@@ -4,10 +4,11 @@ planning task: its attempts are counted and their errors recorded in the ledger,
 lifecycle can fail the job once an object has used up its attempts.
 
 Staged files (under the job's work prefix), per object planned whole (or per part, planning/ranges.py):
-  plan/obj-00000.parquet          every record, tokenized or with its error, by (length, ordinal)
-  plan/obj-00000.ids.parquet      its valid ids, sorted (planning/summary.py)
-  plan/obj-00000.summary.json     its summary, written last: the object (part) is staged
-  plan/obj-00001.p0003.parquet    ... the same three for part 3 of object 1
+  plan/obj-00000.parquet          every record, tokenized or with its error, by (length, ordinal),
+                                  its summary in the footer (planning/summary.py); written last:
+                                  the object (part) is staged
+  plan/obj-00000.ids.parquet      its valid ids, sorted, when they are more than the summary holds
+  plan/obj-00001.p0003.parquet    ... the same for part 3 of object 1
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from batchinf.ledger.states import JobStatus
 from batchinf.parts import STAGE_ROW_GROUP, write_scratch_table
 from batchinf.planning.context import ObjectTask, Planning, part_count
 from batchinf.planning.ranges import part_records
-from batchinf.planning.summary import (IDS_ROW_GROUP, ids_uri, in_stage_order, read_summary, summarize, summary_uri,
-                                       valid_ids, write_summary)
+from batchinf.planning.summary import (IDS_ROW_GROUP, has_ids_file, ids_uri, in_stage_order, read_summary, summarize,
+                                       valid_ids, with_summary)
 from batchinf.store import get_store
 
 
@@ -47,21 +48,22 @@ def stage_part(planning: Planning, task: ObjectTask, keep: set[int] | None = Non
             records = part_records(task, tally)
         table = in_stage_order(planning.task.stage(task, planning.runtime, records))
     # Staged files are scratch: written without fsync (durable=False), so a small object's
-    # planning task costs its tokenizing, not three disk flushes. The ledger records the object
+    # planning task costs its tokenizing, not a disk flush. The ledger records the object
     # planned after them, yet a machine that crashes before they reach its disk loses nothing
     # that cannot be re-created from the pinned inputs: the global step finds them missing or
     # torn and plans those objects again (finish.py). What a ledger commit depends on for good,
     # with nothing to re-create it, is fsynced: the shard files start_running points to, each
     # attempt's outputs before its commit.
-    # row groups of STAGE_ROW_GROUP: the global step's cursors hold one at a time, not the whole part
-    size = write_scratch_table(task.stage_uri, table, row_group_size=STAGE_ROW_GROUP)
     ids = valid_ids(table)
-    ids_size = write_scratch_table(ids_uri(task.stage_uri), ids, row_group_size=IDS_ROW_GROUP)
     summary = summarize(table, keep, ids)
-    summary["bytes"] = {"staged": size, "ids": ids_size}    # the global step's check that they are whole
+    if has_ids_file(summary):
+        ids_size = write_scratch_table(ids_uri(task.stage_uri), ids, row_group_size=IDS_ROW_GROUP)
+        summary["bytes"] = {"ids": ids_size}    # the global step's check that it is whole
     if task.part is not None:
         summary["part"] = {"number": task.part.number, "start": task.part.start, "stop": task.part.stop, **tally}
-    write_summary(task.stage_uri, summary, durable=False)     # last: the part is staged
+    # last, its summary in its footer: the part is staged (a torn one has no footer). Row groups
+    # of STAGE_ROW_GROUP: the global step's cursors hold one at a time, not the whole part
+    write_scratch_table(task.stage_uri, with_summary(table, summary), row_group_size=STAGE_ROW_GROUP)
     return table.num_rows
 
 
@@ -132,8 +134,7 @@ def plan_sent_part(job_id: str, idx: int, k: int) -> None:
 
 
 def _staged(task: ObjectTask) -> bool:
-    uri = summary_uri(task.stage_uri)
-    return get_store(uri).exists(uri)
+    return get_store(task.stage_uri).exists(task.stage_uri)
 
 
 def _staged_records(tasks: list[ObjectTask]) -> int | None:

@@ -20,7 +20,9 @@ from batchinf.ledger import jobs, retry_records, shards
 from batchinf.manifest import parse_manifest
 from batchinf.parts import STAGE_ROW_GROUP, read_table, write_table
 from batchinf.planning import finish_plan
+from batchinf.planning import summary
 from batchinf.planning.context import Planning
+from batchinf.planning.summary import read_summary, without_summary
 from batchinf.planning.stage import stage_part
 from batchinf.tasks import base
 from batchinf.submit import submit
@@ -69,7 +71,8 @@ def _assert_same_as_reference(tmp_path: Path, job_id: str) -> list[dict]:
     job = jobs.get(job_id)
     tasks = Planning(job).object_tasks()
     uris = [t.pin.uri for t in tasks]
-    want, plan = reference_shards(job_id, uris, [read_table(t.stage_uri) for t in tasks], job.manifest.shards.max_records,
+    want, plan = reference_shards(job_id, uris, [without_summary(read_table(t.stage_uri)) for t in tasks],
+                                  job.manifest.shards.max_records,
                                   job.manifest.shards.max_tokens, retry_records.selection(job_id))
     got = sorted(shards.of_job(job_id), key=lambda s: (s.bucket, s.ordinal))
     assert [(s.bucket, s.ordinal, s.id, s.num_records, s.num_tokens) for s in got] == \
@@ -82,16 +85,26 @@ def _assert_same_as_reference(tmp_path: Path, job_id: str) -> list[dict]:
     return want
 
 
-def test_shard_files_are_byte_identical_to_the_whole_job_step(tmp_path: Path, tiny_bundle: str,
+# objects' ids in their summaries (up to ID_SAMPLES: two of the four objects) or, 1 held there, in ids files
+IDS_HELD = pytest.mark.parametrize("id_samples", [summary.ID_SAMPLES, 1], ids=["ids-in-summary", "ids-files"])
+
+
+@IDS_HELD
+def test_shard_files_are_byte_identical_to_the_whole_job_step(tmp_path: Path, tiny_bundle: str, id_samples: int,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bucketing, "DEDUP_RANGE_RECORDS", 40)    # several id ranges
+    monkeypatch.setattr(summary, "ID_SAMPLES", id_samples)
     _corpus(tmp_path / "in")
     job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "in") + "/", str(tmp_path / "out"),
                                                shards={"max_records": 40, "max_tokens": 900})), OPERATOR)
     plan_job(job_id)
-    assert len(bucketing.id_splits([json.loads((Path(t.stage_uri.removeprefix("file://").removesuffix(".parquet")
-                                                     + ".summary.json")).read_text())
-                                    for t in Planning(jobs.get(job_id)).object_tasks()], 40)) >= 3
+    tasks = Planning(jobs.get(job_id)).object_tasks()
+    held = [read_summary(t.stage_uri)["ids"] <= id_samples for t in tasks]
+    assert [Path(summary.ids_uri(t.stage_uri).removeprefix("file://")).exists() for t in tasks] == \
+        [not h for h in held]
+    assert any(held) == (id_samples != 1) and not all(held)
+    # several id ranges (one sample per object splits the ids more coarsely)
+    assert len(bucketing.id_splits([read_summary(t.stage_uri) for t in tasks], 40)) >= (3 if id_samples > 1 else 2)
     want = _assert_same_as_reference(tmp_path, job_id)
     dups = [r for w in want for r in w["table"].to_pylist() if r["error"] == "duplicate_id"]
     uris = {Path(u.removeprefix("file://")).name for u in [r["source"] for r in dups]}
@@ -113,7 +126,9 @@ def test_a_retry_selection_plans_only_its_records_as_before(tmp_path: Path, tiny
     assert jobs.get(job_id).records_total == len(pick)
 
 
-def test_staged_files_lost_in_a_crash_are_planned_again(tmp_path: Path, tiny_bundle: str) -> None:
+@IDS_HELD
+def test_staged_files_lost_in_a_crash_are_planned_again(tmp_path: Path, tiny_bundle: str, id_samples: int,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Staged files are written without fsync: after a machine crash one may be missing or short.
     The global step then plans those objects again (and only those) instead of cutting shards
     from them, and the shards are those of a plan without the crash."""
@@ -121,6 +136,7 @@ def test_staged_files_lost_in_a_crash_are_planned_again(tmp_path: Path, tiny_bun
     from batchinf.planning import pin_job
     from batchinf.planning.summary import ids_uri
 
+    monkeypatch.setattr(summary, "ID_SAMPLES", id_samples)
     _corpus(tmp_path / "in", n=60)
     job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "in") + "/", str(tmp_path / "out"),
                                                shards={"max_records": 10})), OPERATOR)
@@ -128,7 +144,9 @@ def test_staged_files_lost_in_a_crash_are_planned_again(tmp_path: Path, tiny_bun
     plan_objects_here(jobs.get(job_id), list(range(4)), processes=1)
     tasks = Planning(jobs.get(job_id)).object_tasks()
     Path(tasks[1].stage_uri.removeprefix("file://")).unlink()                       # never reached the disk
-    with open(ids_uri(tasks[3].stage_uri).removeprefix("file://"), "r+b") as f:     # half of it did
+    # half of it did: the staged file (its footer lost), or the ids file beside it
+    torn = tasks[3].stage_uri if id_samples != 1 else ids_uri(tasks[3].stage_uri)
+    with open(torn.removeprefix("file://"), "r+b") as f:
         f.truncate(10)
     finish_plan(jobs.get(job_id))
     assert jobs.get(job_id).status == "planning" and not shards.of_job(job_id)
