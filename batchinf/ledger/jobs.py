@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterable
 
-from sqlalchemy import Connection, insert, select, text, update
+from sqlalchemy import Connection, bindparam, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 
 from batchinf.errors import LedgerError
@@ -241,6 +241,16 @@ def replan(job_id: str, idxs: list[int], error: str) -> None:
     with tx() as conn:
         conn.execute(update(job_inputs).where(job_inputs.c.job_id == job_id, job_inputs.c.idx.in_(idxs))
                      .values(records=None, error=error[:4000], dispatched_at=None))
+
+
+def objects_planned(job_id: str, records: dict[int, int]) -> None:
+    """These objects are planned, with their record counts (a staged group's): one statement."""
+    if not records:
+        return
+    with tx() as conn:
+        conn.execute(update(job_inputs).where(job_inputs.c.job_id == job_id, job_inputs.c.idx == bindparam("b_idx"))
+                     .values(records=bindparam("b_records")),
+                     [{"b_idx": i, "b_records": n} for i, n in records.items()])
 
 
 def object_planned(job_id: str, idx: int, records: int) -> None:
