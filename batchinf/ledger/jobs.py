@@ -221,6 +221,20 @@ def plan_attempt_started(job_id: str, idx: int) -> bool:
             .values(attempts=job_inputs.c.attempts + 1, started_at=now(), error=None)).rowcount == 1
 
 
+def plan_attempts_started(job_id: str, idxs: list[int]) -> set[int]:
+    """plan_attempt_started for many objects (an embedded planner's), a statement per 1,000: the
+    objects whose attempt it counted."""
+    planning = select(jobs.c.id).where(jobs.c.id == job_id, jobs.c.status == JobStatus.PLANNING.value).exists()
+    started: set[int] = set()
+    for k in range(0, len(idxs), 1000):
+        with tx() as conn:
+            started.update(conn.execute(update(job_inputs).where(
+                job_inputs.c.job_id == job_id, job_inputs.c.idx.in_(idxs[k:k + 1000]), job_inputs.c.records.is_(None),
+                planning).values(attempts=job_inputs.c.attempts + 1, started_at=now(), error=None)
+                .returning(job_inputs.c.idx)).scalars())
+    return started
+
+
 def plan_part_started(job_id: str, idx: int) -> None:
     """A part of the object's current planning attempt started (distributed planning in parts):
     the attempt is alive, its time limit counted from now."""

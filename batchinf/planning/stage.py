@@ -182,7 +182,9 @@ def plan_objects(job: Job, idxs: list[int], processes: int) -> None:
 
     job_id = job.id
     objects = {o.idx: o for o in job_repo.inputs(job_id)}
-    begun = [(i, n) for i in idxs if (n := begin_object(job, objects[i])) is not None]
+    started = job_repo.plan_attempts_started(job_id, idxs)
+    begun = [(i, end_object(job_id, i, partial(part_count, job, objects[i]), planned=False))
+             for i in idxs if i in started]
     began = {i for i, _ in begun}
     groups = [[o.idx for o in g]
               for g in object_groups([objects[i] for i in sorted(objects)], job.manifest.input.format, not job.retry_of)
