@@ -5,7 +5,6 @@ is that object's alone."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,6 +21,7 @@ from batchinf.submit import submit
 from tests.helpers.corpus import manifest, write_jsonl
 from tests.helpers.env import OPERATOR
 from tests.helpers.stages import plan_job
+from tests.helpers.stages import planned_shards as _planned
 
 
 def _pins(*sizes: int, gz: int | None = None) -> list[SimpleNamespace]:
@@ -49,14 +49,6 @@ def _plan(tmp_path: Path, name: str, processes: int = 1) -> str:
                                                shards={"max_records": 20, "max_tokens": 600})), OPERATOR)
     plan_job(job_id, processes=processes)
     return job_id
-
-
-def _planned(job_id: str) -> tuple[list[tuple], dict]:
-    out = []
-    for s in sorted(shards.of_job(job_id), key=lambda s: (s.bucket, s.ordinal)):
-        data = Path(s.input_uri.removeprefix("file://")).read_bytes()
-        out.append((s.bucket, s.ordinal, s.num_records, s.num_tokens, hashlib.sha256(data).hexdigest()))
-    return out, jobs.get(job_id).plan
 
 
 @pytest.mark.parametrize("processes", [1, 2])
