@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from batchinf.errors import InputError
-from batchinf.ledger import jobs, shards
+from batchinf.ledger import jobs
 from batchinf.manifest import parse_manifest
 from batchinf.planning import context, pin_job
 from batchinf.planning.context import group_uri, object_groups
