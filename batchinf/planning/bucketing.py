@@ -231,8 +231,12 @@ class Cursor:
                     have += t.num_rows
         rows = pa.concat_tables(pieces)
         rest = rows.num_rows - k
-        # a copy of the rows left, so the row group they came from is freed
-        self.left = rows.take(pa.array(np.arange(k, rows.num_rows))) if rest else None
+        # a copy of the rows left, so the row group they came from is freed (a group member's
+        # rows are its own copy already)
+        if not rest:
+            self.left = None
+        else:
+            self.left = rows.slice(k) if self.shared is not None else rows.take(pa.array(np.arange(k, rows.num_rows)))
         return rows.slice(0, k)
 
 
@@ -255,7 +259,7 @@ class SharedFiles:
         self.waiting[path] -= 1
         if self.waiting[path] <= 0:
             del self.tables[path]
-        return t.take(pa.array(np.arange(offset, offset + n)))     # a copy: the file's rows can go
+        return t.slice(offset, n)   # the cursor's filter copies them out: the file's rows go with the table
 
 
 def cursors(paths: list[str], keeps: list[set[int] | None], dups: Dups, *, invalid: bool,
