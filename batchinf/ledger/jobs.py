@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterable
 
-from sqlalchemy import Connection, insert, select, text, update
+from sqlalchemy import Connection, bindparam, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 
 from batchinf.errors import LedgerError
@@ -222,6 +222,20 @@ def plan_attempt_started(job_id: str, idx: int) -> bool:
             .values(attempts=job_inputs.c.attempts + 1, started_at=now(), error=None)).rowcount == 1
 
 
+def plan_attempts_started(job_id: str, idxs: list[int]) -> set[int]:
+    """plan_attempt_started for many objects (an embedded planner's), a statement per 1,000: the
+    objects whose attempt it counted."""
+    planning = select(jobs.c.id).where(jobs.c.id == job_id, jobs.c.status == JobStatus.PLANNING.value).exists()
+    started: set[int] = set()
+    for k in range(0, len(idxs), 1000):
+        with tx() as conn:
+            started.update(conn.execute(update(job_inputs).where(
+                job_inputs.c.job_id == job_id, job_inputs.c.idx.in_(idxs[k:k + 1000]), job_inputs.c.records.is_(None),
+                planning).values(attempts=job_inputs.c.attempts + 1, started_at=now(), error=None)
+                .returning(job_inputs.c.idx)).scalars())
+    return started
+
+
 def plan_part_started(job_id: str, idx: int) -> None:
     """A part of the object's current planning attempt started (distributed planning in parts):
     the attempt is alive, its time limit counted from now."""
@@ -242,6 +256,16 @@ def replan(job_id: str, idxs: list[int], error: str) -> None:
     with tx() as conn:
         conn.execute(update(job_inputs).where(job_inputs.c.job_id == job_id, job_inputs.c.idx.in_(idxs))
                      .values(records=None, error=error[:4000], dispatched_at=None))
+
+
+def objects_planned(job_id: str, records: dict[int, int]) -> None:
+    """These objects are planned, with their record counts (a staged group's): one statement."""
+    if not records:
+        return
+    with tx() as conn:
+        conn.execute(update(job_inputs).where(job_inputs.c.job_id == job_id, job_inputs.c.idx == bindparam("b_idx"))
+                     .values(records=bindparam("b_records")),
+                     [{"b_idx": i, "b_records": n} for i, n in records.items()])
 
 
 def object_planned(job_id: str, idx: int, records: int) -> None:

@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 
 from batchinf.errors import BatchinfError
 from batchinf.parts import local_copy
-from batchinf.planning.summary import ids_uri
+from batchinf.planning.summary import has_ids_file, inline_ids, without_summary
 from batchinf.planning.sizing import cut_groups_balanced
 
 DEDUP_RANGE_RECORDS = 1 << 20     # ids compared at once by the duplicate check
@@ -68,18 +68,26 @@ def find_duplicates(ids_paths: list[str | None], summaries: list[dict[str, Any]]
     `bases` shift their ordinals into their objects'."""
     out: Dups = {}
     splits = id_splits(summaries)
+
+    def mine(t: pa.Table, o: int) -> pa.Table:
+        if bases and bases[o]:
+            t = t.set_column(t.schema.get_field_index("ordinal"), "ordinal",
+                             pc.add(t.column("ordinal"), pa.scalar(bases[o], pa.int64())))
+        return t.append_column("obj", pa.array(np.full(t.num_rows, o, dtype=np.int32)))
+
+    # the ids of small objects are in their summaries (which the step holds anyway): one table
+    inline = [mine(inline_ids(s), o) for o, s in enumerate(summaries) if s["ids"] and not has_ids_file(s)]
+    held = pa.concat_tables(inline) if inline else None
     for lo, hi in zip([None, *splits], [*splits, None]):
         filters = ([("record_id", ">=", lo)] if lo is not None else []) + \
                   ([("record_id", "<", hi)] if hi is not None else [])
         parts = []
+        if held is not None:
+            parts.append(held.filter(pq.filters_to_expression(filters)) if filters else held)
         for o, path in enumerate(ids_paths):
-            if path is None or not summaries[o]["ids"]:
+            if path is None or not summaries[o]["ids"] or not has_ids_file(summaries[o]):
                 continue
-            t = pq.read_table(path, filters=filters or None)
-            if bases and bases[o]:
-                t = t.set_column(t.schema.get_field_index("ordinal"), "ordinal",
-                                 pc.add(t.column("ordinal"), pa.scalar(bases[o], pa.int64())))
-            parts.append(t.append_column("obj", pa.array(np.full(t.num_rows, o, dtype=np.int32))))
+            parts.append(mine(pq.read_table(path, filters=filters or None), o))
         if parts:
             _duplicates_in(pa.concat_tables(parts), uris, out)
     return out
@@ -192,14 +200,23 @@ class Cursor:
 
     def __init__(self, path: str, accept: Callable[[pa.Table], np.ndarray],
                  fix: Callable[[pa.Table], pa.Table] = lambda t: t,
-                 shift: Callable[[pa.Table], pa.Table] = lambda t: t) -> None:
+                 shift: Callable[[pa.Table], pa.Table] = lambda t: t,
+                 window: tuple[int, int] | None = None, shared: SharedFiles | None = None) -> None:
         self.path, self.accept, self.fix, self.shift = path, accept, fix, shift
+        self.window, self.shared = window, shared
         self.next_group = 0
         self.left: pa.Table | None = None
 
     def take(self, k: int) -> pa.Table:
+        if self.window is not None and self.shared is not None:
+            # a group member: its rows (a few) are read from the group's file once, for all of them
+            t = self.shift(self.shared.rows(self.path, *self.window))
+            self.left, self.window = self.fix(t.filter(pa.array(self.accept(t)))), None
         pieces = [] if self.left is None else [self.left]
         have = sum(p.num_rows for p in pieces)
+        if have < k and self.shared is not None:
+            raise StagedMismatch(f"staged object in {self.path} has fewer planned rows than its summary counts; "
+                                 "plan the job again")
         if have < k:
             # without pre-buffering, reading a row group holds that row group, not the file's chunks
             with pq.ParquetFile(self.path, pre_buffer=False) as pf:
@@ -207,25 +224,57 @@ class Cursor:
                     if self.next_group >= pf.num_row_groups:
                         raise StagedMismatch(f"staged object {self.path} has fewer planned rows than its summary "
                                              "counts; plan the job again")
-                    t = self.shift(pf.read_row_group(self.next_group))
+                    t = self.shift(without_summary(pf.read_row_group(self.next_group)))
                     self.next_group += 1
                     t = self.fix(t.filter(pa.array(self.accept(t))))
                     pieces.append(t)
                     have += t.num_rows
         rows = pa.concat_tables(pieces)
         rest = rows.num_rows - k
-        # a copy of the rows left, so the row group they came from is freed
-        self.left = rows.take(pa.array(np.arange(k, rows.num_rows))) if rest else None
+        # a copy of the rows left, so the row group they came from is freed (a group member's
+        # rows are its own copy already)
+        if not rest:
+            self.left = None
+        else:
+            self.left = rows.slice(k) if self.shared is not None else rows.take(pa.array(np.arange(k, rows.num_rows)))
         return rows.slice(0, k)
 
 
+class SharedFiles:
+    """Group files (planning/stage.py `stage_group`) read once for the cursors of all their
+    members: each member's first take copies its rows out; the file's rows are let go once every
+    member that will take any rows has (`expect` counts them)."""
+
+    def __init__(self) -> None:
+        self.waiting: Counter[str] = Counter()
+        self.tables: dict[str, pa.Table] = {}
+
+    def expect(self, path: str) -> None:
+        self.waiting[path] += 1
+
+    def rows(self, path: str, offset: int, n: int) -> pa.Table:
+        if path not in self.tables:
+            self.tables[path] = without_summary(pq.read_table(path, pre_buffer=False))
+        t = self.tables[path]
+        self.waiting[path] -= 1
+        if self.waiting[path] <= 0:
+            del self.tables[path]
+        return t.slice(offset, n)   # the cursor's filter copies them out: the file's rows go with the table
+
+
 def cursors(paths: list[str], keeps: list[set[int] | None], dups: Dups, *, invalid: bool,
-            shifts: list[Callable[[pa.Table], pa.Table]] | None = None) -> list[Cursor]:
+            shifts: list[Callable[[pa.Table], pa.Table]] | None = None,
+            windows: list[tuple[int, int] | None] | None = None, shared: SharedFiles | None = None,
+            rows: list[int] | None = None) -> list[Cursor]:
     """One cursor per object over its kept valid rows (duplicates aside) or its kept invalid ones
     (duplicates included, with their error and message); `shifts` renumber each one's rows first
-    (a part of an object, planning/ranges.py)."""
+    (a part of an object, planning/ranges.py); `windows`: a group member's rows in its group's
+    file (read through `shared`; `rows`: how many each cursor will take, none: never read)."""
     out = []
     for o, path in enumerate(paths):
+        window = windows[o] if windows else None
+        if window is not None and shared is not None and rows and rows[o]:
+            shared.expect(path)
         mine = dups.get(o, {})
         dup_ordinals = np.fromiter(mine, dtype=np.int64, count=len(mine))
         keep = None if keeps[o] is None else np.fromiter(keeps[o], dtype=np.int64, count=len(keeps[o]))
@@ -248,7 +297,8 @@ def cursors(paths: list[str], keeps: list[set[int] | None], dups: Dups, *, inval
             t = t.set_column(t.schema.get_field_index("error"), "error", pa.array(errors, pa.string()))
             return t.set_column(t.schema.get_field_index("message"), "message", pa.array(messages, pa.string()))
 
-        out.append(Cursor(path, accept, fix if invalid else (lambda t: t), shifts[o] if shifts else (lambda t: t)))
+        out.append(Cursor(path, accept, fix if invalid else (lambda t: t), shifts[o] if shifts else (lambda t: t),
+                          window, shared if window is not None else None))
     return out
 
 
@@ -308,10 +358,17 @@ def merge(summaries: list[dict[str, Any]], keeps: list[set[int] | None], dups: D
 
 
 def local_paths(stack: ExitStack, uris: list[str]) -> list[str]:
-    """Local files for these staged objects (remote ones copied to temporary files for the step)."""
-    return [stack.enter_context(local_copy(u)) for u in uris]
+    """Local files for these staged objects (remote ones copied to temporary files for the step,
+    a group's file once for all its members)."""
+    copies: dict[str, str] = {}
+    for u in uris:
+        if u not in copies:
+            copies[u] = stack.enter_context(local_copy(u))
+    return [copies[u] for u in uris]
 
 
-def ids_paths(stack: ExitStack, stage_uris: list[str]) -> list[str | None]:
-    return local_paths(stack, [ids_uri(u) for u in stage_uris])
+def ids_paths(stack: ExitStack, ids_uris: list[str], summaries: list[dict[str, Any]]) -> list[str | None]:
+    """Local ids files of the staged objects that have one (None: their ids are in their summary)."""
+    return [stack.enter_context(local_copy(u)) if s["ids"] and has_ids_file(s) else None
+            for u, s in zip(ids_uris, summaries)]
 

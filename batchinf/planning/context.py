@@ -49,6 +49,39 @@ def stage_uri(work_uri: str, idx: int) -> str:
     return join(work_uri, "plan", f"obj-{idx:05d}.parquet")
 
 
+GROUP_BYTES = 1 << 18   # small objects planned whole, together up to this many pinned bytes, are staged as one group
+
+
+def group_uri(work_uri: str, first: int, last: int) -> str:
+    """plan/grp-00003-00041.parquet: the staged file of the group of objects 3..41."""
+    return join(work_uri, "plan", f"grp-{first:05d}-{last:05d}.parquet")
+
+
+def object_groups(items: list[Any], fmt: str, splittable: bool, budget: int | None = None) -> list[list[Any]]:
+    """The job's small objects in groups: runs of consecutive objects (in pinned order), each
+    planned whole (not compressed: one part, planning/ranges.py), of at most `budget` pinned bytes
+    together; only groups of two or more. Read from the pins alone, so every planner finds the
+    same groups: the embedded planner stages a group in one file (planning/stage.py
+    `stage_group`), the global step looks for it first."""
+    budget = GROUP_BYTES if budget is None else budget
+    out: list[list[Any]] = []
+    run: list[Any] = []
+    size = 0
+    for t in items:         # input objects or their tasks (anything with a pin), in pinned order
+        small = t.pin.size <= budget and ranges.object_parts(t.pin, fmt, splittable) is None \
+            and not any(t.pin.uri.lower().endswith(suffix) for suffix in ranges.CODECS)
+        if not small or size + t.pin.size > budget:
+            if len(run) > 1:
+                out.append(run)
+            run, size = [], 0
+        if small:
+            run.append(t)
+            size += t.pin.size
+    if len(run) > 1:
+        out.append(run)
+    return out
+
+
 def part_count(job: Job, obj: InputObject) -> int:
     """The object's planning parts (1: planned whole); reads nothing but the pin."""
     parts = ranges.object_parts(obj.pin, job.manifest.input.format, not job.retry_of)

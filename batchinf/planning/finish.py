@@ -16,7 +16,7 @@ import logging
 import os
 from collections import Counter
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -32,11 +32,11 @@ from batchinf.ledger.states import ShardStatus
 from batchinf.parts import STAGE_ROW_GROUP, write_table
 from batchinf.planning import bucketing, ranges
 from batchinf.planning.bucketing import ERROR_BUCKET
-from batchinf.planning.context import ObjectTask, Planning, part_tasks
+from batchinf.planning.context import ObjectTask, Planning, group_uri, object_groups, part_tasks
 from batchinf.planning.ranges import Range, combined, renumber
 from batchinf.planning.shard_names import shard_file, shard_id
 from batchinf.planning.sizing import target_work
-from batchinf.planning.summary import ids_uri, read_summary, summary_uri
+from batchinf.planning.summary import has_ids_file, ids_uri, read_summary
 from batchinf.store import get_store, parse_uri
 from batchinf.tasks.batching import token_budget_batches
 
@@ -56,7 +56,7 @@ def finish_plan(job: Job, workers: int | None = None) -> None:
     # a retry job plans only its selected records (after the duplicate check over all of them)
     chosen = retry_records.selection(job.id)
     keeps = [None if chosen is None else chosen.get(u, set()) for u in uris]
-    st = _Staged.read(tasks, keeps)
+    st = _Staged.read(tasks, keeps, job.work_uri)
     if st.lost:
         # staged files are written without fsync (stage.py): a machine that crashed before they
         # reached its disk lost them, and planning those objects again re-creates them
@@ -66,7 +66,7 @@ def finish_plan(job: Job, workers: int | None = None) -> None:
         return
     summaries = st.objects(len(tasks))
     with ExitStack() as stack:
-        part_dups = bucketing.find_duplicates(bucketing.ids_paths(stack, st.uris), st.summaries,
+        part_dups = bucketing.find_duplicates(bucketing.ids_paths(stack, st.ids, st.summaries), st.summaries,
                                               [uris[o] for o in st.owner], [b[0] for b in st.bases])
     dups: bucketing.Dups = {}
     for p, mine in part_dups.items():
@@ -133,52 +133,74 @@ def _part_summary(whole: ObjectTask, task: ObjectTask) -> dict[str, Any] | None:
     except ValueError:          # torn JSON
         return None
     if s is None:
-        other = summary_uri(ranges.part_uri(whole.stage_uri, Range(0, 0, 0)) if task.part is None else whole.stage_uri)
+        other = ranges.part_uri(whole.stage_uri, Range(0, 0, 0)) if task.part is None else whole.stage_uri
         if not get_store(other).exists(other):
             return None
     elif (s.get("part") or {}).get("number") == (task.part.number if task.part else None):
         return s if _whole(task, s) else None
     raise bucketing.StagedMismatch(
         f"{task.pin.uri} was staged in other parts than this planner cuts (is BATCHINF_PLAN_RANGE_BYTES "
-        f"the same for every planner?): no summary {summary_uri(task.stage_uri)}; give every planner one "
+        f"the same for every planner?): no staged file {task.stage_uri}; give every planner one "
         "setting and plan the job again")
 
 
 def _whole(task: ObjectTask, s: dict[str, Any]) -> bool:
-    """Whether a local part's staged and ids files are whole: of the sizes its summary wrote down
-    (after a crash a file whose data did not reach the disk is missing or short; a remote store's
-    writes are durable, as the staged files' need not be)."""
-    scheme, _, path = parse_uri(task.stage_uri)
-    if scheme != "file" or "bytes" not in s:
+    """Whether a local part's ids file is whole: of the size its summary wrote down (after a crash
+    a file whose data did not reach the disk is missing or short; the staged file, whose footer
+    holds the summary, is whole when its footer reads; a remote store's writes are durable, as the
+    staged files' need not be)."""
+    scheme, _, _ = parse_uri(task.stage_uri)
+    if scheme != "file" or not has_ids_file(s):
         return True
     try:
-        return (os.stat(path).st_size == s["bytes"]["staged"]
-                and os.stat(parse_uri(ids_uri(task.stage_uri))[2]).st_size == s["bytes"]["ids"])
+        return os.stat(parse_uri(ids_uri(task.stage_uri))[2]).st_size == s["bytes"]["ids"]
     except OSError:
         return False
+
+
+def grouped_objects(tasks: list[ObjectTask], work_uri: str) -> dict[int, tuple[str, dict[str, Any]]]:
+    """The objects (by position) staged in a group file (context.object_groups), whole, with its
+    uri and their summaries; objects of a group without a whole file are looked for in files of their own."""
+    out: dict[int, tuple[str, dict[str, Any]]] = {}
+    pos = {t.idx: o for o, t in enumerate(tasks)}
+    m = tasks[0] if tasks else None
+    for g in object_groups(tasks, m.fmt, m.splittable) if m else []:
+        uri = group_uri(work_uri, g[0].idx, g[-1].idx)
+        try:
+            members = read_summary(uri)["group"]
+        except (InputError, ValueError, KeyError):
+            continue
+        if len(members) == len(g) and all(_whole(t, s) for t, s in zip(g, members)):
+            out.update((pos[t.idx], (uri, s)) for t, s in zip(g, members))
+    return out
 
 
 @dataclass
 class _Staged:
     """The staged planning parts of a job's objects (one per object planned whole), in order."""
     owner: list[int]                    # part -> its object
-    uris: list[str]                     # staged files
+    uris: list[str]                     # staged files (a group's for each of its members)
     summaries: list[dict[str, Any]]
     keeps: list[set[int] | None]
     bases: list[tuple[int, int]]        # (records, lines) before each part in its object
     lost: list[int]                     # objects with a part lost or torn: to be planned again
+    ids: list[str] = field(default_factory=list)    # each part's ids file (if its summary has not all its ids)
+    windows: list[tuple[int, int] | None] = field(default_factory=list)   # a group member's rows in its file
 
     @classmethod
-    def read(cls, tasks: list[ObjectTask], keeps: list[set[int] | None]) -> _Staged:
-        parts = [(o, t, p) for o, t in enumerate(tasks) for p in part_tasks(t)]
-        found = [_part_summary(t, p) for _, t, p in parts]
+    def read(cls, tasks: list[ObjectTask], keeps: list[set[int] | None], work_uri: str) -> _Staged:
+        grouped = grouped_objects(tasks, work_uri)
+        parts = [(o, t, p) for o, t in enumerate(tasks) for p in ([t] if o in grouped else part_tasks(t))]
+        found = [grouped[o][1] if o in grouped else _part_summary(t, p) for o, t, p in parts]
         lost = sorted({o for (o, _, _), s in zip(parts, found) if s is None})
         summaries = [s for s in found if s is not None]
         if lost:
             return cls([], [], summaries, [], [], lost)
         owner = [o for o, _, _ in parts]
-        return cls(owner, [p.stage_uri for _, _, p in parts], summaries, [keeps[o] for o in owner],
-                   ranges.shifts(summaries, owner), [])
+        return cls(owner, [grouped[o][0] if o in grouped else p.stage_uri for o, _, p in parts], summaries,
+                   [keeps[o] for o in owner], ranges.shifts(summaries, owner), [],
+                   [ids_uri(p.stage_uri) for _, _, p in parts],
+                   [(s["offset"], s["rows"]) if o in grouped else None for o, s in zip(owner, summaries)])
 
     def objects(self, n: int) -> list[dict[str, Any]]:
         """Each object's summary, its parts' added up."""
@@ -193,8 +215,10 @@ class _Staged:
         valid, invalid, _ = bucketing.merge(self.summaries, self.keeps, dups)
         n = max(self.owner, default=-1) + 1
         out = {}
+        shared = bucketing.SharedFiles()
         for kind, counts in ((True, invalid), (False, valid)):
-            cursors = bucketing.cursors(paths, self.keeps, dups, invalid=kind, shifts=shifts)
+            cursors = bucketing.cursors(paths, self.keeps, dups, invalid=kind, shifts=shifts, windows=self.windows,
+                                        shared=shared, rows=[sum(h.values()) for h in counts])
             mine: list[tuple[list[bucketing.Cursor], list[dict[int, int]]]] = [([], []) for _ in range(n)]
             for c, h, o in zip(cursors, counts, self.owner):
                 mine[o][0].append(c)

@@ -4,10 +4,11 @@ planning task: its attempts are counted and their errors recorded in the ledger,
 lifecycle can fail the job once an object has used up its attempts.
 
 Staged files (under the job's work prefix), per object planned whole (or per part, planning/ranges.py):
-  plan/obj-00000.parquet          every record, tokenized or with its error, by (length, ordinal)
-  plan/obj-00000.ids.parquet      its valid ids, sorted (planning/summary.py)
-  plan/obj-00000.summary.json     its summary, written last: the object (part) is staged
-  plan/obj-00001.p0003.parquet    ... the same three for part 3 of object 1
+  plan/obj-00000.parquet          every record, tokenized or with its error, by (length, ordinal),
+                                  its summary in the footer (planning/summary.py); written last:
+                                  the object (part) is staged
+  plan/obj-00000.ids.parquet      its valid ids, sorted, when they are more than the summary holds
+  plan/obj-00001.p0003.parquet    ... the same for part 3 of object 1
 """
 
 from __future__ import annotations
@@ -18,24 +19,53 @@ from contextlib import ExitStack
 from functools import partial
 from typing import Any, Callable
 
+import pyarrow as pa
+
 from batchinf import failpoints
 from batchinf.formats import read_records
 from batchinf.ledger import jobs as job_repo
 from batchinf.ledger.models import InputObject, Job
 from batchinf.ledger.states import JobStatus
 from batchinf.parts import STAGE_ROW_GROUP, write_scratch_table
-from batchinf.planning.context import ObjectTask, Planning, part_count
+from batchinf.planning.context import ObjectTask, Planning, group_uri, object_groups, part_count
 from batchinf.planning.ranges import part_records
-from batchinf.planning.summary import (IDS_ROW_GROUP, ids_uri, in_stage_order, read_summary, summarize, summary_uri,
-                                       valid_ids, write_summary)
+from batchinf.planning.summary import (IDS_ROW_GROUP, has_ids_file, ids_uri, in_stage_order, read_summary, summarize,
+                                       valid_ids, with_summary)
 from batchinf.store import get_store
 
 
 def stage_part(planning: Planning, task: ObjectTask, keep: set[int] | None = None) -> int:
     """Read, validate and stage one object or part (its task tokenizes, decodes or preprocesses
-    each record); write the staged table (by length, then ordinal), its sorted ids and its summary
-    (planning/summary.py; `keep`: the ordinals a retry job plans; a part's line and record counts).
-    Returns its record count."""
+    each record); write the staged table (by length, then ordinal) with its summary in its footer,
+    and its sorted ids when they are more than the summary holds (planning/summary.py; `keep`: the
+    ordinals a retry job plans; a part's line and record counts). Returns its record count."""
+    table, summary = _staged_table(planning, task, keep)
+    # last, its summary in its footer: the part is staged (a torn one has no footer). Row groups
+    # of STAGE_ROW_GROUP: the global step's cursors hold one at a time, not the whole part
+    write_scratch_table(task.stage_uri, with_summary(table, summary), row_group_size=STAGE_ROW_GROUP)
+    return table.num_rows
+
+
+def stage_group(planning: Planning, tasks: list[ObjectTask], keeps: list[set[int] | None], uri: str) -> list[int]:
+    """Stage a group of small objects (context.object_groups) in one file: each member's staged
+    rows in turn (by length, then ordinal), the members' summaries, each with its first row
+    (`offset`), in the footer; a member with more ids than its summary holds has its own ids file,
+    as when it is staged alone. One write for the group, where each object alone costs one. Returns
+    each member's record count."""
+    tables, members, offset = [], [], 0
+    for task, keep in zip(tasks, keeps):
+        table, summary = _staged_table(planning, task, keep)
+        summary["offset"] = offset
+        offset += table.num_rows
+        tables.append(table)
+        members.append(summary)
+    write_scratch_table(uri, with_summary(pa.concat_tables(tables), {"group": members}),
+                        row_group_size=STAGE_ROW_GROUP)
+    return [t.num_rows for t in tables]
+
+
+def _staged_table(planning: Planning, task: ObjectTask, keep: set[int] | None) -> tuple[pa.Table, dict[str, Any]]:
+    """One object's (part's) staged rows in stage order and its summary; its ids file written."""
     failpoints.hit("plan.object")
     tally: dict[str, int] = {}
     with ExitStack() as stack:
@@ -47,22 +77,20 @@ def stage_part(planning: Planning, task: ObjectTask, keep: set[int] | None = Non
             records = part_records(task, tally)
         table = in_stage_order(planning.task.stage(task, planning.runtime, records))
     # Staged files are scratch: written without fsync (durable=False), so a small object's
-    # planning task costs its tokenizing, not three disk flushes. The ledger records the object
+    # planning task costs its tokenizing, not a disk flush. The ledger records the object
     # planned after them, yet a machine that crashes before they reach its disk loses nothing
     # that cannot be re-created from the pinned inputs: the global step finds them missing or
     # torn and plans those objects again (finish.py). What a ledger commit depends on for good,
     # with nothing to re-create it, is fsynced: the shard files start_running points to, each
     # attempt's outputs before its commit.
-    # row groups of STAGE_ROW_GROUP: the global step's cursors hold one at a time, not the whole part
-    size = write_scratch_table(task.stage_uri, table, row_group_size=STAGE_ROW_GROUP)
     ids = valid_ids(table)
-    ids_size = write_scratch_table(ids_uri(task.stage_uri), ids, row_group_size=IDS_ROW_GROUP)
     summary = summarize(table, keep, ids)
-    summary["bytes"] = {"staged": size, "ids": ids_size}    # the global step's check that they are whole
+    if has_ids_file(summary):
+        ids_size = write_scratch_table(ids_uri(task.stage_uri), ids, row_group_size=IDS_ROW_GROUP)
+        summary["bytes"] = {"ids": ids_size}    # the global step's check that it is whole
     if task.part is not None:
         summary["part"] = {"number": task.part.number, "start": task.part.start, "stop": task.part.stop, **tally}
-    write_summary(task.stage_uri, summary, durable=False)     # last: the part is staged
-    return table.num_rows
+    return table, summary
 
 
 def plan_part(job_id: str, idx: int, k: int) -> int:
@@ -132,8 +160,7 @@ def plan_sent_part(job_id: str, idx: int, k: int) -> None:
 
 
 def _staged(task: ObjectTask) -> bool:
-    uri = summary_uri(task.stage_uri)
-    return get_store(uri).exists(uri)
+    return get_store(task.stage_uri).exists(task.stage_uri)
 
 
 def _staged_records(tasks: list[ObjectTask]) -> int | None:
@@ -146,24 +173,48 @@ def _staged_records(tasks: list[ObjectTask]) -> int | None:
 
 def plan_objects(job: Job, idxs: list[int], processes: int) -> None:
     """Stage objects of the planning `job` on this machine, their parts in a pool of `processes`
-    processes when there are several: each object's attempt is counted and its outcome recorded here."""
+    processes when there are several: each object's attempt is counted and its outcome recorded
+    here. Small objects whose whole group (context.object_groups) is to be planned are staged by
+    group, one task and one file each; a group that fails is staged again object by object, so
+    an object's error is its own."""
     from concurrent.futures import ProcessPoolExecutor
     import multiprocessing as mp
 
     job_id = job.id
     objects = {o.idx: o for o in job_repo.inputs(job_id)}
-    begun = [(i, n) for i in idxs if (n := begin_object(job, objects[i])) is not None]
-    total = sum(n for _, n in begun)
+    started = job_repo.plan_attempts_started(job_id, idxs)
+    begun = [(i, end_object(job_id, i, partial(part_count, job, objects[i]), planned=False))
+             for i in idxs if i in started]
+    began = {i for i, _ in begun}
+    groups = [[o.idx for o in g]
+              for g in object_groups([objects[i] for i in sorted(objects)], job.manifest.input.format, not job.retry_of)
+              if all(o.idx in began for o in g)]
+    grouped = {i for g in groups for i in g}
+    singles = [(i, n) for i, n in begun if i not in grouped]
+    total = len(groups) + sum(n for _, n in singles)
     if processes <= 1 or total <= 1:
         planning = Planning(job) if begun else None
-        for i, _ in begun:
+        for g in groups:
+            _end_group(job_id, g, partial(_stage_group, planning, [objects[i] for i in g]),
+                       lambda g=g: [end_object(job_id, i, partial(_stage_object, planning, objects[i])) for i in g])
+        for i, _ in singles:
             end_object(job_id, i, partial(_stage_object, planning, objects[i]))
         return
     errors = []
     n = min(total, processes)
     with ProcessPoolExecutor(n, mp_context=mp.get_context("spawn"), initializer=tokenizer_threads,
                              initargs=(max(1, (os.cpu_count() or 1) // n),)) as pool:
-        futures = [(i, [pool.submit(plan_part, job_id, i, k) for k in range(n)]) for i, n in begun]
+        staged = [(g, pool.submit(plan_group, job_id, g)) for g in groups]
+        futures = [(i, [pool.submit(plan_part, job_id, i, k) for k in range(n)]) for i, n in singles]
+
+        def alone(g: list[int]) -> None:
+            for i, f in [(i, pool.submit(plan_part, job_id, i, 0)) for i in g]:
+                try:
+                    end_object(job_id, i, f.result)
+                except Exception as exc:  # noqa: BLE001 -- recorded for its object; the first is raised below
+                    errors.append(exc)
+        for g, f in staged:
+            _end_group(job_id, g, f.result, partial(alone, g))
         for i, fs in futures:
             try:
                 end_object(job_id, i, partial(_results, fs))
@@ -171,6 +222,28 @@ def plan_objects(job: Job, idxs: list[int], processes: int) -> None:
                 errors.append(exc)
     if errors:
         raise errors[0]
+
+
+def plan_group(job_id: str, idxs: list[int]) -> list[int]:
+    """Stage a group of small objects (the ledger is plan_objects'): a planning pool process's task."""
+    planning = _planning(job_repo.get(job_id))
+    return _stage_group(planning, [job_repo.input_object(job_id, i) for i in idxs])
+
+
+def _stage_group(planning: Planning, objs: list[InputObject]) -> list[int]:
+    return stage_group(planning, [planning.object_task(o) for o in objs], [planning.kept(o) for o in objs],
+                       group_uri(planning.job.work_uri, objs[0].idx, objs[-1].idx))
+
+
+def _end_group(job_id: str, idxs: list[int], attempt: Callable[[], list[int]], alone: Callable[[], Any]) -> None:
+    """Run (or wait for) a group's staging and record its objects planned in one statement; when
+    it fails, stage them one by one instead (`alone`), each recording its own outcome."""
+    try:
+        counts = attempt()
+    except Exception:  # noqa: BLE001 -- the objects are staged alone: each error is its object's
+        alone()
+        return
+    job_repo.objects_planned(job_id, dict(zip(idxs, counts)))
 
 
 def tokenizer_threads(threads: int) -> None:

@@ -1,31 +1,34 @@
-"""What one planning task leaves beside its staged object so that the global step never reads
-every record: the staged rows sorted by (token length, ordinal), a compact summary (token-length
-histograms of its valid and invalid records, counts, a sample of its ids; for generate, the
-max_tokens of its valid records by length, their decode work), and its valid ids
-sorted, for the job-wide duplicate check by id ranges (bucketing.py).
-
-Files beside plan/obj-00000.parquet:
-  plan/obj-00000.summary.json   the summary (size: distinct lengths + a bounded id sample)
+"""What one planning task leaves so that the global step never reads every record: the staged
+rows sorted by (token length, ordinal) and, in that Parquet file's footer (key
+`batchinf.summary`), a compact summary (token-length histograms of its valid and invalid
+records, counts, a sample of its ids; for generate, the max_tokens of its valid records by
+length, their decode work), and its valid ids sorted, for the job-wide duplicate check by id
+ranges (bucketing.py). An object (part) of at most ID_SAMPLES valid ids has them all in its
+summary (the sample is every id; `id_rows` adds their ordinals and lengths): its planning task
+writes one file, and the global step opens one per object. A larger one has them in a file of
+their own:
   plan/obj-00000.ids.parquet    record_id, ordinal, n_tokens of valid records, sorted by id
 """
 
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
-from batchinf.store import get_store
+from batchinf.store import get_store, parse_uri
+from batchinf.store.base import missing_error
 
 ID_SAMPLES = 128          # ids sampled per object: the global step splits the id space with them
 IDS_ROW_GROUP = 8192      # rows per row group of an ids file: reading one id range skips the others
 
 
-def summary_uri(stage_uri: str) -> str:
-    return stage_uri.removesuffix(".parquet") + ".summary.json"
+SUMMARY_KEY = b"batchinf.summary"   # the staged file's footer metadata key holding its summary
 
 
 def ids_uri(stage_uri: str) -> str:
@@ -87,14 +90,55 @@ def summarize(table: pa.Table, keep: set[int] | None, ids: pa.Table) -> dict[str
         "valid_extra": _extra(table, n_tokens, kept & valid),
         "ids": ids.num_rows, "id_step": step,
         "id_sample": ids.column("record_id").take(pa.array(np.arange(0, ids.num_rows, step))).to_pylist(),
+        # few ids: the sample is all of them; with their ordinals and lengths no ids file is needed
+        **({"id_rows": {"ordinal": ids.column("ordinal").to_pylist(), "n_tokens": ids.column("n_tokens").to_pylist()}}
+           if ids.num_rows <= ID_SAMPLES else {}),
     }
 
 
-def write_summary(stage_uri: str, summary: dict[str, Any], durable: bool = True) -> None:
-    uri = summary_uri(stage_uri)
-    get_store(uri).put_bytes(uri, json.dumps(summary).encode(), durable)
+def has_ids_file(summary: dict[str, Any]) -> bool:
+    """Whether the object's (part's) valid ids are in a file of their own, not in its summary."""
+    return "id_rows" not in summary
+
+
+def inline_ids(summary: dict[str, Any]) -> pa.Table:
+    """The ids table of an object whose summary holds all its valid ids (as its ids file would be)."""
+    rows = summary["id_rows"]
+    return pa.table({"record_id": pa.array(summary["id_sample"], pa.string()),
+                     "ordinal": pa.array(rows["ordinal"], pa.int64()),
+                     "n_tokens": pa.array(rows["n_tokens"], pa.int32())})
+
+
+def with_summary(table: pa.Table, summary: dict[str, Any]) -> pa.Table:
+    """The staged table with its summary in its schema metadata (written into the file's footer)."""
+    meta = dict(table.schema.metadata or {})
+    meta[SUMMARY_KEY] = json.dumps(summary).encode()
+    return table.replace_schema_metadata(meta)
+
+
+def without_summary(table: pa.Table) -> pa.Table:
+    """Staged rows as read back, without the summary in their schema (shard files do not carry it)."""
+    meta = table.schema.metadata
+    if not meta or SUMMARY_KEY not in meta:
+        return table
+    return table.replace_schema_metadata({k: v for k, v in meta.items() if k != SUMMARY_KEY} or None)
 
 
 def read_summary(stage_uri: str) -> dict[str, Any]:
-    uri = summary_uri(stage_uri)
-    return json.loads(get_store(uri).get_bytes(uri))
+    """The summary in a staged file's footer (a remote file's footer is read by ranged reads).
+    Raises InputError when the file is missing, ValueError when it is torn (no whole footer)."""
+    scheme, _, path = parse_uri(stage_uri)
+    try:
+        if scheme == "file":
+            if not os.path.exists(path):
+                raise missing_error(stage_uri)
+            meta = pq.read_metadata(path).metadata
+        else:
+            store = get_store(stage_uri)
+            with store.open_ranged(store.head(stage_uri), 1 << 16) as f:
+                meta = pq.read_metadata(f).metadata
+    except (pa.ArrowException, OSError) as exc:
+        raise ValueError(f"staged file {stage_uri} is torn: {exc}") from exc
+    if not meta or SUMMARY_KEY not in meta:
+        raise ValueError(f"staged file {stage_uri} has no summary")
+    return json.loads(meta[SUMMARY_KEY])

@@ -3,6 +3,8 @@ propagate (the drivers charge them to the job instead)."""
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
 from typing import Any
 
 from batchinf.dispatch import Dispatcher, plan_objects_here, run_shard
@@ -22,6 +24,16 @@ def plan_job(job_id: str, processes: int = 1, workers: int | None = None) -> Non
         return
     plan_objects_here(job, [o.idx for o in jobs.inputs(job_id) if o.records is None], processes)
     finish_plan(jobs.get(job_id), workers)
+
+
+def planned_shards(job_id: str) -> tuple[list[tuple], dict]:
+    """Each shard's (bucket, ordinal, records, tokens, sha256 of its staged file) and the plan:
+    what two plans of the same inputs must agree on."""
+    out = []
+    for s in sorted(shards.of_job(job_id), key=lambda s: (s.bucket, s.ordinal)):
+        data = Path(s.input_uri.removeprefix("file://")).read_bytes()
+        out.append((s.bucket, s.ordinal, s.num_records, s.num_tokens, hashlib.sha256(data).hexdigest()))
+    return out, jobs.get(job_id).plan
 
 
 def lease_one_shard(job_id: str, worker: str = "w:1") -> Lease:

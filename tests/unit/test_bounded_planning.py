@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from batchinf.planning import bucketing
@@ -20,7 +21,10 @@ from batchinf.ledger import jobs, retry_records, shards
 from batchinf.manifest import parse_manifest
 from batchinf.parts import STAGE_ROW_GROUP, read_table, write_table
 from batchinf.planning import finish_plan
+from batchinf.planning import context, summary
 from batchinf.planning.context import Planning
+from batchinf.planning.finish import grouped_objects
+from batchinf.planning.summary import read_summary, without_summary
 from batchinf.planning.stage import stage_part
 from batchinf.tasks import base
 from batchinf.submit import submit
@@ -65,11 +69,25 @@ def _sha(uri_or_path: str) -> str:
     return hashlib.sha256(Path(uri_or_path.removeprefix("file://")).read_bytes()).hexdigest()
 
 
+def _staged(job: jobs.Job, tasks: list) -> list[tuple[pa.Table, dict]]:
+    """Each object's staged rows and summary, from its group's file or its own."""
+    grouped = grouped_objects(tasks, job.work_uri)
+    out = []
+    for o, t in enumerate(tasks):
+        if o in grouped:
+            uri, s = grouped[o]
+            out.append((without_summary(read_table(uri)).slice(s["offset"], s["rows"]), s))
+        else:
+            out.append((without_summary(read_table(t.stage_uri)), read_summary(t.stage_uri)))
+    return out
+
+
 def _assert_same_as_reference(tmp_path: Path, job_id: str) -> list[dict]:
     job = jobs.get(job_id)
     tasks = Planning(job).object_tasks()
     uris = [t.pin.uri for t in tasks]
-    want, plan = reference_shards(job_id, uris, [read_table(t.stage_uri) for t in tasks], job.manifest.shards.max_records,
+    want, plan = reference_shards(job_id, uris, [t for t, _ in _staged(job, tasks)],
+                                  job.manifest.shards.max_records,
                                   job.manifest.shards.max_tokens, retry_records.selection(job_id))
     got = sorted(shards.of_job(job_id), key=lambda s: (s.bucket, s.ordinal))
     assert [(s.bucket, s.ordinal, s.id, s.num_records, s.num_tokens) for s in got] == \
@@ -82,16 +100,34 @@ def _assert_same_as_reference(tmp_path: Path, job_id: str) -> list[dict]:
     return want
 
 
-def test_shard_files_are_byte_identical_to_the_whole_job_step(tmp_path: Path, tiny_bundle: str,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+# The four small objects staged as one group, their ids in their summaries (up to ID_SAMPLES:
+# two of the four) or, 1 held there, in ids files; or each object staged alone.
+STAGING = pytest.mark.parametrize("id_samples,group_bytes", [(summary.ID_SAMPLES, context.GROUP_BYTES),
+                                                             (1, context.GROUP_BYTES), (summary.ID_SAMPLES, 0)],
+                                  ids=["grouped", "grouped-ids-files", "objects-alone"])
+
+
+@STAGING
+def test_shard_files_are_byte_identical_to_the_whole_job_step(tmp_path: Path, tiny_bundle: str, id_samples: int,
+                                                              group_bytes: int, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bucketing, "DEDUP_RANGE_RECORDS", 40)    # several id ranges
+    monkeypatch.setattr(summary, "ID_SAMPLES", id_samples)
+    monkeypatch.setattr(context, "GROUP_BYTES", group_bytes)
     _corpus(tmp_path / "in")
     job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "in") + "/", str(tmp_path / "out"),
                                                shards={"max_records": 40, "max_tokens": 900})), OPERATOR)
     plan_job(job_id)
-    assert len(bucketing.id_splits([json.loads((Path(t.stage_uri.removeprefix("file://").removesuffix(".parquet")
-                                                     + ".summary.json")).read_text())
-                                    for t in Planning(jobs.get(job_id)).object_tasks()], 40)) >= 3
+    job = jobs.get(job_id)
+    tasks = Planning(job).object_tasks()
+    assert sorted(grouped_objects(tasks, job.work_uri)) == ([0, 1, 2, 3] if group_bytes else [])
+    assert [Path(t.stage_uri.removeprefix("file://")).exists() for t in tasks] == [not group_bytes] * 4
+    summaries = [s for _, s in _staged(job, tasks)]
+    held = [s["ids"] <= id_samples for s in summaries]
+    assert [Path(summary.ids_uri(t.stage_uri).removeprefix("file://")).exists() for t in tasks] == \
+        [not h for h in held]
+    assert any(held) == (id_samples != 1) and not all(held)
+    # several id ranges (one sample per object splits the ids more coarsely)
+    assert len(bucketing.id_splits(summaries, 40)) >= (3 if id_samples > 1 else 2)
     want = _assert_same_as_reference(tmp_path, job_id)
     dups = [r for w in want for r in w["table"].to_pylist() if r["error"] == "duplicate_id"]
     uris = {Path(u.removeprefix("file://")).name for u in [r["source"] for r in dups]}
@@ -113,27 +149,40 @@ def test_a_retry_selection_plans_only_its_records_as_before(tmp_path: Path, tiny
     assert jobs.get(job_id).records_total == len(pick)
 
 
-def test_staged_files_lost_in_a_crash_are_planned_again(tmp_path: Path, tiny_bundle: str) -> None:
+@STAGING
+def test_staged_files_lost_in_a_crash_are_planned_again(tmp_path: Path, tiny_bundle: str, id_samples: int,
+                                                        group_bytes: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Staged files are written without fsync: after a machine crash one may be missing or short.
-    The global step then plans those objects again (and only those) instead of cutting shards
-    from them, and the shards are those of a plan without the crash."""
+    The global step then plans those objects again (and only those; a group's file: all its
+    objects) instead of cutting shards from them, and the shards are those of a plan without the crash."""
     from batchinf.dispatch import plan_objects_here
     from batchinf.planning import pin_job
     from batchinf.planning.summary import ids_uri
 
+    monkeypatch.setattr(summary, "ID_SAMPLES", id_samples)
+    monkeypatch.setattr(context, "GROUP_BYTES", group_bytes)
     _corpus(tmp_path / "in", n=60)
     job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "in") + "/", str(tmp_path / "out"),
                                                shards={"max_records": 10})), OPERATOR)
     pin_job(jobs.get(job_id))
     plan_objects_here(jobs.get(job_id), list(range(4)), processes=1)
-    tasks = Planning(jobs.get(job_id)).object_tasks()
-    Path(tasks[1].stage_uri.removeprefix("file://")).unlink()                       # never reached the disk
-    with open(ids_uri(tasks[3].stage_uri).removeprefix("file://"), "r+b") as f:     # half of it did
+    job = jobs.get(job_id)
+    tasks = Planning(job).object_tasks()
+    if group_bytes:
+        group = context.group_uri(job.work_uri, 0, 3)
+        # the group's file never reached the disk, or half of an ids file beside it did
+        torn = group if id_samples != 1 else ids_uri(tasks[3].stage_uri)
+        lost = [True] * 4
+    else:
+        Path(tasks[1].stage_uri.removeprefix("file://")).unlink()                   # never reached the disk
+        torn = tasks[3].stage_uri                                                   # half of it did: no footer
+        lost = [False, True, False, True]
+    with open(torn.removeprefix("file://"), "r+b") as f:
         f.truncate(10)
     finish_plan(jobs.get(job_id))
     assert jobs.get(job_id).status == "planning" and not shards.of_job(job_id)
     objs = jobs.inputs(job_id)
-    assert [o.records is None for o in objs] == [False, True, False, True]
+    assert [o.records is None for o in objs] == lost
     assert "staged files were lost" in (objs[1].error or "")
     plan_job(job_id)
     assert jobs.get(job_id).status == "running"
@@ -185,7 +234,7 @@ def test_the_global_steps_peak_memory_does_not_grow_with_the_job(tmp_path: Path,
     for name, n in (("small", 1000), ("large", 4000)):
         job = jobs.get(_planned_objects(tmp_path, name, n))
         tasks = Planning(job).object_tasks()
-        staged = [read_table(t.stage_uri) for t in tasks]
+        staged = [t for t, _ in _staged(job, tasks)]
         reference.append(_peak(lambda: reference_shards(job.id, [t.pin.uri for t in tasks], staged, 500, 10**9)))
         peaks.append(_peak(lambda: finish_plan(job)))
     assert reference[1] > 2.5 * reference[0]          # the whole-job step grows with the job ...

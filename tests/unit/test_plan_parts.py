@@ -6,7 +6,6 @@ ordinals, line numbers in messages and duplicate ids count in the whole object."
 from __future__ import annotations
 
 import gzip
-import hashlib
 import io
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from tests.helpers.corpus import awkward_jsonl as _awkward
 from tests.helpers.corpus import manifest, texts
 from tests.helpers.corpus import record_line as _record
 from tests.helpers.stages import plan_job
+from tests.helpers.stages import planned_shards as _planned
 
 WHOLE = str(1 << 40)
 
@@ -115,15 +115,6 @@ def _plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, range_byte
                                                shards={"max_records": 25, "max_tokens": 700}, **extra)), OPERATOR)
     plan_job(job_id, processes=processes)
     return job_id
-
-
-def _planned(job_id: str) -> tuple[list[tuple], dict]:
-    """Each shard's (bucket, ordinal, records, tokens, sha256 of its staged file) and the plan."""
-    out = []
-    for s in sorted(shards.of_job(job_id), key=lambda s: (s.bucket, s.ordinal)):
-        data = Path(s.input_uri.removeprefix("file://")).read_bytes()
-        out.append((s.bucket, s.ordinal, s.num_records, s.num_tokens, hashlib.sha256(data).hexdigest()))
-    return out, jobs.get(job_id).plan
 
 
 def _error_rows(job_id: str) -> list[dict]:
