@@ -204,7 +204,7 @@ class GenerateImage(Task):
                 reqs = [ImageRequest(c["prompt"][i], c["negative_prompt"][i], c["seed"][i], c["num_images"][i])
                         for i in batch]
                 images = runtime.denoise(reqs, width=w, height=h, steps=steps, guidance=g,
-                                         on_step=lambda step: (runtime.step_done(len(batch)), check()))
+                                         on_step=lambda step: _step(runtime, sum(r.num_images for r in reqs), check))
                 at = 0
                 for i in batch:
                     k = c["num_images"][i]
@@ -271,6 +271,17 @@ class GenerateImage(Task):
         from batchinf.tasks.diffusion_bundle import verify_diffusion_fixtures
 
         verify_diffusion_fixtures(runtime)
+
+
+def _step(runtime: Any, images: int, check: Callable[[], None]) -> None:
+    """After each denoising step: progress, then stop here if the attempt lost its lease (a
+    cancelled job, an expired lease) -- a batch stops at its next step, not at its end."""
+    from batchinf import failpoints
+
+    runtime.step_done(images)
+    if failpoints.active():
+        failpoints.hit("execute.image_step")
+    check()
 
 
 def _write_images(c: dict[str, list[Any]], i: int, images: Any, digest: str, scheduler: str
