@@ -55,8 +55,6 @@ ATTEMPTS_ENDED = Counter("batchinf_worker_attempts_ended", "Shard attempts that 
 LEASES_EXPIRED = Counter("batchinf_controller_leases_expired", "Shard leases this controller expired")
 SHARDS_SENT = Counter("batchinf_controller_shards_sent", "Shard messages sent to workers "
                       "(fresh: newly queued, resend: message possibly lost)", ["kind"])
-IMAGE_STEPS = Counter("batchinf_worker_image_steps", "Denoising steps this process ran, one per image "
-                      "(generate_image)")
 SCHEDULED = Counter("batchinf_scheduler_jobs_submitted", "Jobs this scheduler created", ["schedule"])
 HTTP_REQUESTS = Counter("batchinf_api_requests", "API requests", ["method", "route", "status"])
 HTTP_SECONDS = Histogram("batchinf_api_request_duration_seconds", "API request latency",
@@ -82,11 +80,6 @@ def shard_committed(bundle: str, result: Any) -> None:
     REAL_TOKENS.labels(b).inc(result.tokens_real)
     PADDED_TOKENS.labels(b).inc(result.tokens_padded)
     SHARD_SECONDS.labels(b).observe(result.execute_seconds)
-
-
-def image_steps(images: int) -> None:
-    """runtime/diffusion/runtime.py, after each denoising step of a batch of `images`."""
-    IMAGE_STEPS.inc(images)
 
 
 def attempt_ended(reason: str) -> None:

@@ -48,10 +48,7 @@ class DiffusionRuntime:
 
     def step_done(self, images: int) -> None:
         """A denoising step of a batch of `images` finished."""
-        from batchinf import metrics
-
         self.steps_done += images
-        metrics.image_steps(images)
 
     @property
     def dtype_name(self) -> str:
