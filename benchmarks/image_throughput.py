@@ -3,7 +3,7 @@ StableDiffusionPipeline (tests/helpers/tiny_diffusion.py; no download) and the s
 prompts: images/s and denoising steps/s (one step of one image), side by side in one run:
 
     python benchmarks/image_throughput.py --threads 2 --records 96 --reps 3
-    python benchmarks/image_throughput.py --short      # 24 records, 1 rep: CI runs it for correctness
+    python benchmarks/image_throughput.py --short      # 12 records, 1 rep: CI runs it for correctness
 
 - batchinf: the records as its plan orders them (by work: steps x latent pixels, so records of one
   shape sit together), run through the task's own `run` (batches of one latent shape of up to
@@ -69,11 +69,11 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=96)
     ap.add_argument("--batch", type=int, default=8, help="images per batch (batchinf and the naive batcher)")
     ap.add_argument("--reps", type=int, default=3, help="timed repetitions per side, alternating")
-    ap.add_argument("--short", action="store_true", help="24 records, 1 rep (CI: correctness, not timing)")
+    ap.add_argument("--short", action="store_true", help="12 records, 1 rep (CI: correctness, not timing)")
     ap.add_argument("--json", action="store_true", help="accepted for symmetry; the report is always JSON")
     args = ap.parse_args()
     if args.short:
-        args.records, args.reps = 24, 1
+        args.records, args.reps = 12, 1
 
     import torch
 
