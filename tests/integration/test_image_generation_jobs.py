@@ -150,7 +150,7 @@ def test_a_mixed_shard_denoises_one_shape_per_batch(tmp_path: Path, bi_home: Pat
         del rt.denoise
     assert run.table.num_rows == len(records) and not run.failures
     assert sorted({s[:4] for s in shapes}) == [(32, 32, 2, 7.5), (32, 32, 3, 7.5), (32, 64, 2, 1.0), (64, 32, 2, 7.5)]
-    assert all(n <= 2 or n == 2 for *_, n in shapes) and len(shapes) == 6   # 4 same-shape records: 2 batches
+    assert all(n <= 2 for *_, n in shapes) and len(shapes) == 6     # 4 same-shape records: 2 batches
     # work is steps x latent pixels x images, doubled with guidance > 1
     assert work(staged[0], rt.meta) == 2 * 16 * 16 * 2 and work(staged[4], rt.meta) == 2 * 16 * 32
 
