@@ -40,12 +40,13 @@ IMAGE_GEN_STAGE_SCHEMA = pa.schema(STAGE_FIELDS + [
     ("prompt", pa.string()), ("negative_prompt", pa.string()), ("width", pa.int32()), ("height", pa.int32()),
     ("steps", pa.int32()), ("guidance_scale", pa.float64()), ("seed", pa.int64()), ("num_images", pa.int32()),
     ("images_uri", pa.string()),        # the output's images/ prefix the record's PNGs go to
+    ("response_format", pa.string()),   # an OpenAI line's: url | b64_json; null otherwise
 ])
 IMAGE_GEN_SCHEMA = pa.schema(RECORD_FIELDS + [
     ("image_uris", pa.list_(pa.string())), ("image_keys", pa.list_(pa.string())),
     ("image_sha256", pa.list_(pa.string())), ("width", pa.int32()), ("height", pa.int32()),
     ("seed", pa.int64()), ("steps", pa.int32()), ("guidance_scale", pa.float64()), ("num_images", pa.int32()),
-    ("scheduler", pa.string()),
+    ("scheduler", pa.string()), ("response_format", pa.string()),
 ])
 
 
@@ -175,7 +176,8 @@ class GenerateImage(Task):
             if s is None:
                 row.update(error=code, message=f"{where}: {msg}")
                 continue
-            row.update(n_tokens=work(s, runtime.meta), images_uri=images_uri, **s)
+            row.update(n_tokens=work(s, runtime.meta), images_uri=images_uri,
+                       response_format=(r.params or {}).get("response_format"), **s)
         return rows.table()
 
     def result_schema(self, meta: dict[str, Any], options: Any = None) -> pa.Schema:
@@ -231,11 +233,12 @@ class GenerateImage(Task):
                 except Exception as exc:  # noqa: BLE001 -- an image that cannot be stored fails its record
                     failures[i] = f"image upload failed: {type(exc).__name__}: {exc}"
         ok = [i for i in valid if i in written]
+        fmt = c.get("response_format") or [None] * len(c["record_id"])
         table = pa.table({
             **record_columns(c, ok), "image_uris": [written[i][0] for i in ok],
             "image_keys": [written[i][1] for i in ok], "image_sha256": [written[i][2] for i in ok],
             **{k: [c[k][i] for i in ok] for k in ("width", "height", "seed", "steps", "guidance_scale", "num_images")},
-            "scheduler": [scheduler] * len(ok),
+            "scheduler": [scheduler] * len(ok), "response_format": [fmt[i] for i in ok],
         }, schema=IMAGE_GEN_SCHEMA)
         real = sum(c["n_tokens"][i] for i in ok)
         return RunOutput(table, failures, {"input": real, "output": sum(c["num_images"][i] for i in ok),

@@ -74,7 +74,7 @@ def _run(inp: str, out: Path, **extra: object) -> str:
 
 
 def _rows(out: Path) -> dict[str, dict]:
-    return {r["record_id"]: r for r in pq.read_table(out, ignore_prefixes=["_", "errors", "images"]).to_pylist()}
+    return {r["record_id"]: r for r in pq.read_table(out, ignore_prefixes=["_", "errors", "images", "openai"]).to_pylist()}
 
 
 def test_generate_image_job(tmp_path: Path, bi_home: Path, pipeline: Path) -> None:
@@ -200,3 +200,39 @@ def test_cancel_stops_a_batch_mid_denoise(tmp_path: Path, bi_home: Path, pipelin
     assert not (out / SUCCESS).exists() and not (out / MANIFEST).exists()
     partial = json.loads((out / PARTIAL).read_text())
     assert partial["status"] == "cancelled" and partial["counts"]["records_done"] == 0
+
+
+def test_openai_image_lines(tmp_path: Path, bi_home: Path, pipeline: Path) -> None:
+    """/v1/images/generations lines (prompt, n, size, response_format) run as the same records;
+    the openai/ output has OpenAI's images body: URLs of the PNGs, or the PNGs as base64."""
+    import base64
+
+    import_bundle(pipeline, "sd", alias="prod")
+    url = "/v1/images/generations"
+    lines = [{"custom_id": "u", "method": "POST", "url": url, "body": {"prompt": "a red cat", "size": "32x32"}},
+             {"custom_id": "b", "method": "POST", "url": url,
+              "body": {"prompt": "blue sky", "n": 2, "size": "64x32", "response_format": "b64_json", "model": "sd"}},
+             {"custom_id": "q", "method": "POST", "url": url, "body": {"prompt": "x", "quality": "hd"}},
+             {"custom_id": "s", "method": "POST", "url": url, "body": {"prompt": "x", "size": "big"}},
+             {"custom_id": "w", "method": "POST", "url": url, "body": {"prompt": "x", "size": "30x32"}},
+             {"custom_id": "c", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x"}}]
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "batch.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "out"
+    m = _manifest(str(tmp_path / "in") + "/", out)
+    m["input"]["format"] = "openai-batch"
+    job_id, _ = submit(parse_manifest(m), OPERATOR)
+    assert drive(job_id, workers=1, threads=1) == JobStatus.SUCCEEDED
+    got = {}
+    for f in sorted((out / "openai").iterdir()):
+        for line in f.read_text().splitlines():
+            got[json.loads(line)["custom_id"]] = json.loads(line)
+    assert {k: v["error"]["code"] for k, v in got.items() if v["error"]} == {
+        "q": "unsupported_parameter", "s": "invalid_parameter", "w": "invalid_size", "c": "endpoint_mismatch"}
+    rows = _rows(out)
+    body = got["u"]["response"]["body"]
+    assert body["data"] == [{"url": rows["u"]["image_uris"][0]}] and rows["u"]["width"] == 32
+    b64 = got["b"]["response"]["body"]["data"]
+    assert len(b64) == 2 and rows["b"]["num_images"] == 2 and (rows["b"]["width"], rows["b"]["height"]) == (64, 32)
+    assert [base64.b64decode(d["b64_json"]) for d in b64] == [(out / k).read_bytes() for k in rows["b"]["image_keys"]]
+    assert verify_output(str(out))["ok"]        # the openai/ files are what the parts render to
