@@ -64,8 +64,11 @@ class DiffusionRuntime:
         from diffusers import StableDiffusionPipeline
         from diffusers.utils import logging as dlog
 
-        dlog.set_verbosity_error()
-        dlog.disable_progress_bar()
+        from transformers.utils import logging as tlog
+
+        for log in (dlog, tlog):
+            log.set_verbosity_error()
+            log.disable_progress_bar()
         try:
             pipe = StableDiffusionPipeline.from_pretrained(
                 self.root, dtype=getattr(torch, self.dtype_name), use_safetensors=True, local_files_only=True,
