@@ -30,8 +30,13 @@ LIMITS: dict[str, tuple[str, int, str]] = {
     "input_objects": ("BATCHINF_MAX_INPUT_OBJECTS", 100_000, "input objects a job pins (a prefix listed or an "
                       "input manifest's entries)"),
     "input_bytes": ("BATCHINF_MAX_INPUT_BYTES", 1 << 40, "bytes of the input objects a job pins, all together"),
+    "image_pixels": ("BATCHINF_LIMIT_IMAGE_PIXELS", 4 << 20, "options.max_pixels: width x height of an image "
+                     "(generate_image)"),
+    "image_steps": ("BATCHINF_LIMIT_IMAGE_STEPS", 200, "options.max_steps and options.steps (generate_image)"),
+    "images_per_record": ("BATCHINF_LIMIT_IMAGES_PER_RECORD", 16, "options.max_images and options.num_images "
+                          "(generate_image)"),
     "kv_cache_bytes": ("BATCHINF_MAX_KV_CACHE_BYTES", 8 << 30, "the KV cache a generate job's options imply; "
-                       "also each worker's budget per generate call"),
+                       "also each worker's budget per generate call, and per batch of generate_image (latents and activations)"),
 }
 
 

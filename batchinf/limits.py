@@ -24,6 +24,7 @@ from batchinf.ledger import grants
 from batchinf.ledger import shards as shard_repo
 from batchinf.ledger.models import Job
 from batchinf.manifest import GenerateOptions, JobManifest
+from batchinf.tasks.generate_image import GenerateImageOptions
 from batchinf.store import get_store, join
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -116,6 +117,17 @@ def check_manifest(m: JobManifest, digest: str, tenant: str) -> None:
     _at_most("shards.max_tokens", m.shards.max_tokens, "shard_max_tokens", b, tenant)
     if hasattr(m.options, "max_batch_tokens"):    # image tasks batch by images instead
         _at_most("options.max_batch_tokens", m.options.max_batch_tokens, "max_batch_tokens", b, tenant)
+    if isinstance(m.options, GenerateImageOptions):
+        o = m.options
+        _at_most("options.max_pixels", o.max_pixels, "image_pixels", b, tenant)
+        if o.width is not None and o.height is not None:
+            _at_most(f"options.width x options.height ({o.width}x{o.height})", o.width * o.height, "image_pixels", b,
+                     tenant)
+        _at_most("options.max_steps", o.max_steps, "image_steps", b, tenant)
+        if o.steps is not None:
+            _at_most("options.steps", o.steps, "image_steps", b, tenant)
+        _at_most("options.max_images", o.max_images, "images_per_record", b, tenant)
+        _at_most("options.num_images", o.num_images, "images_per_record", b, tenant)
     if isinstance(m.options, GenerateOptions):
         _at_most("options.max_slots", m.options.max_slots, "max_slots", b, tenant)
         _at_most("options.max_tokens", m.options.max_tokens, "max_tokens", b, tenant)

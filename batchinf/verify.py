@@ -7,12 +7,13 @@ once across result and error parts, and no record id succeeds twice.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
 import time
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterator
 
@@ -154,6 +155,7 @@ class Published:
     """What the output documents need from the parts, read once each."""
     parts: list[dict[str, Any]]          # the promoted parts, then their OpenAI renderings
     summary: dict[str, Any]              # the task's counts (`Task.summarize`) when asked for
+    files: list[dict[str, Any]] = field(default_factory=list)   # the task's other files (`Task.output_files`)
 
 
 def _promote_parts(job: Job, rows: list[Shard], coverage: Coverage | None, summarize: bool,
@@ -191,7 +193,8 @@ def _promote_parts(job: Job, rows: list[Shard], coverage: Coverage | None, summa
             store.copy(src, join(out, p["key"]))
         for r, local in rendered:
             store.put_file(join(out, r["key"]), local)
-    return Published(parts + [r for r, _ in rendered], task.summarize(tables) if wanted else {})
+    return Published(parts + [r for r, _ in rendered], task.summarize(tables) if wanted else {},
+                     task.output_files(tables) if wanted else [])
 
 
 def _openai_context(job: Job) -> RenderContext | None:
@@ -312,6 +315,8 @@ def _output_manifest(job: Job, rows: list[Shard], inputs: list[dict[str, Any]], 
         "created_at": datetime.now(timezone.utc).isoformat(),
         **_lineage(job),
     }
+    if published.files:
+        output_manifest["files"] = published.files
     if ctx is not None:
         output_manifest["openai"] = ctx.to_dict()
     return output_manifest
@@ -375,7 +380,14 @@ def verify_output(output_uri: str) -> dict[str, Any]:
                     _verify_rendered(output_uri, rendered[p["key"]], got.path, p["kind"],
                                      RenderContext(**output_manifest["openai"]), tmp)
         coverage.check()
-    return {"ok": True, "output_uri": output_uri, "parts": len(output_manifest["parts"]), "counts": c}
+    for f in output_manifest.get("files", []):
+        with _readable(join(output_uri, f["key"])):
+            got = hashlib.sha256(store.get_bytes(join(output_uri, f["key"]))).hexdigest()
+        if got != f["sha256"]:
+            raise VerificationError(f"{f['key']} ({f['kind']} of record {f.get('record_id')!r}): sha256 {got[:12]}…, "
+                                    f"manifest says {f['sha256'][:12]}…")
+    return {"ok": True, "output_uri": output_uri, "parts": len(output_manifest["parts"]), "counts": c,
+            **({"files": len(output_manifest["files"])} if output_manifest.get("files") else {})}
 
 
 def _no_unlisted_parts(output_uri: str, output_manifest: dict[str, Any]) -> None:

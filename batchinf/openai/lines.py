@@ -27,7 +27,11 @@ from batchinf.formats.jsonl import parse_problem, json_objects
 from batchinf.formats.record import InputRecord, check_messages, record_id_of, unicode_problem
 
 CHAT, COMPLETIONS, EMBEDDINGS, RERANK = "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank"
-ENDPOINT_TASK = {CHAT: "generate", COMPLETIONS: "generate", EMBEDDINGS: "embed", RERANK: "score"}
+IMAGES = "/v1/images/generations"
+ENDPOINT_TASK = {CHAT: "generate", COMPLETIONS: "generate", EMBEDDINGS: "embed", RERANK: "score",
+                 IMAGES: "generate_image"}
+IMAGE_FORMATS = ("url", "b64_json")
+MAX_IMAGES_PER_LINE = 1 << 10   # body.n; the job's options.max_images bounds it further at staging
 
 # Body keys that do not change the answer: accepted and ignored.
 IGNORED = {"model", "user", "metadata", "store", "service_tier", "stream_options", "parallel_tool_calls",
@@ -94,7 +98,8 @@ def parse_line(obj: dict[str, Any], ordinal: int, where: str, task: str) -> Inpu
                                                           "batch lines are POST requests")
     if url not in ENDPOINT_TASK:
         return _error(ordinal, rid, "unsupported_endpoint",
-                      f"{here}: url {url!r} is not supported; use {CHAT}, {COMPLETIONS}, {EMBEDDINGS} or {RERANK}")
+                      f"{here}: url {url!r} is not supported; use {CHAT}, {COMPLETIONS}, {EMBEDDINGS}, {RERANK} "
+                      f"or {IMAGES}")
     if ENDPOINT_TASK[url] != task:
         return _error(ordinal, rid, "endpoint_mismatch",
                       f"{here}: url {url} needs a job with task: {ENDPOINT_TASK[url]}, this job's task is "
@@ -104,6 +109,8 @@ def parse_line(obj: dict[str, Any], ordinal: int, where: str, task: str) -> Inpu
                                                     f"{type(body).__name__ if body is not None else 'null'}")
     if url == RERANK:
         return _rerank(body, ordinal, rid, here)
+    if url == IMAGES:
+        return _images(body, ordinal, rid, here)
     known = IGNORED | set(_NOT_SUPPORTED) | {_CONTENT[url]} | (_SAMPLING if url != EMBEDDINGS else _EMBEDDING)
     for key, value in body.items():
         if key not in known:
@@ -246,6 +253,36 @@ def _rerank(body: dict[str, Any], ordinal: int, rid: str, here: str) -> InputRec
         params["top_n"] = body["top_n"]
     return InputRecord(ordinal, rid, None, params=params, endpoint=RERANK,
                        fields={"query": query, "documents": docs})
+
+
+def _images(body: dict[str, Any], ordinal: int, rid: str, here: str) -> InputRecord:
+    """A /v1/images/generations body -> a record of task generate_image: fields `prompt`,
+    `num_images` (body.n) and `width` / `height` (body.size "WxH"; "auto" or none: the job's or the
+    bundle's), and `response_format` (url, the default, or b64_json) as a per-line param."""
+    for key in body:
+        if key not in IGNORED | {"prompt", "n", "size", "response_format"}:
+            return _error(ordinal, rid, "unsupported_parameter", f"{here}: body.{key} is not supported for "
+                                                                 f"{IMAGES}; remove it")
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip() or unicode_problem(prompt):
+        return _error(ordinal, rid, "invalid_prompt", f"{here}: body.prompt must be a non-empty string")
+    fields: dict[str, Any] = {"prompt": prompt}
+    if body.get("n") is not None:
+        if (err := integer_problem(body["n"], "body.n", 1, MAX_IMAGES_PER_LINE)):
+            return _error(ordinal, rid, "invalid_parameter", f"{here}: {err}")
+        fields["num_images"] = body["n"]
+    size = body.get("size")
+    if size not in (None, "auto"):
+        parts = size.split("x") if isinstance(size, str) else []
+        if len(parts) != 2 or not all(p.isdigit() and 0 < len(p) <= 6 for p in parts):
+            return _error(ordinal, rid, "invalid_parameter", f"{here}: body.size {size!r:.40} must be \"WIDTHxHEIGHT\" "
+                                                             "(e.g. \"512x512\") or \"auto\"")
+        fields["width"], fields["height"] = int(parts[0]), int(parts[1])
+    fmt = body.get("response_format")
+    if fmt not in (None, *IMAGE_FORMATS):
+        return _error(ordinal, rid, "invalid_parameter", f"{here}: body.response_format must be \"url\" or "
+                                                         f"\"b64_json\", got {fmt!r:.40}")
+    return InputRecord(ordinal, rid, None, params={"response_format": fmt or "url"}, endpoint=IMAGES, fields=fields)
 
 
 def _structured(body: dict[str, Any], p: dict[str, Any]) -> str | None:

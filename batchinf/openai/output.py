@@ -74,6 +74,9 @@ def _hash(ctx: RenderContext, custom_id: str | None, source: str, ordinal: int) 
 def result_line(row: dict[str, Any], ctx: RenderContext) -> dict[str, Any]:
     """A succeeded line: status 200 and the body OpenAI returns for the job's task and the row's kind."""
     h = _hash(ctx, row["record_id"], row["source"], row["ordinal"])
+    if "image_uris" in row:         # /v1/images/generations
+        return {"id": f"batch_req_{h[:32]}", "custom_id": row["record_id"], "response": {
+            "status_code": 200, "request_id": f"req_{h[32:64]}", "body": image_body(row, ctx)}, "error": None}
     usage = {"prompt_tokens": row["input_tokens"]}
     if row.get("ranks") is not None:     # /v1/rerank: documents best first, the top ones if the line gave top_n
         order = row["top"] if row["top"] is not None else sorted(range(len(row["ranks"])), key=row["ranks"].__getitem__)
@@ -103,6 +106,16 @@ def result_line(row: dict[str, Any], ctx: RenderContext) -> dict[str, Any]:
             body["system_fingerprint"] = ctx.system_fingerprint
     return {"id": f"batch_req_{h[:32]}", "custom_id": row["record_id"],
             "response": {"status_code": 200, "request_id": f"req_{h[32:64]}", "body": body}, "error": None}
+
+
+def image_body(row: dict[str, Any], ctx: RenderContext) -> dict[str, Any]:
+    """An images response: `created` and one `data` item per image, its URI (response_format url;
+    the output's images/ object) or its PNG as base64 (b64_json, read back from that object)."""
+    if row.get("response_format") == "b64_json":
+        data = [{"b64_json": base64.b64encode(get_store(u).get_bytes(u)).decode("ascii")} for u in row["image_uris"]]
+    else:
+        data = [{"url": u} for u in row["image_uris"]]
+    return {"created": ctx.created, "data": data}
 
 
 def _encoded(vector: list[float], encoding_format: str | None) -> list[float] | str:

@@ -16,18 +16,21 @@ from batchinf.tasks.classify import Classify, ClassifyOptions
 from batchinf.tasks.classify_image import ClassifyImage, ClassifyImageOptions
 from batchinf.tasks.embed import Embed, EmbedOptions
 from batchinf.tasks.generate import Generate, GenerateOptions
+from batchinf.tasks.generate_image import GenerateImage, GenerateImageOptions
 from batchinf.tasks.score import Score, ScoreOptions
 
 __all__ = ["TASKS", "ClassifyImageOptions", "ClassifyOptions", "EmbedOptions",
-           "GenerateOptions", "RunOutput", "ScoreOptions", "Task",
+           "GenerateImageOptions", "GenerateOptions", "RunOutput", "ScoreOptions", "Task",
            "build_meta", "get_task"]
 
-TASKS: dict[str, Task] = {t.name: t for t in (Embed(), Generate(), Score(), Classify(), ClassifyImage())}
+TASKS: dict[str, Task] = {t.name: t for t in (Embed(), Generate(), Score(), Classify(), ClassifyImage(),
+                                            GenerateImage())}
 # bundle import asks the tasks in this order (more specific model heads first)
 DETECTION_ORDER = ("generate", "classify_image", "score", "classify", "embed")
 SUPPORTED = ("; ".join(f"{', '.join(f.model_types)} ({', '.join(f.tasks)})" for f in FAMILIES)
              + "; Bert/XLMRobertaForSequenceClassification (score: cross-encoders; classify)"
-             + "; ViTForImageClassification (classify_image)")
+             + "; ViTForImageClassification (classify_image)"
+             + "; diffusers StableDiffusionPipeline directories, model_index.json (generate_image)")
 
 
 def get_task(name: str) -> Task:
@@ -59,6 +62,8 @@ def build_meta(src: Path, *, max_length: int | None = None, dtype: str = "float3
     from batchinf.runtime.bundle import bundle_files
 
     files = bundle_files(src)
+    if "model_index.json" in files and "config.json" not in files:     # a diffusers pipeline directory
+        return TASKS["generate_image"].build_meta(src, files, max_length=max_length, dtype=dtype)
     if "config.json" not in files:
         raise BundleError(f"{src}: a bundle needs config.json (and tokenizer.json, or preprocessor_config.json "
                           "for an image model)")

@@ -1,4 +1,5 @@
-"""The task strategy: what every task (embed, generate, score, classify, classify_image) does, so
+"""The task strategy: what every task (embed, generate, score, classify, classify_image,
+generate_image) does, so
 plan, execute, verify and the bundle registry never branch on a task's name.
 
 A task
@@ -105,6 +106,12 @@ class Task:
     def summarize(self, tables: Iterable[pa.Table]) -> dict[str, Any]:
         """Extra `_MANIFEST.json` counts from the result parts' `summary_columns`."""
         return {}
+
+    def output_files(self, tables: Iterable[pa.Table]) -> list[dict[str, Any]]:
+        """Files besides the parts the task wrote under the output (generate_image's images), for
+        `_MANIFEST.json`'s `files`: key (relative to the output), kind, sha256; read from the same
+        `summary_columns`."""
+        return []
 
     # --- bundles ----------------------------------------------------------------------------
     def detects(self, config: dict[str, Any], src: Path) -> bool:

@@ -174,3 +174,15 @@ def test_engine_vllm_short_mode(smollm2_gguf: Path) -> None:
     report = json.loads(r.stdout.strip().splitlines()[-1])
     assert report["prompts"] == 8 and report["same_token_ids"][1] == 8
     assert report["native"]["output_tokens"] > 0 and report["vllm"]["output_tokens"] > 0
+
+
+def test_image_throughput_short_mode(tmp_path: Path) -> None:
+    """The three sides (batchinf's generate_image run, record by record, a naive equal-size
+    batcher) make the same images of mixed sizes on the tiny pipeline, each timed once."""
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "image_throughput.py"), "--short", "--json"],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    report = json.loads(r.stdout)
+    assert report["records"] == 12 and report["shapes"] > 1
+    assert max(report["max_uint8_diff_vs_batchinf"].values()) <= 1
+    assert all(report[s]["images_per_s"] > 0 for s in ("batchinf", "record_by_record", "naive_batcher"))

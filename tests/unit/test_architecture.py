@@ -182,6 +182,7 @@ STORE_USERS = {
     "batchinf.bundles": "the operator's bundle store",
     "batchinf.limits": "the operator's bundle store",
     "batchinf.tasks.classify_image": "image URIs, each passed to the job's Storage check first",
+    "batchinf.tasks.generate_image": "the job's output (its images/), granted to the job at submit",
     "batchinf.store": "the stores",
 }
 
