@@ -26,6 +26,7 @@ from batchinf.planning.shard_names import shard_id
 from batchinf.retry_policy import retrying
 from batchinf.store import get_store, join
 from batchinf.tasks import get_task
+from batchinf.tasks.base import Stopped
 
 WATCH_POLL_SECONDS = 0.25   # a split or a cancel waits at most this long (one indexed read per poll)
 
@@ -200,7 +201,12 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
             # a streaming task reports progress per staged batch; a whole-shard one (generate)
             # per finished record, through the callback it calls as each one finishes, and
             # stops starting records once a split is wanted (those left come back `deferred`)
-            run = task.run(c, runtime, m.options, check if task.streams else finished, watch if chunk else _StopOnly(watch))
+            try:
+                run = task.run(c, runtime, m.options, check if task.streams else finished,
+                               watch if chunk else _StopOnly(watch))
+            except Stopped:             # cancelled inside this batch: it is not done, those before are
+                rest = np.arange(done, shard.num_records)
+                break
             errors = _staged_errors(c, lease.attempt) + _inference_errors(c, run.failures, lease.attempt)
             results.write(run.table)
             failures.write(pa.Table.from_pylist(errors, schema=ERROR_SCHEMA))

@@ -28,7 +28,8 @@ import pyarrow as pa
 from pydantic import Field
 
 from batchinf.manifest_rules import INT64_MAX, LIMITED, STRING, Section, choice, integer, nullable, number, positive
-from batchinf.tasks.base import RECORD_FIELDS, STAGE_FIELDS, RunOutput, StagedRows, Task, ok_rows, record_columns, usable_records
+from batchinf.tasks.base import (RECORD_FIELDS, STAGE_FIELDS, RunOutput, StagedRows, Stopped, Task, ok_rows,
+                                 record_columns, usable_records)
 from batchinf.tasks.batching import hit_record_failpoints, isolate
 from batchinf.tasks.embed import DEVICES
 
@@ -206,7 +207,8 @@ class GenerateImage(Task):
                 reqs = [ImageRequest(c["prompt"][i], c["negative_prompt"][i], c["seed"][i], c["num_images"][i])
                         for i in batch]
                 images = runtime.denoise(reqs, width=w, height=h, steps=steps, guidance=g,
-                                         on_step=lambda step: _step(runtime, sum(r.num_images for r in reqs), check))
+                                         on_step=lambda step: _step(runtime, sum(r.num_images for r in reqs), check,
+                                                                    split))
                 at = 0
                 for i in batch:
                     k = c["num_images"][i]
@@ -276,15 +278,18 @@ class GenerateImage(Task):
         verify_diffusion_fixtures(runtime)
 
 
-def _step(runtime: Any, images: int, check: Callable[[], None]) -> None:
-    """After each denoising step: progress, then stop here if the attempt lost its lease (a
-    cancelled job, an expired lease) -- a batch stops at its next step, not at its end."""
+def _step(runtime: Any, images: int, check: Callable[[], None], split: Any = None) -> None:
+    """After each denoising step: progress, then stop here if the job was cancelled (`Stopped`:
+    the attempt keeps the batches before this one) or the attempt lost its lease -- a batch stops
+    at its next step, not at its end."""
     from batchinf import failpoints
 
     runtime.step_done(images)
     if failpoints.active():
         failpoints.hit("execute.image_step")
     check()
+    if split is not None and getattr(split, "stop", None) is not None and split.stop():
+        raise Stopped("the job was cancelled")
 
 
 def _write_images(c: dict[str, list[Any]], i: int, images: Any, digest: str, scheduler: str

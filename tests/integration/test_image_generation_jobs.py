@@ -199,7 +199,9 @@ def test_cancel_stops_a_batch_mid_denoise(tmp_path: Path, bi_home: Path, pipelin
     assert time.monotonic() - t0 < 8, "a cancelled batch stops at its next step, not after its 40"
     assert not (out / SUCCESS).exists() and not (out / MANIFEST).exists()
     partial = json.loads((out / PARTIAL).read_text())
-    assert partial["status"] == "cancelled" and partial["counts"]["records_done"] == 0
+    # what finished before the cancel is kept (committed), the batch it stopped is not
+    c = partial["counts"]
+    assert partial["status"] == "cancelled" and c["records_done"] < 4 and c["records_done"] + c["records_not_done"] == 4
 
 
 def test_openai_image_lines(tmp_path: Path, bi_home: Path, pipeline: Path) -> None:
