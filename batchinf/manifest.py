@@ -31,7 +31,7 @@ __all__ = ["DEVICES", "FORMATS", "TASKS", "EmbedOptions", "GenerateOptions", "In
            "schema_text"]
 
 TASKS = tuple(TASK_REGISTRY)
-FORMATS = ("jsonl", "parquet", "openai-batch")
+FORMATS = ("jsonl", "parquet", "openai-batch", "audio")
 MAX_TARGET_WORKERS = 10_000
 NOT_A_MAPPING = "a job manifest must be a mapping with name, task, bundle, input and output"
 
@@ -48,7 +48,8 @@ class InputSpec(Section):
         None, description="instead of uri: a JSONL list of objects, {uri} or {bucket, key}, optional version_id")
     format: Annotated[str, choice(FORMATS)] = Field(
         "jsonl", description="openai-batch: lines {custom_id, method, url, body} for /v1/chat/completions, "
-                             "/v1/completions or /v1/embeddings; their custom_id and body say everything")
+                             "/v1/completions or /v1/embeddings; their custom_id and body say everything; "
+                             "audio: each object is an audio file (task transcribe), its key under the prefix its id")
     id_field: Annotated[str, STRING] = Field("id", description="the field holding each record's id")
     text_field: Annotated[str, STRING] = Field("text", description="embed: the field holding the text")
     prompt_field: Annotated[str | None, nullable(STRING)] = Field(

@@ -17,17 +17,20 @@ from batchinf.tasks.classify_image import ClassifyImage, ClassifyImageOptions
 from batchinf.tasks.embed import Embed, EmbedOptions
 from batchinf.tasks.generate import Generate, GenerateOptions
 from batchinf.tasks.score import Score, ScoreOptions
+from batchinf.tasks.transcribe import Transcribe, TranscribeOptions
 
 __all__ = ["TASKS", "ClassifyImageOptions", "ClassifyOptions", "EmbedOptions",
-           "GenerateOptions", "RunOutput", "ScoreOptions", "Task",
-           "build_meta", "get_task"]
+           "GenerateOptions", "RunOutput", "ScoreOptions", "Task", "TranscribeOptions",
+           "build_meta", "get_task", "prepared"]
 
-TASKS: dict[str, Task] = {t.name: t for t in (Embed(), Generate(), Score(), Classify(), ClassifyImage())}
+TASKS: dict[str, Task] = {t.name: t for t in (Embed(), Generate(), Score(), Classify(), ClassifyImage(),
+                                           Transcribe())}
 # bundle import asks the tasks in this order (more specific model heads first)
-DETECTION_ORDER = ("generate", "classify_image", "score", "classify", "embed")
+DETECTION_ORDER = ("transcribe", "generate", "classify_image", "score", "classify", "embed")
 SUPPORTED = ("; ".join(f"{', '.join(f.model_types)} ({', '.join(f.tasks)})" for f in FAMILIES)
              + "; Bert/XLMRobertaForSequenceClassification (score: cross-encoders; classify)"
-             + "; ViTForImageClassification (classify_image)")
+             + "; ViTForImageClassification (classify_image)"
+             + "; Whisper in CTranslate2 format (transcribe)")
 
 
 def get_task(name: str) -> Task:
@@ -56,15 +59,26 @@ def detect(config: dict[str, Any], src: Path) -> Task:
 def build_meta(src: Path, *, max_length: int | None = None, dtype: str = "float32") -> dict[str, Any]:
     """bundle.json for a model directory: its task detected from config.json, then that task's
     settings, file digests and fixtures computed with our own runtime on CPU in float32."""
-    from batchinf.runtime.bundle import bundle_files
+    from batchinf.runtime.bundle import bundle_files, require_weights
 
-    files = bundle_files(src)
+    files = bundle_files(src, weights=None)
     if "config.json" not in files:
         raise BundleError(f"{src}: a bundle needs config.json (and tokenizer.json, or preprocessor_config.json "
                           "for an image model)")
     config = json.loads((src / "config.json").read_text())
     task = detect(config, src)
+    require_weights(src, files, task.weights)
     missing = [f for f in task.needs if f not in files]
     if missing:
         raise BundleError(f"{src}: a bundle needs {' and '.join(task.needs)}; {', '.join(missing)} is missing")
     return task.build_meta(src, files, max_length=max_length, dtype=dtype)
+
+
+def prepared(src: Path, tmp: Path) -> Path:
+    """The directory bundle import reads: `src`, or what a task made of a model directory in
+    another engine's layout (a CTranslate2 Whisper directory: model.bin renamed model.ct2)."""
+    for task in TASKS.values():
+        made = task.prepare(src, tmp)
+        if made is not None:
+            return made
+    return src

@@ -42,11 +42,13 @@ FIELD_TASKS = {"text_field": "embed / classify", "prompt_field": "generate", "me
 class RunOutput:
     """What running one staged batch gives: result rows (a table of the task's result schema),
     failures by staged position (exception text), token counts, and the positions it left
-    undone because its shard is being split (`deferred`, ascending; a whole-shard task only)."""
+    undone because its shard is being split (`deferred`, ascending; a whole-shard task only), and
+    the error code of failures that are not `inference_error` (`codes`: the record's own fault)."""
     table: pa.Table
     failures: dict[int, str] = field(default_factory=dict)
     tokens: dict[str, int] = field(default_factory=lambda: {"input": 0, "output": 0, "real": 0, "padded": 0})
     deferred: list[int] = field(default_factory=list)
+    codes: dict[int, str] = field(default_factory=dict)     # error codes of failures other than inference_error
 
 
 class Task:
@@ -59,10 +61,13 @@ class Task:
     streams: ClassVar[bool] = True              # execute runs row group by row group (else whole shard)
     summary_columns: ClassVar[tuple[str, ...]] = ()
     needs: ClassVar[tuple[str, ...]] = ("config.json", "tokenizer.json")   # files a bundle must have
+    weights: ClassVar[str] = ".safetensors"     # how the bundle's weight files end
 
     # --- manifest ---------------------------------------------------------------------------
     def input_problem(self, inp: Any) -> str | None:
         """What is wrong with the manifest's input section for this task, or None."""
+        if inp.format == "audio":
+            return f"input.format audio (audio files) is for task: transcribe; a job of task {self.name} reads records"
         for name in INPUT_FIELDS:
             if name not in self.fields and getattr(inp, name, None) not in (None, INPUT_DEFAULTS.get(name)):
                 return (f"input.{name} is for task: {FIELD_TASKS[name]}; a job of task {self.name} reads "
@@ -108,6 +113,11 @@ class Task:
     def detects(self, config: dict[str, Any], src: Path) -> bool:
         """Whether a model directory with this config.json is a model of this task."""
         return False
+
+    def prepare(self, src: Path, tmp: Path) -> Path | None:
+        """A model directory in another engine's layout, made a bundle directory under `tmp`
+        (renamed or converted files); None when `src` is not one of this task's."""
+        return None
 
     def build_meta(self, src: Path, files: list[str], *, max_length: int | None, dtype: str) -> dict[str, Any]:
         raise NotImplementedError

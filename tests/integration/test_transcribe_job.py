@@ -1,0 +1,156 @@
+"""Task transcribe end to end on the embedded default with the real Whisper tiny.en (CTranslate2,
+int8): bundle import pins the directory (model.bin renamed model.ct2, fixture clip and its tokens
+checked at load); audio objects of every container in, one transcript row per file; WER on
+espeak-ng clips of known text against faster-whisper (the reference) run on the same files; bad
+audio as error rows naming the file beside good ones."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from batchinf.bundles import import_bundle, local_dir
+from batchinf.controller import drive
+from batchinf.errors import BundleError
+from batchinf.ledger.states import JobStatus
+from batchinf.manifest import parse_manifest
+from batchinf.scopes import Caller
+from batchinf.submit import submit
+from tests.helpers.real_models import whisper_tiny_en_dir
+from tests.helpers.speech import (SENTENCES, clips, encode, resampled, synth, wav_bytes, wav_samples, wer)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def _run(tmp_path: Path, files: dict[str, bytes], name: str, **options: object) -> tuple[list[dict], list[dict], dict]:
+    inp = tmp_path / f"in-{name}"
+    inp.mkdir()
+    for key, data in files.items():
+        (inp / key).parent.mkdir(parents=True, exist_ok=True)
+        (inp / key).write_bytes(data)
+    out = tmp_path / f"out-{name}"
+    m = {"name": name, "task": "transcribe", "bundle": "tiny-en@prod", "output": {"uri": str(out)},
+         "input": {"uri": str(inp) + "/", "format": "audio"}, "shards": {"max_records": 8}, "options": options}
+    job_id, _ = submit(parse_manifest(m), Caller("default", operator=True))
+    assert drive(job_id, workers=1, threads=1) == JobStatus.SUCCEEDED
+    res = pq.read_table(out, ignore_prefixes=["_", "errors"]).to_pylist()
+    errs = pq.read_table(out / "errors").to_pylist() if (out / "errors").exists() else []
+    return res, errs, json.loads((out / "_MANIFEST.json").read_text())
+
+
+@pytest.fixture
+def tiny_en(bi_home: Path) -> str:
+    return import_bundle(whisper_tiny_en_dir(), "tiny-en", alias="prod").digest
+
+
+def test_bundle_import_pins_the_ctranslate2_directory(tiny_en: str, tmp_path: Path) -> None:
+    root = local_dir(tiny_en)
+    meta = json.loads((root / "bundle.json").read_text())
+    assert meta["task"] == "transcribe" and meta["engine"] == "ctranslate2" and meta["dtype"] == "float16"
+    assert meta["features"] == {"sample_rate": 16000, "n_mels": 80, "hop": 160, "n_fft": 400, "chunk_seconds": 30}
+    assert meta["compute_type"]["cpu"] == "int8" and meta["multilingual"] is False
+    assert meta["special_tokens"]["<|startoftranscript|>"] == 50257 and meta["special_tokens"]["<|notimestamps|>"] == 50362
+    assert set(meta["files"]) == {"model.ct2", "config.json", "tokenizer.json", "vocabulary.txt", "fixtures/clip-0.wav"}
+    assert not list(root.rglob("*.bin"))
+    fx = meta["fixtures"][0]
+    assert fx["tokens"][0] >= 50363 and "file" in fx["text"].lower()     # a timestamp, then speech
+    # a bundle whose fixture no longer matches is refused, naming the fixture and the difference
+    bad = tmp_path / "tampered"
+    shutil.copytree(root, bad)
+    meta["fixtures"][0]["tokens"] = fx["tokens"][:3] + [fx["tokens"][3] + 1] + fx["tokens"][4:]
+    from batchinf.tasks.speech_bundle import verify_speech_tokens
+    from batchinf.runtime.speech.runtime import SpeechRuntime
+
+    rt = SpeechRuntime(bad, meta)
+    rt.load_model(threads=1)
+    with pytest.raises(BundleError, match=r"model fixture 0 .*fixtures/clip-0.wav.*first difference at position 3"):
+        verify_speech_tokens(rt)
+    # a model.bin that is not CTranslate2's (a renamed pickle) is refused by its header
+    fake = tmp_path / "fake"
+    shutil.copytree(whisper_tiny_en_dir(), fake, ignore=shutil.ignore_patterns("model.bin"))
+    (fake / "model.bin").write_bytes(b"\x80\x04\x95" + b"\0" * 64)
+    with pytest.raises(BundleError, match="not a CTranslate2 Whisper model"):
+        import_bundle(fake, "fake")
+
+
+def test_wer_on_espeak_clips_matches_faster_whisper(tiny_en: str, tmp_path: Path) -> None:
+    material = clips()
+    assert len(material) >= 20
+    files = {name: wav for name, _, wav in material}
+    res, errs, manifest = _run(tmp_path, files, "wer", max_batch_windows=8)
+    assert errs == [] and len(res) == len(material)
+    got = {r["record_id"]: r for r in res}
+    refs = [text for _, text, _ in material]
+    ours = [got[name]["text"] for name, _, _ in material]
+    score = wer(refs, ours)
+    for r in res:
+        wav, rate = wav_samples(files[r["record_id"]])
+        assert r["duration_seconds"] == pytest.approx(len(wav) / rate, abs=0.01) and r["language"] == "en"
+        assert 2.0 <= r["duration_seconds"] <= 30.0
+        ends = [0.0] + [x for s in r["segments"] for x in (s["start"], s["end"])]
+        assert ends == sorted(ends) and ends[-1] <= r["duration_seconds"] + 0.02
+        assert r["text"] == "".join(s["text"] for s in r["segments"]).strip()
+        assert all(s["no_speech_prob"] < 0.5 and s["avg_logprob"] < 0 for s in r["segments"])
+    assert manifest["precision"].startswith("int8 on CPU") and manifest["implementation"]["name"] == "ctranslate2"
+    assert manifest["counts"]["audio_seconds"] == pytest.approx(sum(r["duration_seconds"] for r in res), abs=0.01)
+    fw = pytest.importorskip("faster_whisper")
+    model = fw.WhisperModel(str(whisper_tiny_en_dir()), device="cpu", compute_type="int8", cpu_threads=1)
+    ref_text = []
+    for name, _, _ in material:
+        segments, _ = model.transcribe(str(tmp_path / "in-wer" / name), beam_size=5, vad_filter=False,
+                                       condition_on_previous_text=False)
+        ref_text.append("".join(s.text for s in segments).strip())
+    reference = wer(refs, ref_text)
+    print(f"WER batchinf {score:.3f}, faster-whisper {reference:.3f}")
+    assert score <= 0.08 and score <= reference + 0.01
+    assert sum(a == b for a, b in zip(ours, ref_text)) >= len(ours) - 2     # the same decoder on the same features
+
+
+def _wav_header(rate: int, data_bytes: int, channels: int = 1) -> bytes:
+    return (b"RIFF" + struct.pack("<I", 36 + data_bytes) + b"WAVEfmt " + struct.pack("<IHHIIHH", 16, 1, channels, rate,
+            rate * 2 * channels, 2 * channels, 16) + b"data" + struct.pack("<I", data_bytes))
+
+
+def test_bad_audio_is_an_error_row_beside_good_files(tiny_en: str, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BATCHINF_MAX_AUDIO_SECONDS", "120")
+    speech, rate = wav_samples(synth(SENTENCES[1], "en-us", 160))
+    good = wav_bytes(speech, rate)
+    stereo = np.stack([speech, (speech // 2)], axis=1)               # two channels: downmixed
+    rng = np.random.default_rng(0)
+    files = {
+        "good.wav": good,
+        "formats/flac.flac": encode(speech, rate, "flac", "flac"),
+        "formats/opus.ogg": encode(speech, rate, "ogg", "libopus"),
+        "formats/mp3.mp3": encode(speech, rate, "mp3", "libmp3lame"),
+        "formats/aac.m4a": encode(speech, rate, "ipod", "aac"),
+        "stereo-44k.wav": wav_bytes(resampled(stereo[:, 0], rate, 44100).repeat(2).reshape(-1, 2), 44100, channels=2),
+        "odd-rate-11025.wav": wav_bytes(resampled(speech, rate, 11025), 11025),
+        "empty.wav": b"",
+        "notes.wav": b"These are meeting notes, not audio.\n" * 20,
+        "truncated.wav": good[: len(good) // 3],
+        "noise.wav": _wav_header(16000, 32000 * 4) + rng.integers(-20000, 20000, 16000 * 4, dtype=np.int16).tobytes(),
+        "claims-hours.wav": _wav_header(16000, 16000 * 2 * 3 * 3600) + speech[:1600].tobytes(),
+        "too-long.wav": wav_bytes(np.tile(speech, int(130 * rate / len(speech)) + 1), rate),
+    }
+    res, errs, manifest = _run(tmp_path, files, "bad")
+    codes = {e["record_id"]: e["error"] for e in errs}
+    assert codes == {"empty.wav": "empty_audio", "notes.wav": "not_audio", "truncated.wav": "truncated_audio",
+                     "noise.wav": "no_speech_found", "claims-hours.wav": "audio_too_long", "too-long.wav": "audio_too_long"}
+    for e in errs:
+        assert e["record_id"] in e["message"] and "tmp" in e["message"]      # names the file ...
+    msgs = {e["record_id"]: e["message"] for e in errs}
+    assert "BATCHINF_MAX_AUDIO_SECONDS" in msgs["claims-hours.wav"] and "by its header" in msgs["claims-hours.wav"]
+    assert "upload it again" in msgs["truncated.wav"] and "convert it" in msgs["notes.wav"]    # ... and the fix
+    want = [w for w in SENTENCES[1].lower().rstrip(".").split()]
+    texts = {r["record_id"]: r["text"] for r in res}
+    assert set(texts) == set(files) - set(codes)
+    for key, text in texts.items():
+        assert wer([SENTENCES[1]], [text]) <= 0.25, (key, text, want)
+    assert manifest["counts"]["records_failed"] == len(codes)
