@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from batchinf.errors import BundleError
+from batchinf.runtime.speech import need
 
 CT2_VOCAB = ("vocabulary.txt", "vocabulary.json")
 FIXTURE_CLIP = "fixtures/clip-0.wav"
@@ -115,9 +116,9 @@ def build_speech_meta(src: Path, files: list[str], *, task: str, dtype: str) -> 
         raise BundleError(f"{src}: {FIXTURE_CLIP} is missing; import the CTranslate2 directory itself")
     tok = tokenizers.Tokenizer.from_file(str(src / "tokenizer.json"))
     specials = special_tokens(tok)
-    need = ("<|endoftext|>", "<|startoftranscript|>", "<|notimestamps|>", "<|startofprev|>")
-    if any(n not in specials for n in need):
-        raise BundleError(f"{src / 'tokenizer.json'} lacks Whisper's special tokens ({', '.join(need)})")
+    required = ("<|endoftext|>", "<|startoftranscript|>", "<|notimestamps|>", "<|startofprev|>")
+    if any(n not in specials for n in required):
+        raise BundleError(f"{src / 'tokenizer.json'} lacks Whisper's special tokens ({', '.join(required)})")
     config = json.loads((src / "config.json").read_text())
     languages = [tok.id_to_token(i).strip("<|>") for i in config.get("lang_ids") or []]
     pre = json.loads((src / "preprocessor_config.json").read_text()) if "preprocessor_config.json" in files else {}

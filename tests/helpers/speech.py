@@ -97,10 +97,10 @@ def clips() -> list[tuple[str, str, bytes]]:
             for i, s in enumerate(SENTENCES)]
 
 
-def long_clip(k: int, repeat: int = 2) -> tuple[str, bytes]:
-    """(text, wav) of paragraph k spoken `repeat` times (over 2 minutes for repeat 2)."""
+def long_clip(k: int, repeat: int = 3) -> tuple[str, bytes]:
+    """(text, wav) of paragraph k spoken `repeat` times (over 2.5 minutes for repeat 3)."""
     text = " ".join([PARAGRAPHS[k]] * repeat)
-    return text, synth(text, VOICES[k % len(VOICES)], 165)
+    return text, synth(text, VOICES[k % len(VOICES)], 150)
 
 
 def wav_bytes(samples: np.ndarray, rate: int, channels: int = 1) -> bytes:

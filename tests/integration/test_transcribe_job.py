@@ -23,7 +23,7 @@ from batchinf.manifest import parse_manifest
 from batchinf.scopes import Caller
 from batchinf.submit import submit
 from tests.helpers.real_models import whisper_tiny_en_dir
-from tests.helpers.speech import (SENTENCES, clips, encode, resampled, synth, wav_bytes, wav_samples, wer)
+from tests.helpers.speech import SENTENCES, clips, encode, long_clip, resampled, synth, wav_bytes, wav_samples, wer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -154,3 +154,23 @@ def test_bad_audio_is_an_error_row_beside_good_files(tiny_en: str, tmp_path: Pat
     for key, text in texts.items():
         assert wer([SENTENCES[1]], [text]) <= 0.25, (key, text, want)
     assert manifest["counts"]["records_failed"] == len(codes)
+
+
+def test_long_files_are_windowed_at_silence_and_stitched(tiny_en: str, tmp_path: Path) -> None:
+    material = [long_clip(0), long_clip(1)]
+    files = {f"long-{k}.wav": wav for k, (_, wav) in enumerate(material)}
+    res, errs, _ = _run(tmp_path, files, "long", max_batch_windows=4)
+    assert errs == []
+    got = {r["record_id"]: r for r in res}
+    refs, hyps = [t for t, _ in material], [got[f"long-{k}.wav"]["text"] for k in range(2)]
+    score = wer(refs, hyps)
+    print(f"WER on two long files: {score:.3f}")
+    assert score <= 0.08
+    for r in res:
+        assert r["duration_seconds"] >= 120
+        seeks = sorted({s["seek"] for s in r["segments"]})
+        assert len(seeks) >= 5 and seeks[0] == 0                 # segments from every window, in order
+        times = [x for s in r["segments"] for x in (s["start"], s["end"])]
+        assert times == sorted(times) and times[-1] <= r["duration_seconds"] + 0.02
+        assert times[-1] >= r["duration_seconds"] - 5            # transcribed to the end
+        assert [s["id"] for s in r["segments"]] == list(range(len(r["segments"])))
