@@ -1,0 +1,59 @@
+"""The speech engine against transformers: Whisper tiny.en's CTranslate2 weights read into
+WhisperForConditionalGeneration (tests/helpers/whisper_reference.py; fused QKV split back), the
+bundle's engine (WhisperEngine over the pinned files, float32 compute) gives identical greedy
+tokens on the fixture clips, with and without timestamps, and encoder outputs within 2e-4 of the
+reference (absolute or relative; float16 weights)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from batchinf.bundles import import_bundle, local_dir
+from batchinf.runtime.bundle import read_meta
+from batchinf.runtime.speech.audio import decode
+from batchinf.runtime.speech.features import FeatureSpec, batch_features
+from batchinf.runtime.speech.whisper import Decoding, WhisperEngine
+from tests.helpers.real_models import whisper_tiny_en_dir
+from tests.helpers.speech import SENTENCES, synth
+from tests.helpers.whisper_reference import greedy, suppress_ids, whisper_from_ct2
+
+pytestmark = [pytest.mark.parity, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def reference() -> object:
+    return whisper_from_ct2(whisper_tiny_en_dir())
+
+
+def test_engine_matches_transformers_whisper(bi_home: Path, reference: object) -> None:
+    root = local_dir(import_bundle(whisper_tiny_en_dir(), "tiny-en").digest)
+    meta = read_meta(root)
+    engine = WhisperEngine(root, {**meta, "compute_type": {"cpu": "float32"}}, "cpu", threads=2)
+    clips = [decode((root / meta["fixtures"][0]["clip"]).read_bytes(), 16000, 60)[0]]
+    clips += [decode(synth(SENTENCES[i], voice, 170), 16000, 60)[0] for i, voice in ((3, "en-gb"), (10, "en+f3"))]
+    feats = batch_features(clips, FeatureSpec())
+
+    import ctranslate2
+
+    ours = np.array(engine.model.encode(ctranslate2.StorageView.from_array(feats)))
+    with torch.no_grad():
+        want = reference.model.encoder(torch.from_numpy(feats)).last_hidden_state.numpy()   # type: ignore[attr-defined]
+    assert ours.shape == want.shape == (3, 1500, 384)
+    # within 2e-4 of the reference, absolute or relative (the hidden states reach |x| ~ 10; float32
+    # reductions in another order differ by ~1e-5 relative there)
+    np.testing.assert_allclose(ours, want, rtol=2e-4, atol=2e-4)
+    assert np.abs(ours - want).mean() < 1e-5
+
+    sup, sup_begin = suppress_ids(whisper_tiny_en_dir())
+    eot, sot, no_ts = (meta["special_tokens"][k] for k in ("<|endoftext|>", "<|startoftranscript|>", "<|notimestamps|>"))
+    for timestamps in (True, False):
+        results, _ = engine.generate(feats, Decoding(timestamps=timestamps, temperatures=(0.0,), beam_size=1))
+        for i, r in enumerate(results):
+            prompt = [sot] if timestamps else [sot, no_ts]
+            ref = greedy(reference, feats[i], prompt, sup, sup_begin, eot, no_timestamps=no_ts, timestamps=timestamps)
+            assert r.tokens == ref, (i, timestamps, engine.decode_text(r.tokens), engine.decode_text(ref))
+            assert len(r.tokens) > 5
