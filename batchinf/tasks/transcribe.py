@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field, model_validator
 
-from batchinf.errors import InputError
+from batchinf.errors import InputError, ManifestError
 from batchinf.manifest_rules import BOOLEAN, STRING, Section, choice, nullable, number, positive
 from batchinf.tasks.base import (FIELD_TASKS, INPUT_DEFAULTS, INPUT_FIELDS, RECORD_FIELDS, STAGE_FIELDS, RunOutput,
                                  StagedRows, Task, ok_rows, record_columns, usable_records)
@@ -79,6 +79,22 @@ class TranscribeOptions(Section):
         return self
 
 
+def option_problem(meta: dict[str, Any], options: Any) -> str | None:
+    """What the job's options ask that its bundle cannot do, or None."""
+    if meta["multilingual"]:
+        if options.language is not None and options.language not in meta["languages"]:
+            return (f"options.language {options.language!r} is not one of the bundle's languages "
+                    f"({', '.join(meta['languages'][:20])}, ...)")
+        return None
+    if options.task == "translate":
+        return ("options.task translate needs a multilingual Whisper model; this bundle is English-only (.en): "
+                "it transcribes English, use task: transcribe or a multilingual bundle")
+    if options.language not in (None, "en"):
+        return (f"options.language {options.language!r}: this bundle is an English-only (.en) model; "
+                "use a multilingual bundle for other languages")
+    return None
+
+
 def record_id_of(uri: str, input_uri: str | None) -> str:
     """An audio object's record id: its key under the input prefix (the whole key otherwise)."""
     if input_uri and input_uri.endswith("/") and uri.startswith(input_uri):
@@ -112,6 +128,10 @@ class Transcribe(Task):
         return None
 
     def limits(self, runtime: Any, options: Any) -> tuple[int, bool]:
+        """No token limits; the options are checked against the bundle here, once per planning."""
+        problem = option_problem(runtime.meta, options)
+        if problem:
+            raise ManifestError(problem)
         return 0, False
 
     def stage(self, obj: Any, runtime: Any, records: Iterator[Any]) -> pa.Table:
