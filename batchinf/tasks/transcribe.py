@@ -22,10 +22,10 @@ from typing import Annotated, Any, Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from batchinf.errors import InputError, ManifestError
-from batchinf.manifest_rules import BOOLEAN, STRING, Section, choice, nullable, number, positive
+from batchinf.manifest_rules import BOOLEAN, STRING, Rule, Section, choice, nullable, number, positive
 from batchinf.tasks.base import (FIELD_TASKS, INPUT_DEFAULTS, INPUT_FIELDS, RECORD_FIELDS, STAGE_FIELDS, RunOutput,
                                  StagedRows, Task, ok_rows, record_columns, usable_records)
 from batchinf.tasks.batching import hit_record_failpoints, isolate
@@ -50,9 +50,18 @@ TIMESTAMPS = ("segment", "none")
 SPEECH_TASKS = ("transcribe", "translate")
 
 
+def _language_problem(v: Any, where: str) -> str | None:
+    if isinstance(v, str) and 2 <= len(v) <= 8 and v.isascii() and v.isalpha() and v.islower():
+        return None
+    return f"{where} {v!r:.40} is not a language code (en, de, haw, ...)"
+
+
+LANGUAGE = Rule(_language_problem, {"type": "string", "pattern": "^[a-z]{2,8}$"})
+
+
 class TranscribeOptions(Section):
     """Options of task transcribe."""
-    language: Annotated[str | None, nullable(STRING)] = Field(
+    language: Annotated[str | None, nullable(LANGUAGE)] = Field(
         None, description="the spoken language's code (en, de, ...); null: detected per window on a multilingual "
                           "model (English-only models transcribe English)")
     task: Annotated[str, choice(SPEECH_TASKS)] = Field(
@@ -72,11 +81,6 @@ class TranscribeOptions(Section):
     seed: Annotated[int, positive(1 << 62)] = Field(1, description="seed of the fallback's sampling")
     device: Annotated[str, choice(DEVICES)] = "auto"
 
-    @model_validator(mode="after")
-    def _lang(self) -> "TranscribeOptions":
-        if self.language is not None and not (2 <= len(self.language) <= 8 and self.language.isalpha()):
-            raise ValueError(f"options.language {self.language!r} is not a language code (en, de, haw, ...)")
-        return self
 
 
 def option_problem(meta: dict[str, Any], options: Any) -> str | None:

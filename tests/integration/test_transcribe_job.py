@@ -174,3 +174,17 @@ def test_long_files_are_windowed_at_silence_and_stitched(tiny_en: str, tmp_path:
         assert times == sorted(times) and times[-1] <= r["duration_seconds"] + 0.02
         assert times[-1] >= r["duration_seconds"] - 5            # transcribed to the end
         assert [s["id"] for s in r["segments"]] == list(range(len(r["segments"])))
+
+
+def test_translate_on_an_english_only_bundle_is_refused(tiny_en: str, tmp_path: Path) -> None:
+    from batchinf.ledger.status import status
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.wav").write_bytes(synth(SENTENCES[0]))
+    m = {"name": "translate", "task": "transcribe", "bundle": "tiny-en@prod", "output": {"uri": str(tmp_path / "out")},
+         "input": {"uri": str(tmp_path / "in") + "/", "format": "audio"}, "options": {"task": "translate"}}
+    job_id, _ = submit(parse_manifest(m), Caller("default", operator=True))
+    assert drive(job_id, workers=1, threads=1) == JobStatus.FAILED
+    assert "English-only" in status(job_id)["error"] and "multilingual" in status(job_id)["error"]
+    with pytest.raises(Exception, match="language code"):
+        parse_manifest({**m, "options": {"language": "english!"}})
