@@ -7,6 +7,7 @@ once across result and error parts, and no record id succeeds twice.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -179,6 +180,8 @@ def _promote_parts(job: Job, rows: list[Shard], coverage: Coverage | None, summa
                     coverage.add(src, p["kind"], got.table)
                 if wanted and p["kind"] == "results":
                     tables.append(got.table.select(wanted))
+                if p["kind"] == "results" and task.renders(job.manifest.options):
+                    rendered += _task_files(task, job, got.path, p["key"], tmp, n)
                 if ctx is not None:
                     local = os.path.join(tmp, f"openai-{n:05d}.jsonl")
                     sha, lines = render_to_path(got.path, p["kind"], ctx, local)
@@ -192,6 +195,19 @@ def _promote_parts(job: Job, rows: list[Shard], coverage: Coverage | None, summa
         for r, local in rendered:
             store.put_file(join(out, r["key"]), local)
     return Published(parts + [r for r, _ in rendered], task.summarize(tables) if wanted else {})
+
+
+def _task_files(task: Any, job: Job, part_path: str, part_key: str, tmp: str,
+                n: int) -> list[tuple[dict[str, Any], str]]:
+    """The extra files (subtitles) the task renders from one result part, written to `tmp`."""
+    out = []
+    for k, (kind, key, data) in enumerate(task.render(pq.read_table(part_path), job.manifest.options)):
+        local = os.path.join(tmp, f"task-{n:05d}-{k:06d}")
+        with open(local, "wb") as fh:
+            fh.write(data)
+        out.append(({"key": key, "kind": kind, "sha256": hashlib.sha256(data).hexdigest(), "rows": 1,
+                     "from": part_key}, local))
+    return out
 
 
 def _openai_context(job: Job) -> RenderContext | None:
@@ -351,6 +367,9 @@ def publish(job: Job) -> dict[str, Any]:
     return output_manifest
 
 
+PARQUET_KINDS = ("results", "errors")     # the other kinds are files rendered from them (openai/, srt/, vtt/)
+
+
 def verify_output(output_uri: str) -> dict[str, Any]:
     """Re-check a published output from its `_MANIFEST.json` alone: part digests and row counts,
     coverage of every pinned input record, counts that add up, and the openai/ files (what the
@@ -367,7 +386,13 @@ def verify_output(output_uri: str) -> dict[str, Any]:
     rendered = _openai_files(output_manifest) if "openai" in output_manifest else {}
     coverage = Coverage(output_manifest["inputs"])
     with tempfile.TemporaryDirectory() as tmp:
-        for p in (q for q in output_manifest["parts"] if q["kind"] != "openai"):
+        for p in (q for q in output_manifest["parts"] if q["kind"] not in PARQUET_KINDS and q["kind"] != "openai"):
+            uri = join(output_uri, p["key"])
+            with _readable(uri):
+                got_sha = hashlib.sha256(store.get_bytes(uri)).hexdigest()
+            if got_sha != p["sha256"]:
+                raise VerificationError(f"{p['key']}: sha256 {got_sha[:12]}…, manifest says {p['sha256'][:12]}…")
+        for p in (q for q in output_manifest["parts"] if q["kind"] in PARQUET_KINDS):
             with read_part(join(output_uri, p["key"]), COVERAGE_COLUMNS) as got:
                 if (got.sha256, got.rows) != (p["sha256"], p["rows"]):
                     raise VerificationError(f"{p['key']}: sha256 {got.sha256[:12]}… / {got.rows} rows, manifest "
@@ -398,7 +423,7 @@ def _openai_files(output_manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The openai/ files by the Parquet part each renders, checked to correspond one to one to
     the parts and to hold one line per input record."""
     rendered = [p for p in output_manifest["parts"] if p["kind"] == "openai"]
-    parquet = [p["key"] for p in output_manifest["parts"] if p["kind"] != "openai"]
+    parquet = [p["key"] for p in output_manifest["parts"] if p["kind"] in PARQUET_KINDS]
     if sorted(p["from"] for p in rendered) != sorted(parquet):
         raise VerificationError("openai/ files do not correspond one to one to the Parquet parts")
     if sum(p["rows"] for p in rendered) != output_manifest["counts"]["records_total"]:

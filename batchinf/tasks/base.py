@@ -105,6 +105,14 @@ class Task:
         raise NotImplementedError
 
     # --- verify -----------------------------------------------------------------------------
+    def renders(self, options: Any) -> tuple[str, ...]:
+        """The kinds of extra output files (under `<kind>/`) the job's options ask for."""
+        return ()
+
+    def render(self, table: pa.Table, options: Any) -> list[tuple[str, str, bytes]]:
+        """A result part's extra output files: (kind, key under the output prefix, content)."""
+        return []
+
     def summarize(self, tables: Iterable[pa.Table]) -> dict[str, Any]:
         """Extra `_MANIFEST.json` counts from the result parts' `summary_columns`."""
         return {}

@@ -56,6 +56,10 @@ def _language_problem(v: Any, where: str) -> str | None:
     return f"{where} {v!r:.40} is not a language code (en, de, haw, ...)"
 
 
+SUBTITLES = ("srt", "vtt")
+FORMATS = Rule(lambda v, w: None if isinstance(v, (list, tuple)) and all(x in SUBTITLES for x in v) and
+               len(set(v)) == len(v) else f"{w} must be a list of subtitle formats ({', '.join(SUBTITLES)}), got {v!r:.60}",
+               {"type": "array", "items": {"enum": list(SUBTITLES)}, "uniqueItems": True}, tuple)
 LANGUAGE = Rule(_language_problem, {"type": "string", "pattern": "^[a-z]{2,8}$"})
 
 
@@ -79,6 +83,9 @@ class TranscribeOptions(Section):
         True, description="cut long files into windows at silence; false: at every 30 s whatever is said")
     max_batch_windows: Annotated[int, positive(256)] = Field(16, description="30-second windows per model batch")
     seed: Annotated[int, positive(1 << 62)] = Field(1, description="seed of the fallback's sampling")
+    formats: Annotated[tuple[str, ...], FORMATS] = Field(
+        (), description="subtitle files besides the Parquet rows: srt and/or vtt, one per input file under "
+                        "srt/ and vtt/, listed in _MANIFEST.json")
     device: Annotated[str, choice(DEVICES)] = "auto"
 
 
@@ -196,6 +203,16 @@ class Transcribe(Task):
         tokens = {"input": seconds, "output": sum(r["output_tokens"] for r in res), "real": seconds,
                   "padded": out.padded_seconds}
         return RunOutput(table, failures, tokens, codes={valid[u]: code for u, code in out.codes.items()})
+
+    def renders(self, options: Any) -> tuple[str, ...]:
+        return tuple(options.formats)
+
+    def render(self, table: pa.Table, options: Any) -> list[tuple[str, str, bytes]]:
+        from batchinf.runtime.speech.subtitles import RENDERERS, subtitle_key
+
+        rows = table.select(["record_id", "segments"]).to_pylist()
+        return [(fmt, subtitle_key(fmt, r["record_id"]), RENDERERS[fmt](r["segments"]).encode())
+                for fmt in options.formats for r in rows]
 
     def summarize(self, tables: Iterable[pa.Table]) -> dict[str, Any]:
         total = 0.0

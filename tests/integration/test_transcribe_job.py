@@ -39,7 +39,7 @@ def _run(tmp_path: Path, files: dict[str, bytes], name: str, **options: object) 
          "input": {"uri": str(inp) + "/", "format": "audio"}, "shards": {"max_records": 8}, "options": options}
     job_id, _ = submit(parse_manifest(m), Caller("default", operator=True))
     assert drive(job_id, workers=1, threads=1) == JobStatus.SUCCEEDED
-    res = pq.read_table(out, ignore_prefixes=["_", "errors"]).to_pylist()
+    res = pq.read_table(out, ignore_prefixes=["_", "errors", "srt", "vtt"]).to_pylist()
     errs = pq.read_table(out / "errors").to_pylist() if (out / "errors").exists() else []
     return res, errs, json.loads((out / "_MANIFEST.json").read_text())
 
@@ -188,3 +188,22 @@ def test_translate_on_an_english_only_bundle_is_refused(tiny_en: str, tmp_path: 
     assert "English-only" in status(job_id)["error"] and "multilingual" in status(job_id)["error"]
     with pytest.raises(Exception, match="language code"):
         parse_manifest({**m, "options": {"language": "english!"}})
+
+
+def test_srt_and_vtt_files_are_listed_in_the_manifest(tiny_en: str, tmp_path: Path) -> None:
+    from batchinf.verify import verify_output
+
+    files = {"talks/a.wav": synth(SENTENCES[4], "en-us", 160), "b.wav": synth(SENTENCES[7], "en-gb", 170)}
+    res, errs, manifest = _run(tmp_path, files, "subs", formats=["srt", "vtt"])
+    assert errs == [] and len(res) == 2
+    out = tmp_path / "out-subs"
+    subs = {p["key"]: p for p in manifest["parts"] if p["kind"] in ("srt", "vtt")}
+    assert set(subs) == {"srt/talks/a.wav.srt", "vtt/talks/a.wav.vtt", "srt/b.wav.srt", "vtt/b.wav.vtt"}
+    row = next(r for r in res if r["record_id"] == "talks/a.wav")
+    srt = (out / "srt/talks/a.wav.srt").read_text()
+    assert srt.startswith("1\n00:00:00,000 --> ") and row["segments"][0]["text"].strip() in srt
+    assert (out / "vtt/talks/a.wav.vtt").read_text().startswith("WEBVTT\n\n00:00:00.000 --> ")
+    assert verify_output(str(out))["ok"]
+    (out / "srt/b.wav.srt").write_text("tampered")
+    with pytest.raises(Exception, match="srt/b.wav.srt: sha256"):
+        verify_output(str(out))
