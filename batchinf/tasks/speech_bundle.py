@@ -23,9 +23,10 @@ import numpy as np
 
 from batchinf.errors import BundleError
 from batchinf.runtime.speech import need
+from batchinf.runtime.speech.whisper import VOCABULARIES
 
-CT2_VOCAB = ("vocabulary.txt", "vocabulary.json")
 FIXTURE_CLIP = "fixtures/clip-0.wav"
+CONVERSION = "conversion.json"       # a converted bundle's record of its source
 FIXTURE_TEXT = "Every file of the archive is transcribed by one pinned model."
 DECODING_DEFAULTS = {"beam_size": 5, "best_of": 5, "max_length": 448, "temperatures": [0.0, 0.2, 0.4, 0.6, 0.8, 1.0],
                      "compression_ratio_threshold": 2.4, "logprob_threshold": -1.0, "no_speech_threshold": 0.6}
@@ -54,18 +55,22 @@ def is_ct2_whisper(config: dict[str, Any], src: Path) -> bool:
 
 def prepare_ct2_whisper(src: Path, tmp: Path) -> Path | None:
     """A CTranslate2 Whisper directory -> a bundle directory under `tmp` (model.bin -> model.ct2,
-    plus the fixture clip); None when `src` is not one."""
+    plus the fixture clip); a transformers Whisper directory is converted to one first (with
+    CTranslate2's converter; CONVERSION records what it was made from). None when `src` is
+    neither."""
     try:
         config = json.loads((src / "config.json").read_text())
     except (OSError, ValueError):
         return None
+    if isinstance(config, dict) and config.get("model_type") == "whisper" and not _whisper_config(config):
+        return prepare_ct2_whisper(convert_transformers_whisper(src, tmp / "converted"), tmp)
     if not isinstance(config, dict) or not _whisper_config(config) or not (src / "model.bin").is_file():
         return None
     spec = ct2_spec(src / "model.bin")
     if spec != "WhisperSpec":
         raise BundleError(f"{src / 'model.bin'} is not a CTranslate2 Whisper model (its header names "
                           f"{spec or 'no CTranslate2 spec'}); convert the model with ct2-transformers-converter")
-    vocab = next((v for v in CT2_VOCAB if (src / v).is_file()), None)
+    vocab = next((v for v in VOCABULARIES if (src / v).is_file()), None)   # the converter writes vocabulary.json
     if vocab is None or not (src / "tokenizer.json").is_file():
         raise BundleError(f"{src}: a CTranslate2 Whisper directory needs tokenizer.json and vocabulary.txt")
     dst = tmp / "bundle"
@@ -74,8 +79,32 @@ def prepare_ct2_whisper(src: Path, tmp: Path) -> Path | None:
     for name in ("config.json", "tokenizer.json", vocab, "preprocessor_config.json"):
         if (src / name).is_file():
             shutil.copyfile(src / name, dst / name)
+    if (src / CONVERSION).is_file():
+        shutil.copyfile(src / CONVERSION, dst / CONVERSION)
     (dst / "fixtures").mkdir()
     write_wav(dst / FIXTURE_CLIP, fixture_samples(), 16000)
+    return dst
+
+
+def convert_transformers_whisper(src: Path, dst: Path) -> Path:
+    """A transformers-format Whisper directory (safetensors weights, tokenizer.json) -> a
+    CTranslate2 directory, weights kept in float16; CONVERSION pins the source files' digests."""
+    from batchinf.digests import sha256_file
+    from batchinf.runtime.bundle import bundle_files
+
+    files = bundle_files(src)            # pickles refused, safetensors required
+    if "tokenizer.json" not in files:
+        raise BundleError(f"{src}: a transformers Whisper directory needs tokenizer.json")
+    ctranslate2 = need("ctranslate2")
+    copy = [f for f in ("tokenizer.json", "preprocessor_config.json") if f in files]
+    try:
+        ctranslate2.converters.TransformersConverter(str(src), copy_files=copy, load_as_float16=True).convert(
+            str(dst), quantization="float16", force=True)
+    except Exception as exc:  # noqa: BLE001 -- the converter's errors are many; the user needs the reason
+        raise BundleError(f"{src}: CTranslate2's converter could not convert this Whisper model ({exc})") from None
+    (dst / CONVERSION).write_text(json.dumps({
+        "from": "transformers", "converter": f"ctranslate2 {ctranslate2.__version__} TransformersConverter",
+        "quantization": "float16", "source_files": {f: sha256_file(src / f) for f in files}}, indent=1, sort_keys=True))
     return dst
 
 
@@ -134,6 +163,8 @@ def build_speech_meta(src: Path, files: list[str], *, task: str, dtype: str) -> 
         "special_tokens": specials, "languages": languages, "decoding": dict(DECODING_DEFAULTS),
         "files": {f: sha256_file(src / f) for f in files},
     }
+    if CONVERSION in files:
+        meta["converted_from"] = json.loads((src / CONVERSION).read_text())
     runtime = SpeechRuntime(src, {**meta, "multilingual": False, "fixtures": []}, device="cpu")
     runtime.load_model(threads=1)
     meta["multilingual"] = bool(runtime.engine.model.is_multilingual)

@@ -57,3 +57,26 @@ def test_engine_matches_transformers_whisper(bi_home: Path, reference: object) -
             ref = greedy(reference, feats[i], prompt, sup, sup_begin, eot, no_timestamps=no_ts, timestamps=timestamps)
             assert r.tokens == ref, (i, timestamps, engine.decode_text(r.tokens), engine.decode_text(ref))
             assert len(r.tokens) > 5
+
+
+def test_a_transformers_whisper_directory_is_converted_at_import(bi_home: Path, reference: object,
+                                                                 tmp_path: Path) -> None:
+    """The reference model saved by transformers (safetensors, float16) imports through
+    CTranslate2's converter; the converted files are the bundle's, its conversion is pinned, and it
+    transcribes the fixture clip to the very tokens of the CTranslate2 directory's bundle."""
+    import shutil
+
+    hf = tmp_path / "hf-whisper"
+    reference.half().save_pretrained(hf, safe_serialization=True)      # type: ignore[attr-defined]
+    reference.float()                                                   # type: ignore[attr-defined]
+    shutil.copyfile(whisper_tiny_en_dir() / "tokenizer.json", hf / "tokenizer.json")
+    converted = local_dir(import_bundle(hf, "tiny-en-hf").digest)
+    direct = local_dir(import_bundle(whisper_tiny_en_dir(), "tiny-en").digest)
+    meta, want = read_meta(converted), read_meta(direct)
+    assert meta["converted_from"]["from"] == "transformers"
+    assert set(meta["converted_from"]["source_files"]) >= {"model.safetensors", "config.json", "tokenizer.json"}
+    assert "conversion.json" in meta["files"] and "model.ct2" in meta["files"] and meta["dtype"] == "float16"
+    assert meta["fixtures"][0]["tokens"] == want["fixtures"][0]["tokens"]
+    (hf / "pytorch_model.bin").write_bytes(b"\x80\x04")
+    with pytest.raises(Exception, match="refusing pickle"):
+        import_bundle(hf, "pickled")

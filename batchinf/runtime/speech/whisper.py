@@ -17,7 +17,8 @@ import numpy as np
 from batchinf.runtime.speech import need
 
 MODEL_FILE = "model.ct2"
-CT2_FILES = {"model.bin": MODEL_FILE, "config.json": "config.json", "vocabulary.txt": "vocabulary.txt"}
+CT2_FILES = {"model.bin": MODEL_FILE, "config.json": "config.json"}
+VOCABULARIES = ("vocabulary.txt", "vocabulary.json")      # the one the bundle has
 SPECIAL_NAMES = ("<|endoftext|>", "<|startoftranscript|>", "<|startofprev|>", "<|notimestamps|>",
                  "<|transcribe|>", "<|translate|>", "<|startoflm|>", "<|nocaptions|>")
 MAX_PROMPT = 223          # tokens of initial_prompt kept (max_length // 2 - 1)
@@ -77,6 +78,7 @@ class WhisperEngine:
         self.tokenizer = tokenizers.Tokenizer.from_file(str(root / "tokenizer.json"))
         kind = "cuda" if device.startswith("cuda") else "cpu"
         files = {name: (root / stored).read_bytes() for name, stored in CT2_FILES.items()}
+        files.update({v: (root / v).read_bytes() for v in VOCABULARIES if v in meta["files"]})
         self.model = ctranslate2.models.Whisper(f"batchinf-bundle:{root.name}", device=kind,
                                                 compute_type=meta["compute_type"][kind], intra_threads=threads,
                                                 inter_threads=1, files=files)
