@@ -204,6 +204,14 @@ def test_srt_and_vtt_files_are_listed_in_the_manifest(tiny_en: str, tmp_path: Pa
     assert srt.startswith("1\n00:00:00,000 --> ") and row["segments"][0]["text"].strip() in srt
     assert (out / "vtt/talks/a.wav.vtt").read_text().startswith("WEBVTT\n\n00:00:00.000 --> ")
     assert verify_output(str(out))["ok"]
+    # the same files transcribed again, as another job (its input prefix elsewhere): the same rows,
+    # the very same subtitle bytes
+    res2, _, again = _run(tmp_path, files, "subs-again", formats=["srt", "vtt"])
+    drop = lambda rows: sorted(({k: v for k, v in r.items() if k != "source"} for r in rows),  # noqa: E731
+                               key=lambda r: r["record_id"])
+    assert drop(res2) == drop(res)
+    assert sorted((p["key"], p["sha256"]) for p in again["parts"] if p["kind"] in ("srt", "vtt")) == \
+        sorted((p["key"], p["sha256"]) for p in manifest["parts"] if p["kind"] in ("srt", "vtt"))
     (out / "srt/b.wav.srt").write_text("tampered")
     with pytest.raises(Exception, match="srt/b.wav.srt: sha256"):
         verify_output(str(out))
