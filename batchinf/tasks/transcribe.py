@@ -36,17 +36,19 @@ SPEECH_STAGE_SCHEMA = pa.schema(STAGE_FIELDS + [
     ("window_starts", pa.list_(pa.int64())), ("window_ends", pa.list_(pa.int64())),   # in samples
     ("duration_seconds", pa.float64()), ("audio_sha256", pa.string()),
 ])
+WORD = pa.struct([("word", pa.string()), ("start", pa.float64()), ("end", pa.float64()), ("probability", pa.float64())])
 SEGMENT = pa.struct([
     ("id", pa.int32()), ("seek", pa.int32()), ("start", pa.float64()), ("end", pa.float64()),
     ("text", pa.string()), ("tokens", pa.list_(pa.int32())), ("temperature", pa.float64()),
     ("avg_logprob", pa.float64()), ("compression_ratio", pa.float64()), ("no_speech_prob", pa.float64()),
+    ("words", pa.list_(WORD)),        # timestamps: word only (else null)
 ])
 TRANSCRIPT_SCHEMA = pa.schema(RECORD_FIELDS + [
     ("text", pa.string()), ("language", pa.string()), ("duration_seconds", pa.float64()),
     ("segments", pa.list_(SEGMENT)), ("output_tokens", pa.int32()), ("audio_sha256", pa.string()),
 ])
 MAX_STAGED_BYTES = 2 << 30      # an object's staged samples (32 KB per second of audio) at most
-TIMESTAMPS = ("segment", "none")
+TIMESTAMPS = ("segment", "word", "none")
 SPEECH_TASKS = ("transcribe", "translate")
 
 
@@ -71,7 +73,8 @@ class TranscribeOptions(Section):
     task: Annotated[str, choice(SPEECH_TASKS)] = Field(
         "transcribe", description="translate: English text from speech in another language (multilingual models)")
     timestamps: Annotated[str, choice(TIMESTAMPS)] = Field(
-        "segment", description="segment: segments with start and end times; none: one segment per window")
+        "segment", description="segment: segments with start and end times; word: also each segment's words "
+                               "with theirs (cross-attention alignment); none: one segment per window")
     initial_prompt: Annotated[str | None, nullable(STRING)] = Field(
         None, description="text that conditions every window (spellings, names, style)")
     temperature: Annotated[float, number(0, 1)] = Field(0.0, description="0: greedy (or beam search)")
@@ -287,12 +290,14 @@ def transcribe_rows(runtime: Any, options: Any, samples: list[bytes], windows: l
     from batchinf.runtime.speech.features import batch_features
     from batchinf.runtime.speech.segments import stitch, window_segments
     from batchinf.runtime.speech.windows import is_silent
+    from batchinf.runtime.speech.words import attach_words
 
     engine, spec = runtime.engine, runtime.spec
     d = decoding_for(runtime, options)
     pcm = [np.frombuffer(s, dtype="<i2") for s in samples]
     units = [(f, k) for f, wins in enumerate(windows) for k in range(len(wins))]
     got: dict[tuple[int, int], tuple[Any, str | None]] = {}
+    words: dict[tuple[int, int], list[dict[str, Any]]] = {}
     failed: dict[tuple[int, int], str] = {}
     out = SpeechOutcome()
 
@@ -301,6 +306,9 @@ def transcribe_rows(runtime: Any, options: Any, samples: list[bytes], windows: l
         hit_record_failpoints(sorted({record_ids[f] for f, _ in batch}))
         feats = batch_features([pcm[f][slice(*windows[f][k])].astype(np.float32) / 32768.0 for f, k in batch], spec)
         results, langs = engine.generate(feats, d)
+        if options.timestamps == "word":
+            frames = [(windows[f][k][1] - windows[f][k][0]) // spec.hop for f, k in batch]
+            words.update(zip(batch, engine.words(feats, results, frames, langs, d.task)))
         got.update(zip(batch, zip(results, langs)))
         out.padded_seconds += len(batch) * spec.chunk_seconds
 
@@ -320,6 +328,8 @@ def transcribe_rows(runtime: Any, options: Any, samples: list[bytes], windows: l
             silent = r.no_speech_prob > d.no_speech_threshold and r.avg_logprob < d.logprob_threshold
             segs = [] if silent else window_segments(r.tokens, engine.eot, engine.timestamp_begin, a / rate, b / rate,
                                                      engine.decode_text)
+            if (f, k) in words:
+                attach_words(segs, words[(f, k)], a / rate)
             stitched.append((a / rate, segs, {"temperature": r.temperature, "avg_logprob": r.avg_logprob,
                                               "compression_ratio": r.compression_ratio,
                                               "no_speech_prob": r.no_speech_prob}))

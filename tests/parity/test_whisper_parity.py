@@ -80,3 +80,32 @@ def test_a_transformers_whisper_directory_is_converted_at_import(bi_home: Path, 
     (hf / "pytorch_model.bin").write_bytes(b"\x80\x04")
     with pytest.raises(Exception, match="refusing pickle"):
         import_bundle(hf, "pickled")
+
+
+def test_word_timestamps_match_faster_whisper(bi_home: Path) -> None:
+    """timestamps: word gives the words faster-whisper's word_timestamps gives, on the same clips,
+    with the same start times and (segment-end clamping aside) the same end times."""
+    import io
+
+    fw = pytest.importorskip("faster_whisper")
+    from batchinf.bundles import open_runtime
+    from batchinf.tasks.transcribe import TranscribeOptions, transcribe_rows
+
+    rt = open_runtime(import_bundle(whisper_tiny_en_dir(), "tiny-en").digest)
+    wavs = [synth(SENTENCES[i], voice, 160) for i, voice in ((3, "en-us"), (22, "en-gb"), (12, "en+f3"))]
+    pcm = [np.round(decode(w, 16000, 100)[0] * 32768).astype("<i2") for w in wavs]
+    out = transcribe_rows(rt, TranscribeOptions(timestamps="word"), [p.tobytes() for p in pcm],
+                          [[(0, p.size)] for p in pcm], ["a", "b", "c"], lambda: None)
+    model = fw.WhisperModel(str(whisper_tiny_en_dir()), device="cpu", compute_type="int8", cpu_threads=1)
+    ends = same_end = 0
+    for i, w in enumerate(wavs):
+        ours = [x for s in out.results[i]["segments"] for x in s["words"]]
+        segments, _ = model.transcribe(io.BytesIO(w), beam_size=5, word_timestamps=True, condition_on_previous_text=False)
+        ref = [x for s in segments for x in s.words]
+        assert [x["word"] for x in ours] == [x.word for x in ref]
+        assert [x["start"] for x in ours] == pytest.approx([x.start for x in ref], abs=0.02)
+        ends += len(ref)
+        same_end += sum(abs(a["end"] - b.end) <= 0.02 for a, b in zip(ours, ref))
+        for s in out.results[i]["segments"]:
+            assert all(s["start"] <= x["start"] <= x["end"] <= s["end"] for x in s["words"])
+    assert same_end >= 0.9 * ends

@@ -48,6 +48,6 @@ def stitch(windows: list[tuple[float, list[dict[str, Any]], dict[str, Any]]]) ->
             a = max(s["start"], last)
             b = max(s["end"], a)
             segments.append({"id": len(segments), "seek": int(round(w_start * 100)), "start": a, "end": b,
-                             "text": s["text"], "tokens": s["tokens"], **fields})
+                             "text": s["text"], "tokens": s["tokens"], "words": s.get("words"), **fields})
             last = b
     return "".join(s["text"] for s in segments).strip(), segments

@@ -102,6 +102,25 @@ class WhisperEngine:
             out.append(s["<|notimestamps|>"])
         return out
 
+    def sot_sequence(self, language: str | None, task: str = "transcribe") -> list[int]:
+        s = self.specials
+        if not self.multilingual:
+            return [s["<|startoftranscript|>"]]
+        return [s["<|startoftranscript|>"], self.tokenizer.token_to_id(f"<|{language or 'en'}|>"),
+                s["<|translate|>" if task == "translate" else "<|transcribe|>"]]
+
+    def words(self, features: np.ndarray, results: list[WindowResult], frames: list[int],
+              langs: list[str | None], task: str) -> list[list[dict[str, Any]]]:
+        """Each window's words with times relative to its start (runtime/speech/words.py)."""
+        import ctranslate2
+
+        from batchinf.runtime.speech.words import align_words
+
+        encoded = self.model.encode(ctranslate2.StorageView.from_array(
+            np.ascontiguousarray(features, dtype=np.float32)), to_cpu=False)
+        texts = [[t for t in r.tokens if t < self.eot] for r in results]
+        return align_words(self.model, encoded, self.sot_sequence(langs[0], task), texts, frames, self.decode_text)
+
     def detect_languages(self, features: Any) -> list[str]:
         """Each window's most probable language code (multilingual models)."""
         return [r[0][0].strip("<|>") for r in self.model.detect_language(features)]
