@@ -69,6 +69,9 @@ class InputSpec(Section):
         None, description="score, one query per record: the field holding its list of documents")
     image_field: Annotated[str | None, nullable(STRING)] = Field(
         None, description='classify_image: the field holding the image, bytes or an object URI (default "image")')
+    audio_field: Annotated[str | None, nullable(STRING)] = Field(
+        None, description='transcribe, jsonl / parquet records: the field holding the audio, bytes or an object URI '
+                          '(default "audio")')
 
     def value_field(self, task: str) -> tuple[str, str]:
         """(field name, kind) a jsonl/parquet record is read by: kind text, prompt, messages or record."""
@@ -175,7 +178,8 @@ def _input_problem(inp: InputSpec, task: str) -> str | None:
     if inp.format == "openai-batch":
         # each line's custom_id, url and body say everything; field names do not apply
         if (inp.id_field, inp.text_field, inp.prompt_field, inp.messages_field, inp.query_field, inp.document_field,
-                inp.documents_field, inp.image_field) != ("id", "text", None, None, None, None, None, None):
+                inp.documents_field, inp.image_field, inp.audio_field) != ("id", "text", None, None, None, None, None, None,
+                                                                          None):
             return ("input.format openai-batch reads custom_id and body from each line; "
                     "remove input.id_field / text_field / prompt_field / messages_field")
         return None

@@ -31,11 +31,11 @@ RECORD_FIELDS = [("record_id", pa.string()), ("source", pa.string()), ("ordinal"
 
 # Input fields each task may read; a field of another task is refused by name.
 INPUT_FIELDS = ("text_field", "prompt_field", "messages_field", "query_field", "document_field",
-                "documents_field", "image_field")
+                "documents_field", "image_field", "audio_field")
 INPUT_DEFAULTS: dict[str, Any] = {"text_field": "text"}
 FIELD_TASKS = {"text_field": "embed / classify", "prompt_field": "generate", "messages_field": "generate",
                "query_field": "score", "document_field": "score", "documents_field": "score",
-               "image_field": "classify_image"}
+               "image_field": "classify_image", "audio_field": "transcribe"}
 
 
 @dataclass

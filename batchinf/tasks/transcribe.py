@@ -1,7 +1,9 @@
 """Task transcribe: speech -> timestamped text with a Whisper bundle run by CTranslate2.
 
 Input: a prefix of audio objects (`input.format: audio`: wav, flac, mp3, ogg/opus, m4a; each
-object is a record, its key under the prefix its id). At plan time each file's header is
+object is a record, its key under the prefix its id), or JSONL / Parquet records whose
+`input.audio_field` holds the audio's bytes or an object URI (pinned, and within the grants of a
+confined job, like an image URI: tasks/objects.py). At plan time each file's header is
 checked against BATCHINF_MAX_AUDIO_SECONDS before it is decoded (bounded in samples and time),
 downmixed to mono, resampled to the bundle's rate, and cut into windows of at most 30 s at
 silence (runtime/speech/windows.py); the staged row holds the 16-bit samples and the windows.
@@ -127,16 +129,19 @@ def _input_prefix(obj: Any) -> str | None:
 class Transcribe(Task):
     name = "transcribe"
     options = TranscribeOptions
-    fields = ()
+    fields = ("audio_field",)
     stage_schema = SPEECH_STAGE_SCHEMA
     summary_columns = ("duration_seconds",)
     needs = ("config.json", "tokenizer.json")
     weights = ".ct2"
 
     def input_problem(self, inp: Any) -> str | None:
-        if inp.format != "audio":
-            return "task transcribe reads audio objects: set input.format: audio"
-        for name in INPUT_FIELDS:
+        if inp.format not in ("audio", "jsonl", "parquet"):
+            return ("task transcribe reads audio objects (input.format: audio) or records naming them "
+                    "(jsonl / parquet with input.audio_field)")
+        if inp.format == "audio" and inp.audio_field is not None:
+            return "input.audio_field is for jsonl / parquet records; with input.format audio each object is the audio"
+        for name in (n for n in INPUT_FIELDS if n != "audio_field"):
             if getattr(inp, name, None) not in (None, INPUT_DEFAULTS.get(name)):
                 return f"input.{name} is for task: {FIELD_TASKS[name]}; a job of task transcribe reads audio files"
         return None
@@ -150,22 +155,32 @@ class Transcribe(Task):
 
     def stage(self, obj: Any, runtime: Any, records: Iterator[Any]) -> pa.Table:
         from batchinf.config import settings
+        from batchinf.formats.audio import MAX_AUDIO_BYTES
         from batchinf.runtime.speech.audio import AudioProblem, decode
         from batchinf.runtime.speech.windows import plan_windows
+        from batchinf.tasks.objects import RecordObjectProblem, record_object
 
         spec, max_seconds = runtime.spec, settings().max_audio_seconds
         window = spec.chunk_seconds if obj.options.vad else None
         prefix = _input_prefix(obj)
         rows = StagedRows(SPEECH_STAGE_SCHEMA)
         staged = 0
-        rid = record_id_of(obj.pin.uri, prefix)
-        named = (replace(r, record_id=rid) for r in records)
-        for row, rec, _ in usable_records(obj, named, rows):
-            where = f"audio file {obj.pin.uri}"
-            data = (rec.fields or {}).get("audio", b"")
+        if obj.fmt == "audio":         # the object is the audio; its key the id
+            rid = record_id_of(obj.pin.uri, prefix)
+            records = (replace(r, record_id=rid) for r in records)
+        field = obj.input.audio_field or "audio"
+        for row, rec, where in usable_records(obj, records, rows):
+            value = (rec.fields or {}).get(field)
             try:
+                if obj.fmt == "audio":
+                    where, data = f"audio file {obj.pin.uri}", value or b""
+                elif value is None:
+                    raise AudioProblem("missing_audio", f"has no audio field {field!r} (set input.audio_field if "
+                                                        "it has another name)")
+                else:
+                    data = record_object(value, obj, "audio", MAX_AUDIO_BYTES)
                 samples, _ = decode(data, spec.sample_rate, max_seconds)
-            except AudioProblem as exc:
+            except (AudioProblem, RecordObjectProblem) as exc:
                 row.update(error=exc.code, message=f"{where} {exc}")
                 continue
             pcm = np.clip(np.round(samples * 32768.0), -32768, 32767).astype("<i2")

@@ -215,3 +215,31 @@ def test_srt_and_vtt_files_are_listed_in_the_manifest(tiny_en: str, tmp_path: Pa
     (out / "srt/b.wav.srt").write_text("tampered")
     with pytest.raises(Exception, match="srt/b.wav.srt: sha256"):
         verify_output(str(out))
+
+
+def test_records_naming_audio_by_uri_or_bytes(tiny_en: str, tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    objects = tmp_path / "objects"
+    objects.mkdir()
+    (objects / "a.wav").write_bytes(synth(SENTENCES[1], "en-us", 160))
+    lines = [{"id": "by-uri", "audio": f"file://{objects}/a.wav"}, {"id": "gone", "audio": f"file://{objects}/no.wav"},
+             {"id": "none"}]
+    inp = tmp_path / "in-records"
+    inp.mkdir()
+    (inp / "a.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    pq.write_table(pa.table({"id": ["by-bytes"], "sound": [synth(SENTENCES[2], "en-gb", 170)]}), inp / "b.parquet")
+    outs = {}
+    for fmt, field in (("jsonl", None), ("parquet", "sound")):
+        out = tmp_path / f"out-{fmt}"
+        m = {"name": f"records-{fmt}", "task": "transcribe", "bundle": "tiny-en@prod", "output": {"uri": str(out)},
+             "input": {"uri": str(inp / f"{'a' if fmt == 'jsonl' else 'b'}.{fmt}"), "format": fmt,
+                       **({"audio_field": field} if field else {})}}
+        job_id, _ = submit(parse_manifest(m), Caller("default", operator=True))
+        assert drive(job_id, workers=1, threads=1) == JobStatus.SUCCEEDED
+        res = pq.read_table(out, ignore_prefixes=["_", "errors"]).to_pylist()
+        errs = pq.read_table(out / "errors").to_pylist() if (out / "errors").exists() else []
+        outs[fmt] = ({r["record_id"]: r["text"] for r in res}, {e["record_id"]: e["error"] for e in errs})
+    assert outs["jsonl"][1] == {"gone": "audio_unreachable", "none": "missing_audio"}
+    assert wer([SENTENCES[1]], [outs["jsonl"][0]["by-uri"]]) <= 0.2
+    assert outs["parquet"][1] == {} and wer([SENTENCES[2]], [outs["parquet"][0]["by-bytes"]]) <= 0.2

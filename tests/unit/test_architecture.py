@@ -180,7 +180,7 @@ STORE_USERS = {
     "batchinf.openai.batches": "the tenant's own space in the files store",
     "batchinf.bundles": "the operator's bundle store",
     "batchinf.limits": "the operator's bundle store",
-    "batchinf.tasks.classify_image": "image URIs, each passed to the job's Storage check first",
+    "batchinf.tasks.objects": "image and audio URIs a record names, each passed to the job's Storage check first",
     "batchinf.store": "the stores",
 }
 
