@@ -23,11 +23,13 @@ from batchinf.tasks.embed_request import check_matryoshka_dims
 def import_bundle(src: str | Path, name: str, *, alias: str | None = None,
                   max_length: int | None = None, dtype: str = "float32",
                   matryoshka_dims: list[int] | None = None, precision: str = "float32",
-                  int8_scheme: str | None = None) -> BundleInfo:
+                  int8_scheme: str | None = None, endpoint: dict[str, Any] | None = None) -> BundleInfo:
     """Compute bundle.json for a model directory, copy it into the bundle store, register it.
     `matryoshka_dims`: an embedding model's declared truncation sizes (part of its identity).
     `precision` int8: the int8 CPU variant (runtime/int8.py), refused unless it matches the
-    float32 fixtures within the declared bound; `int8_scheme` vnni or avx2 (default: this CPU's best)."""
+    float32 fixtures within the declared bound; `int8_scheme` vnni or avx2 (default: this CPU's best).
+    `endpoint`: an openai-http server that executes the bundle (engines.openai_http.endpoint_spec),
+    its answers to the fixture prompts pinned now (part of the bundle's identity)."""
     src = Path(src)
     if not src.is_dir():
         raise BundleError(f"{src} is not a directory of model files")
@@ -35,11 +37,13 @@ def import_bundle(src: str | Path, name: str, *, alias: str | None = None,
         raise BundleError(f"precision {precision!r} is not supported; use float32 or int8")
     with tempfile.TemporaryDirectory(prefix="batchinf-import-") as tmp:
         return _import_dir(prepared(src, Path(tmp)), name, alias=alias, max_length=max_length, dtype=dtype,
-                           matryoshka_dims=matryoshka_dims, precision=precision, int8_scheme=int8_scheme)
+                           matryoshka_dims=matryoshka_dims, precision=precision, int8_scheme=int8_scheme,
+                           endpoint=endpoint)
 
 
 def _import_dir(src: Path, name: str, *, alias: str | None, max_length: int | None, dtype: str,
-                matryoshka_dims: list[int] | None, precision: str, int8_scheme: str | None) -> BundleInfo:
+                matryoshka_dims: list[int] | None, precision: str, int8_scheme: str | None,
+                endpoint: dict[str, Any] | None) -> BundleInfo:
     meta = build_meta(src, max_length=max_length, dtype=dtype)
     if precision == "int8":
         from batchinf.runtime import int8
@@ -48,6 +52,12 @@ def _import_dir(src: Path, name: str, *, alias: str | None, max_length: int | No
         meta = int8.gate(EmbedRuntime(src, int8.int8_meta(meta, int8_scheme), device="cpu"))
     if matryoshka_dims:
         meta["matryoshka_dims"] = check_matryoshka_dims(matryoshka_dims, meta)
+    if endpoint is not None:
+        if meta["task"] != "generate":
+            raise BundleError(f"an openai-http endpoint executes generate bundles; {src} is a {meta['task']} model")
+        from batchinf.engines.openai_http import pin_endpoint
+
+        meta = pin_endpoint(src, meta, endpoint)
     digest = rb.digest_of(meta)
     uri = join(settings().bundle_store, digest.removeprefix("sha256:"))
     scheme, _, path = parse_uri(uri)
@@ -62,12 +72,15 @@ def _import_dir(src: Path, name: str, *, alias: str | None, max_length: int | No
     return get_info(digest)
 
 
-def import_gguf(path: str | Path, name: str, *, alias: str | None = None, dtype: str = "float32") -> BundleInfo:
-    """Convert a GGUF Llama-family model into an HF-format directory and import that as a bundle."""
+def import_gguf(path: str | Path, name: str, *, alias: str | None = None, dtype: str = "float32",
+                endpoint: dict[str, Any] | None = None) -> BundleInfo:
+    """Convert a GGUF Llama-family model into an HF-format directory (dequantised safetensors and
+    the tokenizer: what vLLM and transformers load too) and import that as a bundle."""
     from batchinf.runtime.gguf import convert_gguf
 
     with tempfile.TemporaryDirectory(prefix="batchinf-gguf-") as tmp:
-        return import_bundle(convert_gguf(path, Path(tmp) / "model", dtype=dtype), name, alias=alias, dtype=dtype)
+        return import_bundle(convert_gguf(path, Path(tmp) / "model", dtype=dtype), name, alias=alias, dtype=dtype,
+                             endpoint=endpoint)
 
 
 def set_alias(ref: str, digest: str) -> None:
@@ -125,32 +138,37 @@ def local_dir(digest: str) -> Path:
     return cache
 
 
-_loaded: dict[tuple[str, str, bool], Any] = {}
+_loaded: dict[tuple[str, str, bool, str], Any] = {}
 _loading = threading.RLock()
 
 
-def open_runtime(digest: str, *, device: str = "cpu", with_model: bool = True) -> Any:
-    """Load a bundle once per process: every digest and fixture is verified before it is returned.
-    The runtime is the bundle's task's (an EmbedRuntime, a GenerateRuntime, ...)."""
-    key = (digest, device, with_model)
+def open_runtime(digest: str, *, device: str = "cpu", with_model: bool = True, engine: str = "native") -> Any:
+    """Load a bundle once per process and engine: every digest, and every fixture through the
+    engine, is verified before it is returned. The runtime is the bundle's task's (an EmbedRuntime,
+    a GenerateRuntime, ...), executed by `engine` (batchinf/engines); without the model (planning:
+    the tokenizer only) every engine's is the native one."""
+    engine = engine if with_model else "native"
+    key = (digest, device, with_model, engine)
     if with_model:
         require_device(device)
     with _loading:          # the controller plans several jobs at once on threads: one load each
         return _loaded[key] if key in _loaded else _load(key)
 
 
-def _load(key: tuple[str, str, bool]) -> Any:
-    digest, device, with_model = key
+def _load(key: tuple[str, str, bool, str]) -> Any:
+    from batchinf import engines
+
+    digest, device, with_model, engine = key
     root = local_dir(digest)
     meta = rb.read_meta(root)
     rb.verify_files(root, meta, digest, cache_dir=settings().home / "cache" / "verified")
     task = get_task(meta.get("task", "embed"))
-    runtime = task.open_runtime(root, meta, device)
+    runtime = engines.open_runtime(engine, task, root, meta, device)
     task.verify_inputs(runtime)
     if with_model:
         keep_freed_memory(settings().malloc_keep_bytes)
         runtime.load_model()
-        task.verify_model(runtime)
+        engines.verify_model(task, runtime)
     _loaded[key] = runtime
     return runtime
 
@@ -167,7 +185,7 @@ def require_device(device: str) -> None:
 
 def verify_bundle(ref: str) -> dict[str, Any]:
     digest = resolve_ref(ref)
-    _loaded.pop((digest, "cpu", True), None)
+    _loaded.pop((digest, "cpu", True, "native"), None)
     runtime = open_runtime(digest, device="cpu")
     return {"digest": digest, "ok": True, "files": len(runtime.meta["files"]),
             "fixtures": len(runtime.meta["fixtures"])}

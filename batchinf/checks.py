@@ -89,7 +89,24 @@ def response_format_problem(rf: Any, where: str = "response_format") -> str | No
 
 
 def canonical_response_format(rf: dict[str, Any] | None) -> str | None:
-    """The staged form of a response_format: compact JSON with sorted keys, None for plain text."""
+    """The staged form of a response_format: compact JSON with sorted keys, except that every
+    `properties` map keeps its order (the order the answer's keys are written in), None for
+    plain text."""
     if rf is None or rf.get("type") == "text":
         return None
-    return json.dumps(rf, sort_keys=True, separators=(",", ":"))
+    return json.dumps(_sorted_but_properties(rf), separators=(",", ":"))
+
+
+def _sorted_but_properties(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_sorted_but_properties(x) for x in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for k in sorted(node):
+        v = node[k]
+        if k == "properties" and isinstance(v, dict):
+            out[k] = {name: _sorted_but_properties(schema) for name, schema in v.items()}
+        else:
+            out[k] = _sorted_but_properties(v)
+    return out

@@ -75,6 +75,8 @@ class Settings:
     queue: str                      # BATCHINF_QUEUE: the broker queue controllers send to, workers read
     visibility_timeout: int         # BATCHINF_VISIBILITY_TIMEOUT: seconds an unacked message waits before
                                     # redelivery; above the longest shard (a dead worker's lease expires sooner)
+    engines: tuple[str, ...]        # BATCHINF_ENGINES: the engines a worker has, comma-separated (set by
+                                    # `batchinf worker --engine`; default native): it claims only their jobs
     device: str                     # BATCHINF_DEVICE: a Celery worker's device, auto | cpu | cuda (set by
                                     # `batchinf worker --device`)
     dispatch_ahead: int             # BATCHINF_DISPATCH_AHEAD: shards the broker may hold beyond the worker processes
@@ -246,6 +248,7 @@ def load_settings() -> Settings:
         price_per_worker_hour=_optional_float("BATCHINF_PRICE_PER_WORKER_HOUR"),
         queue=_text("BATCHINF_QUEUE") or "batchinf",
         visibility_timeout=_int("BATCHINF_VISIBILITY_TIMEOUT", 6 * 3600),
+        engines=tuple(e.strip() for e in (_text("BATCHINF_ENGINES") or "native").split(",") if e.strip()),
         device=_text("BATCHINF_DEVICE") or "auto",
         dispatch_ahead=max(0, _int("BATCHINF_DISPATCH_AHEAD", 2)),
         broker_timeout=max(0.1, _float("BATCHINF_BROKER_TIMEOUT", 10.0)),
@@ -289,6 +292,20 @@ def sandbox_environment() -> dict[str, str]:
     return {name: value for name in ("PYTHONPATH", "TZ") if (value := _text(name))}
 
 
+def foreign_environment() -> dict[str, str]:
+    """This process's environment less batchinf's and AWS's own variables: what a process that
+    batchinf starts with a configuration of its own (`batchinf dev cluster`) inherits besides it."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("BATCHINF_", "AWS_"))}
+
+
 # A forked child (a Celery prefork worker) loads its own: its parent may have cached settings
 # before setting a variable for its children (`batchinf worker` sets BATCHINF_DEVICE so).
 os.register_at_fork(after_in_child=settings.cache_clear)
+
+
+def engine_secret(name: str) -> str | None:
+    """An engine's credential from this worker's environment (the openai-http engine's API key), read
+    when used: `name` is the variable its bundle names, which must be a BATCHINF_OPENAI_HTTP_* one."""
+    if not name.startswith("BATCHINF_OPENAI_HTTP_"):
+        raise ConfigError(f"{name}: an engine's key may be read only from a BATCHINF_OPENAI_HTTP_* variable")
+    return os.environ.get(name) or None

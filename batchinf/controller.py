@@ -32,7 +32,7 @@ def drive(job_id: str, *, workers: int = 1, device: str = "auto", threads: int |
     running job is stepped every `tick` seconds and whenever a worker ends an attempt or idles.
     Each step reads the job once (`lifecycle.advance`); the loop goes by the status it leaves."""
     job = job_repo.get(job_id)
-    pool = WorkerPool(job, workers=workers, device=device, threads=threads)
+    pool = WorkerPool(job, workers=workers, device=device, threads=threads)   # its job's engine, or EngineUnavailable
     try:
         if job.status in {JobStatus.RUNNING, JobStatus.PLANNED, *JOB_PLANNING}:
             pool.start()            # workers load the bundle while the job is pinned and planned
@@ -153,14 +153,15 @@ class Controller:
 
 
 def serve_embedded(stop: threading.Event, *, workers: int = 1, device: str = "auto", threads: int | None = None,
-                   tick_seconds: float = 0.5, scheduler_interval: float = 30.0) -> list[threading.Thread]:
+                   tick_seconds: float = 0.5, scheduler_interval: float = 30.0,
+                   engines: tuple[str, ...] | None = None) -> list[threading.Thread]:
     """What the jobs of an embedded (SQLite) ledger need, beside `batchinf serve`'s API: a
     controller loop over every active job, a pool of local worker processes that lease shards of
     any running job, and the scheduler. Returns the threads; setting `stop` ends them (and the
     workers)."""
     from batchinf.schedules import tick as schedule_tick
 
-    pool = WorkerPool(workers=workers, device=device, threads=threads)
+    pool = WorkerPool(workers=workers, device=device, threads=threads, engines=engines)
     controller = Controller(pool, name=f"serve@{socket.gethostname()}:{os.getpid()}",
                             max_in_flight=2 * max(1, workers), tick_seconds=tick_seconds)
 

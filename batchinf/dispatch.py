@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 from batchinf import failpoints, logs, metrics
 from batchinf.config import settings
+from batchinf.errors import AttemptReleased
 from batchinf.ledger import leases
 from batchinf.ledger import shards as shard_repo
 from batchinf.ledger.events import now
@@ -121,6 +122,10 @@ def _run_lease(lease: Lease, device: str, parent_pid: int | None, nearly_done: C
         result = execute_shard(lease, device=pick_device(device), heartbeat=hb)
         log.info("shard %s attempt %d committed: %d rows, %d error rows", lease.shard_id, lease.attempt,
                  result.output_rows, result.error_rows)
+    except AttemptReleased as exc:              # its job stopped before it finished a record
+        log.info("shard %s attempt %d released: %s", lease.shard_id, lease.attempt, exc)
+        metrics.attempt_ended("released")
+        retrying(leases.release_attempt, lease, str(exc))
     except Exception as exc:  # noqa: BLE001 -- every failure is classified and charged to its shard
         policy = RetryPolicy.from_settings()
         decision = policy.decide(exc, lease.attempt)
@@ -144,12 +149,13 @@ def run_shard(shard_id: str, device: str = "auto", *, speculative: bool = False,
     `host`: this worker's failure domain (its Celery node). False when the shard's last attempt
     failed or lost its worker on this host and another host may take it (`leases.retry_elsewhere`):
     the caller hands the message back to the queue."""
+    engines = settings().engines
     if speculative:
-        lease = retrying(leases.claim_speculative, shard_id, worker_name(), host)
+        lease = retrying(leases.claim_speculative, shard_id, worker_name(), host, engines)
     else:
         if host and retrying(leases.retry_elsewhere, shard_id, host, RetryPolicy.from_settings()):
             return False
-        lease = retrying(leases.claim_shard, shard_id, worker_name(), settings().lease_seconds, host)
+        lease = retrying(leases.claim_shard, shard_id, worker_name(), settings().lease_seconds, host, engines)
     if lease is not None:
         run_lease(lease, device)
     return True
@@ -196,14 +202,15 @@ class WorkSignal:
 
 
 def worker_main(job_ids: list[str] | None, bundle_digest: str | None, device: str, threads: int, parent_pid: int,
-                twins: mp.Queue, work: WorkSignal, wake: EventType) -> None:
+                twins: mp.Queue, work: WorkSignal, wake: EventType, engines: tuple[str, ...] = leases.NATIVE_ONLY) -> None:
     """Entry point of a `WorkerPool`'s process: lease shards of the given jobs (None: of any
     running job) until the parent exits or closes `work`; when idle, run a straggler's twin the
     driver asked for, else sleep until `work` wakes it. Started while its job is still planning,
     it loads the job's bundle (`bundle_digest`) meanwhile; bundles stay loaded per digest between
     jobs. It sets `wake` when it ends an attempt or first finds nothing to do, or starts the last
     chunk of its shard, so the driver steps the job at once (dispatch a split's halves, ask a
-    running shard to split, verify) instead of at its next tick."""
+    running shard to split, verify) instead of at its next tick. It claims only shards of jobs
+    on `engines` (the first one's runtime is the one it loads ahead)."""
     import signal
 
     import torch
@@ -219,17 +226,17 @@ def worker_main(job_ids: list[str] | None, bundle_digest: str | None, device: st
     me = worker_name()
     if bundle_digest is not None:
         try:
-            open_runtime(bundle_digest, device=device)
+            open_runtime(bundle_digest, device=device, engine=engines[0])
         except Exception:  # noqa: BLE001 -- reported (and counted) by the first shard that needs it
             pass
     idle = False
     while os.getppid() == parent_pid and not work.closing.is_set():
         seen = work.seen()
         try:
-            lease = retrying(leases.claim_next, job_ids, me, settings().lease_seconds)
+            lease = retrying(leases.claim_next, job_ids, me, settings().lease_seconds, None, engines)
             while lease is None:
                 try:
-                    lease = retrying(leases.claim_speculative, twins.get_nowait(), me)
+                    lease = retrying(leases.claim_speculative, twins.get_nowait(), me, None, engines)
                 except queue.Empty:
                     break
         except Exception:  # noqa: BLE001 -- the ledger stays unavailable: look again when woken
@@ -245,7 +252,8 @@ def worker_main(job_ids: list[str] | None, bundle_digest: str | None, device: st
             work.wait(seen)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this id exists (a zombie counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -266,10 +274,14 @@ class WorkerPool(Dispatcher):
     steps_beside_tick = True      # its pinning and planning read the tenants' objects in this process
 
     def __init__(self, job: Job | None = None, *, workers: int = 1, device: str = "auto",
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, engines: tuple[str, ...] | None = None) -> None:
+        from batchinf.engines import require
+
         super().__init__()
         self.job_ids = None if job is None else [job.id]
         self.bundle_digest = None if job is None else job.bundle_digest
+        # one job's pool has its job's engine; a shared one the engines it is given (default: native)
+        self.engines = require(engines or ((job.engine,) if job is not None else settings().engines))
         self.device, self.n = device, max(1, workers)
         self.threads = threads or max(1, (os.cpu_count() or 1) // self.n)
         # one job's pool sweeps nothing while the job runs: its zombies die with it, and publishing
@@ -288,7 +300,7 @@ class WorkerPool(Dispatcher):
         while len(self.procs) < min(self.n, self.n if n is None else n):
             p = self.ctx.Process(target=worker_main, name="batchinf-worker", daemon=True,
                                  args=(self.job_ids, self.bundle_digest, self.device, self.threads, os.getpid(),
-                                       self.twins, self.work, self.wake))
+                                       self.twins, self.work, self.wake, self.engines))
             p.start()
             self.procs.append(p)
 
@@ -315,7 +327,7 @@ class WorkerPool(Dispatcher):
             host = socket.gethostname()
             for owner in shard_repo.lease_owners(job.id):
                 h, _, pid = owner.rpartition(":")
-                if h == host and pid.isdigit() and not _pid_alive(int(pid)):
+                if h == host and pid.isdigit() and not pid_alive(int(pid)):
                     self.dead.add(owner)
         return sorted(self.dead)
 
@@ -326,9 +338,12 @@ class WorkerPool(Dispatcher):
         self.start(open_shards if self.job_ids else None)
 
     def quiesce(self, job: Job) -> bool:
-        if self.job_ids is None:
-            return super().quiesce(job)
-        self.stop()      # our workers stop at their next heartbeat once the job has stopped
+        # running attempts commit what they finished at their next batch (or give their lease
+        # back), waking the driver; then the idle workers are stopped
+        if not super().quiesce(job):
+            return False
+        if self.job_ids is not None:
+            self.stop()
         return True
 
     def wait(self, seconds: float) -> None:
@@ -338,9 +353,11 @@ class WorkerPool(Dispatcher):
     def stop(self, timeout: float = 10.0) -> None:
         """Close the workers: an idle one exits now, a busy one after its attempt (which stops at
         its next heartbeat once its job has stopped); kill those still running after `timeout`.
-        Their leases, if any, expire and are taken over by the next driver. `timeout` 0: stop them
-        now (SIGTERM), e.g. once their job is over and they hold nothing."""
+        `timeout` 0: stop them now (SIGTERM): once their job is over and they hold nothing, or on
+        Ctrl-C. Whatever leases they still held are then given back (`released`), so the next
+        driver runs those shards at once, not after their leases expire."""
         self.work.close()
+        stopped = [worker_name(p.pid) for p in self.procs]
         for p in self.procs:
             if timeout <= 0:
                 p.terminate()
@@ -349,3 +366,7 @@ class WorkerPool(Dispatcher):
                 p.kill()
                 p.join()
         self.procs.clear()
+        try:
+            leases.release_workers(stopped, "its driver stopped (Ctrl-C or shutdown)")
+        except Exception:  # noqa: BLE001 -- the ledger is down: the leases expire as they would have
+            log.warning("could not give back the leases of stopped workers; they expire instead")

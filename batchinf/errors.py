@@ -4,7 +4,13 @@ from __future__ import annotations
 
 
 class BatchinfError(Exception):
-    """Base of every error batchinf raises on purpose; the CLI prints these without a traceback."""
+    """Base of every error batchinf raises on purpose; the CLI prints these without a traceback.
+    `param` names the request field at fault and `line` the line of an uploaded file, where one
+    is (the OpenAI API's error envelope carries both)."""
+
+    def __init__(self, *args: object, param: str | None = None, line: int | None = None) -> None:
+        super().__init__(*args)
+        self.param, self.line = param, line
 
 
 class ConfigError(BatchinfError):
@@ -28,12 +34,27 @@ class DeviceUnavailableError(BundleError):
     bundle's fault: the attempt fails and is retried, perhaps on another worker of a mixed fleet."""
 
 
+class RecordsFailed(BatchinfError):
+    """Some requests of one engine call ended without an answer (a remote engine's retries ran out,
+    or the server refused them): request key -> why. Each becomes its record's error row; the
+    answers the call gave stand."""
+
+    def __init__(self, failures: dict[int, str]) -> None:
+        super().__init__(f"{len(failures)} record(s) got no answer")
+        self.failures = failures
+
+
 class LedgerError(BatchinfError):
     """The ledger refused an operation (illegal transition, unknown job or shard)."""
 
 
 class StaleAttemptError(LedgerError):
     """An attempt lost its fencing token: another attempt owns the shard now."""
+
+
+class AttemptReleased(BatchinfError):
+    """The attempt stops without committing (its job was cancelled before it finished a record):
+    its lease is given back, charged to nothing."""
 
 
 class StoreError(BatchinfError):

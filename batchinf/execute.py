@@ -16,7 +16,7 @@ from batchinf import failpoints, metrics
 from batchinf.planning import sizing
 from batchinf.bundles import open_runtime
 from batchinf.config import settings
-from batchinf.errors import StaleAttemptError
+from batchinf.errors import AttemptReleased, StaleAttemptError
 from batchinf.heartbeat import Heartbeat
 from batchinf.ledger import leases
 from batchinf.ledger import splits
@@ -27,27 +27,48 @@ from batchinf.retry_policy import retrying
 from batchinf.store import get_store, join
 from batchinf.tasks import get_task
 
-SPLIT_POLL_SECONDS = 0.25   # a split request waits at most this long (one indexed read per poll)
+WATCH_POLL_SECONDS = 0.25   # a split or a cancel waits at most this long (one indexed read per poll)
 
 
-class SplitWatch:
-    """Whether the lifecycle asked this attempt to split (`splits.split_wanted`), read from the
-    ledger at most every `every` seconds (the first time when first asked), so a loop may ask
-    at every record or decode step. A failed read counts as not yet: the next one retries."""
+class Watch:
+    """What the lifecycle wants of this attempt (`splits.wanted`), read from the ledger at most
+    every `every` seconds (the first time when first asked), so a loop may ask at every record or
+    decode step: calling it says whether to split (stop admitting records; a stop says so too),
+    `stop()` whether its job was cancelled (stop at the next batch or step, keep what is done). A
+    failed read counts as nothing yet: the next one retries."""
 
     def __init__(self, lease: Lease, every: float) -> None:
         self.lease, self.every = lease, every
         self._next = 0.0
-        self._wanted = False
+        self._said: str | None = None
 
-    def __call__(self) -> bool:
-        if not self._wanted and (t := time.monotonic()) >= self._next:
+    def _poll(self) -> str | None:
+        if self._said != splits.STOP and (t := time.monotonic()) >= self._next:
             self._next = t + self.every
             try:
-                self._wanted = splits.split_wanted(self.lease)
-            except Exception:  # noqa: BLE001 -- a missed poll only delays the split
+                self._said = splits.wanted(self.lease) or self._said
+            except Exception:  # noqa: BLE001 -- a missed poll only delays the split or the stop
                 pass
-        return self._wanted
+        return self._said
+
+    def __call__(self) -> bool:
+        return self._poll() is not None
+
+    def stop(self) -> bool:
+        return self._poll() == splits.STOP
+
+
+class _StopOnly:
+    """A Watch for a shard that may not split (splitting is off): it only ever says stop."""
+
+    def __init__(self, watch: Watch) -> None:
+        self.watch = watch
+
+    def __call__(self) -> bool:
+        return self.watch.stop()
+
+    def stop(self) -> bool:
+        return self.watch.stop()
 
 
 def _staged_errors(c: dict[str, list[Any]], attempt: int) -> list[dict[str, Any]]:
@@ -129,13 +150,17 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
 
     Asked to split (`ledger.splits`), the attempt commits the records it has done and stages the
     others as the shard's children: a streaming task at its next chunk boundary (the done records
-    are a prefix of the staged ones), generate once its records in flight finish (any subset)."""
+    are a prefix of the staged ones), generate once its records in flight finish (any subset).
+    When its job is cancelled it does the same at once (generate: at its next decode step), so the
+    cancelled job keeps what was finished; with nothing finished it gives its lease back."""
     t0 = time.perf_counter()
     job, shard = lease.job, lease.shard
     m = job.manifest
     if m.options.device != "auto":
         device = m.options.device
-    runtime = open_runtime(job.bundle_digest, device=device, with_model=shard.bucket >= 0)
+    runtime = open_runtime(job.bundle_digest, device=device, with_model=shard.bucket >= 0, engine=job.engine)
+    if (starting := getattr(runtime, "begin_shard", None)) is not None:
+        starting(job.id)        # a remote engine replays the fixtures at each job's start and every N shards
 
     def check() -> None:
         if heartbeat is not None and heartbeat.lost.is_set():
@@ -156,13 +181,18 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
     rest: np.ndarray | None = None  # when splitting: staged positions of the records left to children
     chunk = sizing.split_chunk_work()         # 0: no splitting; else at least a batch a chunk
     chunk = chunk and max(chunk, int(getattr(m.options, "max_batch_tokens", 0) or 0))
-    wanted = SplitWatch(lease, min(SPLIT_POLL_SECONDS, settings().heartbeat_seconds)) if chunk else None
+    watch = Watch(lease, min(WATCH_POLL_SECONDS, settings().heartbeat_seconds))
     retrying(leases.computing, lease, True)     # from here a lost worker counts against the records
     try:
         for staged in _staged_chunks(shard.input_uri, task.streams, chunk):
+            if watch.stop():
+                if not done:
+                    raise AttemptReleased(f"job {job.id} stopped before attempt {lease.attempt} finished a record")
+                rest = np.arange(done, shard.num_records)
+                break
             # split only while the rest is worth handing over (the request may be a chunk old)
-            if (done and done < shard.num_records and wanted is not None
-                    and shard.num_tokens - done_tokens >= sizing.min_split_work() and wanted()):
+            if (chunk and done and done < shard.num_records
+                    and shard.num_tokens - done_tokens >= sizing.min_split_work() and watch()):
                 rest = np.arange(done, shard.num_records)
                 break
             check()
@@ -172,7 +202,7 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
             # a streaming task reports progress per staged batch; a whole-shard one (generate)
             # per finished record, through the callback it calls as each one finishes, and
             # stops starting records once a split is wanted (those left come back `deferred`)
-            run = task.run(c, runtime, m.options, check if task.streams else finished, wanted)
+            run = task.run(c, runtime, m.options, check if task.streams else finished, watch if chunk else _StopOnly(watch))
             errors = _staged_errors(c, lease.attempt) + _inference_errors(c, run.failures, lease.attempt, run.codes)
             results.write(run.table)
             failures.write(pa.Table.from_pylist(errors, schema=ERROR_SCHEMA))
@@ -185,6 +215,8 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
                 rest = np.asarray(run.deferred, dtype=np.int64)
             done += staged.num_rows - len(run.deferred)
             done_tokens += sum(c["n_tokens"]) - sum(c["n_tokens"][i] for i in run.deferred)
+        if rest is not None and not done:
+            raise AttemptReleased(f"job {job.id} stopped before attempt {lease.attempt} finished a record")
         retrying(leases.computing, lease, False)
         children = [] if rest is None else _split_children(job.work_uri, shard, lease, rest)
     except BaseException:

@@ -18,6 +18,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
 from pydantic.json_schema import GenerateJsonSchema
 
 from batchinf.documents import DocumentError, parse_document
+from batchinf.engines import ENGINES
 from batchinf.errors import ManifestError
 from batchinf.manifest_rules import (BOOLEAN, DURATION, INT64_MIN, KEY, LIMITED, NAME, NULL_IS_DEFAULT, OUTPUT, STRING, TEXT,
                                      Section, Refused, choice, integer, manifest_error, nullable, number, parse_duration,
@@ -100,11 +101,15 @@ class JobManifest(Section):
     # a document names output and deadline; Python code output_uri and deadline_seconds
     model_config = ConfigDict(title="batchinf job manifest", validate_by_name=True, validate_by_alias=True)
 
-    name: Annotated[str, NAME] = Field(description="the job's name, shown in its status (printable, at most 256 "
+    name: Annotated[str, NAME] = Field(description="the job's name, shown in its status (printable, at most 200 "
                                                     "characters)")
     task: Annotated[str, choice(TASKS)] = "embed"
     bundle: Annotated[str, TEXT] = Field(
         description="NAME (newest), NAME@ALIAS, or sha256:HEX; resolved to a digest at submit")
+    engine: Annotated[str | None, nullable(choice(ENGINES))] = Field(
+        None, description="what executes the bundle: native (batchinf's runtime), vllm, or openai-http (the server "
+                          "the bundle names); default: the bundle's declared engine, else native. The job waits for "
+                          "a worker that has it")
     input: InputSpec
     output_uri: Annotated[str, OUTPUT] = Field(alias="output", description="where the output is published")
     shards: Annotated[ShardSpec, NULL_IS_DEFAULT] = Field(default_factory=ShardSpec)

@@ -136,7 +136,7 @@ BOOLEAN = Rule(lambda v, w: None if isinstance(v, bool) else f"{w} must be true 
 # name and bundle: any value is taken as its text, as it always was, so a YAML date or number works
 # (the schema states the intent: a non-empty string)
 TEXT = Rule(lambda v, w: None, {"type": "string", "minLength": 1}, str)
-MAX_NAME_CHARS = 256
+MAX_NAME_CHARS = 200            # the ledger's name columns are String(200)
 
 
 def _name_problem(v: Any, where: str) -> str | None:

@@ -83,7 +83,8 @@ def shard_committed(bundle: str, result: Any) -> None:
 
 
 def attempt_ended(reason: str) -> None:
-    """dispatch.py: an attempt raised (`error`), lost its lease (`stale`) or met a bad `bundle`."""
+    """dispatch.py: an attempt raised (`error`), lost its lease (`stale`), met a bad `bundle` or gave
+    its lease back because its job stopped (`released`)."""
     ATTEMPTS_ENDED.labels(reason).inc()
 
 

@@ -12,6 +12,7 @@ appears exactly once in the new output. Lineage: the new job's `retry_of`, the o
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from batchinf.errors import BatchinfError, LedgerError, ManifestError, NotFoundError
 from batchinf.ledger import jobs as job_repo
@@ -32,9 +33,26 @@ class RerunConflict(LedgerError):
     """The job cannot be rerun in its current state (it is still active)."""
 
 
+@dataclass(frozen=True)
+class Rerun:
+    job_id: str                             # the new job
+    input_errors: dict[str, int]            # the old job's input errors by code, not run again
+
+
+def _input_codes_refused(job_id: str, codes: list[str], input_errors: dict[str, int]) -> None:
+    """Codes asked for by name that only input errors have: running them again cannot change them."""
+    named = [c for c in codes if c in input_errors and not retry_records.error_records(job_id, [c])]
+    if named:
+        raise ManifestError(
+            f"{', '.join(named)} {'is an input error' if len(named) == 1 else 'are input errors'} of job {job_id}: "
+            "planning refused those records, and the same pinned input gives the same error again. Fix the "
+            "input and submit it as a new job (with a new idempotency_key); the job output's errors/ rows "
+            f"(or GET /v1/jobs/{job_id}/errors?code={named[0]}) name each record and its fix")
+
+
 def select_records(job_id: str, codes: list[str] | None, not_done: bool) -> list[tuple[str, int]] | None:
     """The (source, ordinal) records to run again, sorted; None means every pinned record (the
-    job never got as far as planning shards)."""
+    job never got as far as planning shards). Input errors are never selected (`Rerun`)."""
     chosen: set[tuple[str, int]] = set()
     if codes is not None:
         chosen.update(retry_records.error_records(job_id, None if ALL in codes else codes))
@@ -52,10 +70,9 @@ def select_records(job_id: str, codes: list[str] | None, not_done: bool) -> list
 
 
 def rerun_job(old: Job, caller: Caller, *, errors: list[str] | None = None, not_done: bool = False,
-              output: str | None = None) -> str:
+              output: str | None = None) -> Rerun:
     """Create the retry job for `caller` (through `submit`, like every job: a tenant's request is
-    confined, so its `output` must be a prefix it may write) and record the lineage; returns the
-    new job's id."""
+    confined, so its `output` must be a prefix it may write) and record the lineage."""
     job_id = old.id
     if caller.tenant != old.tenant:
         raise NotFoundError(f"no job {job_id!r}")
@@ -65,10 +82,15 @@ def rerun_job(old: Job, caller: Caller, *, errors: list[str] | None = None, not_
     if errors is None and not not_done:
         raise ManifestError("say what to run again: --errors CODE,... (or --errors all) for error rows, "
                             "and/or --not-done for records that never finished")
+    input_errors = retry_records.input_error_counts(job_id) if errors else {}
+    if errors and ALL not in errors:
+        _input_codes_refused(job_id, errors, input_errors)
     selection = select_records(job_id, errors, not_done)
     if selection == []:
         what = " and ".join(w for w in (f"no error rows with code {', '.join(errors)}" if errors else "",
                                         "no unfinished records" if not_done else "") if w)
+        if input_errors:
+            what += f" (only input errors, which a retry cannot change: {_counts(input_errors)})"
         raise ManifestError(f"nothing to retry: job {job_id} has {what}")
     n = len(status(job_id)["retries"]) + 1
     out = output or old.output_uri.rstrip("/") + f"-retry-{n}/"
@@ -76,7 +98,19 @@ def rerun_job(old: Job, caller: Caller, *, errors: list[str] | None = None, not_
         "output_uri": out, "bundle": old.bundle_digest, "idempotency_key": f"retry-{n}-of-{job_id}"})
     new_id, _ = submit(manifest, caller, retry_of=job_id, selection=selection)
     _note_retry(old.output_uri, {"job_id": new_id, "output_uri": job_repo.get(new_id).output_uri})
-    return new_id
+    return Rerun(new_id, input_errors if errors and ALL in errors else {})
+
+
+def _counts(by_code: dict[str, int]) -> str:
+    return ", ".join(f"{code}: {n}" for code, n in by_code.items())
+
+
+def input_errors_note(rerun: Rerun) -> str | None:
+    """What `--errors all` left out, for the CLI to say."""
+    if not rerun.input_errors:
+        return None
+    return (f"not retried: {sum(rerun.input_errors.values())} input errors ({_counts(rerun.input_errors)}); "
+            "the same pinned input gives the same errors again: fix the input and submit a new job")
 
 
 def _note_retry(output_uri: str, entry: dict[str, str]) -> None:

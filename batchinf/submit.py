@@ -40,6 +40,7 @@ def submit(manifest: JobManifest, caller: Caller, *, schedule: str | None = None
         raise ManifestError(f"bundle {manifest.bundle} is a {bundle_task} model and this job's task is "
                             f"{manifest.task}; choose a {manifest.task} bundle or set task: {bundle_task}")
     check_manifest(manifest, digest, tenant)       # every number the tenant set, against its limits
+    engine = _engine(manifest, digest)
     _check_max_length(manifest, digest)
     where = "input.uri" if manifest.input.uri else "input.manifest"
     plain = caller.operator
@@ -62,7 +63,7 @@ def submit(manifest: JobManifest, caller: Caller, *, schedule: str | None = None
         "input_uri": input_uri, "output_uri": output_uri, "work_uri": join(output_uri, "_work", job_id) + "/",
         "priority": manifest.priority, "schedule": schedule, "created_at": t, "updated_at": t, "confined": confined,
         "deadline_at": (t + manifest.deadline_seconds) if manifest.deadline_seconds else None,
-        "retry_of": retry_of, "hold": hold}, selection)
+        "retry_of": retry_of, "hold": hold, "engine": engine}, selection)
 
 
 class IdempotencyConflict(LedgerError):
@@ -83,6 +84,14 @@ def check_same_manifest(job_id: str, key: str, manifest: JobManifest) -> None:
         raise IdempotencyConflict(
             f"idempotency_key {key!r} was used by job {job_id} with a different manifest; these fields "
             f"differ: {', '.join(changed)}. Submit it under a new idempotency_key, or restore the fields")
+
+
+def _engine(manifest: JobManifest, digest: str) -> str:
+    """The engine the job runs on: the manifest's, else the bundle's declared one, else native."""
+    from batchinf.engines import job_engine
+    from batchinf.ledger.registry import meta
+
+    return job_engine(manifest.engine, meta(digest), manifest.task, manifest.bundle)
 
 
 def _check_max_length(manifest: JobManifest, digest: str) -> None:

@@ -229,7 +229,7 @@ def _precision(job: Job) -> str:
     float32 on CPU, the bundle's dtype on CUDA."""
     meta = registry.meta(job.bundle_digest)
     dtype, device = str(meta.get("dtype", "float32")), getattr(job.manifest.options, "device", "auto")
-    if meta.get("engine"):          # another engine's bundle (CTranslate2) states its own
+    if meta.get("backend"):         # a bundle run through another library (CTranslate2) states its own
         return str(meta["precision"])
     if meta.get("precision") == "int8" or dtype == "float32" or device == "cpu":
         return str(meta.get("precision", "float32"))

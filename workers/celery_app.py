@@ -119,7 +119,8 @@ def execute_shard(self: Task, shard_id: str, speculative: bool = False) -> None:
     from batchinf.retry_policy import RetryPolicy
 
     if not run_shard(shard_id, settings().device, speculative=speculative, host=self.request.hostname):
-        execute_shard.apply_async(args=[shard_id], countdown=RetryPolicy.from_settings().elsewhere_countdown)
+        execute_shard.apply_async(args=[shard_id], countdown=RetryPolicy.from_settings().elsewhere_countdown,
+                                  queue=_queues([shard_id])[shard_id])
 
 
 @app.task(name="batchinf.pin_job")
@@ -197,11 +198,13 @@ class CeleryDispatcher(Dispatcher):
                                     time_limit=limit + 30)
 
     def send(self, shard_ids: list[str]) -> None:
-        for shard_id in shard_ids:
-            execute_shard.apply_async(args=[shard_id])
+        """Each shard to the queue of its job's engine (engines.queue_of), read only by workers that have it."""
+        for shard_id, queue in _queues(shard_ids).items():
+            execute_shard.apply_async(args=[shard_id], queue=queue)
 
     def _send_twin(self, shard_id: str) -> None:
-        execute_shard.apply_async(args=[shard_id], kwargs={"speculative": True})
+        for shard_id, queue in _queues([shard_id]).items():
+            execute_shard.apply_async(args=[shard_id], kwargs={"speculative": True}, queue=queue)
 
     def workers(self) -> int | None:
         """The live fleet on this queue: pool processes of the workers that consume it (asked every
@@ -213,6 +216,23 @@ class CeleryDispatcher(Dispatcher):
             up = max(processes_up(settings().queue), attempt_repo.recent_workers(RECENT_WORKER_SECONDS))
             self._fleet = (time.monotonic(), up)
         return up or None
+
+
+def _queues(shard_ids: list[str]) -> dict[str, str]:
+    from batchinf.engines import queue_of
+    from batchinf.ledger import shards as shard_repo
+
+    if not shard_ids:
+        return {}
+    engines = shard_repo.engines_of(shard_ids)
+    return {s: queue_of(settings().queue, engines.get(s, "native")) for s in shard_ids}
+
+
+def engine_queues(engines: tuple[str, ...]) -> list[str]:
+    """The shard queues a worker with these engines reads."""
+    from batchinf.engines import queue_of
+
+    return [queue_of(settings().queue, e) for e in engines]
 
 
 def processes_up(queue: str) -> int:

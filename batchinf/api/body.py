@@ -13,7 +13,7 @@ from typing import Any
 
 from fastapi import Request
 
-from batchinf.api.errors import ApiError, body
+from batchinf.api.errors import ApiError, error_body
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -64,8 +64,8 @@ async def read_limited(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _answer(send: Send, exc: ApiError) -> None:
-    payload = json.dumps(body(exc.code, exc.message)).encode()
+async def _answer(send: Send, exc: ApiError, path: str) -> None:
+    payload = json.dumps(error_body(path, exc.status, exc.code, exc.message)).encode()
     await send({"type": "http.response.start", "status": exc.status,
                 "headers": [(b"content-type", b"application/json"), (b"connection", b"close"),
                             (b"content-length", str(len(payload)).encode())]})
@@ -96,7 +96,7 @@ class BodyLimit:
         try:
             declared_length(headers, limit, fix)
         except ApiError as exc:
-            await _answer(send, exc)
+            await _answer(send, exc, scope.get("path", ""))
             return
         seen, over, started = 0, False, False
 
@@ -125,4 +125,4 @@ class BodyLimit:
             if not over or started:
                 raise
         if over and not started:
-            await _answer(send, TooLarge(limit, None, fix))
+            await _answer(send, TooLarge(limit, None, fix), scope.get("path", ""))

@@ -54,6 +54,6 @@ def retry_job(job_id: JobId, body: RetryRequest, tenant: Tenant) -> Any:
     from batchinf.scopes import Caller
 
     _load_job(job_id, tenant)
-    new_id = rerun_job(get_job(job_id, tenant=tenant), Caller(tenant), errors=body.errors, not_done=body.not_done,
+    rerun = rerun_job(get_job(job_id, tenant=tenant), Caller(tenant), errors=body.errors, not_done=body.not_done,
                       output=body.output)
-    return _load_job(new_id, tenant)
+    return _load_job(rerun.job_id, tenant)

@@ -119,12 +119,14 @@ def _submit(raw: Any, tenant: str) -> tuple[dict[str, Any], bool]:
 
 @router.get("/v1/jobs", response_model=JobPage, tags=["jobs"], responses=PAGED)
 def list_jobs(request: Request, tenant: Tenant, status: JobStatus | None = None, name: Text = None,
-              schedule: Text = None, limit: Limit = 50, cursor: Cursor = None) -> Any:
-    """This tenant's jobs, newest first, filtered by status, name or schedule."""
+              schedule: Text = None, name_contains: Text = None, limit: Limit = 50,
+              cursor: Cursor = None) -> Any:
+    """This tenant's jobs, newest first, filtered by status, name (exact), name_contains (a
+    case-insensitive substring) or schedule."""
     from batchinf.ledger.status import page_jobs
 
     items, nxt = page_jobs(limit, tenant=tenant, status_is=status.value if status else None, name=name,
-                           schedule=schedule, cursor=cursor)
+                           schedule=schedule, name_contains=name_contains, cursor=cursor)
     return _page(request, [shown(j, tenant) for j in items], nxt)
 
 

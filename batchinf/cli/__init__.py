@@ -16,6 +16,7 @@ imports this one back. Library modules never import `batchinf.cli`.
 | `fleet.py` | worker, controller |
 | `tenants.py`, `limits.py` | tenant grant, revoke, show, limit |
 | `batches.py` | files upload, list, show, download, delete; batches create, list, show, cancel |
+| `dev.py` | dev cluster, down (a local cluster on loopback) |
 | `common.py` | console, emit, friendly, shared options, progress bars, print_status |
 """
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import click
 
-from batchinf.cli import batches, bundles, db, fleet, info, jobs, schedules, service, tenants
+from batchinf.cli import batches, bundles, db, dev, fleet, info, jobs, schedules, service, tenants
 from batchinf.version import __version__
 
 # long-running processes log at INFO by default; other commands print results and log warnings
@@ -54,7 +55,7 @@ def main(ctx: click.Context, log_format: str | None, log_level: str | None) -> N
     logs.configure(s.log_format, s.log_level or ("INFO" if ctx.invoked_subcommand in DAEMONS else "WARNING"))
 
 
-for _module in (jobs, bundles, db, service, schedules, fleet, tenants, info, batches):
+for _module in (jobs, bundles, db, service, schedules, fleet, tenants, info, batches, dev):
     for _command in _module.COMMANDS:
         main.add_command(_command)
 

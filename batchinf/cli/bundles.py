@@ -15,6 +15,36 @@ def bundle() -> None:
     """Model bundles: import, list, verify, alias."""
 
 
+def endpoint_options(fn: Any) -> Any:
+    """--engine openai-http and the server it names (pinned into the bundle)."""
+    for opt in reversed([
+        click.option("--engine", type=click.Choice(["native", "openai-http"]), default="native", show_default=True,
+                     help="openai-http: the bundle is executed by the OpenAI-compatible server at --base-url; its "
+                          "answers to the fixture prompts are pinned now"),
+        click.option("--base-url", default=None, help="--engine openai-http: the server, e.g. http://127.0.0.1:8080/v1"),
+        click.option("--served-model", default=None, help="--engine openai-http: the server's model name"),
+        click.option("--api-key-env", default=None,
+                     help="--engine openai-http: the worker's variable holding the key (BATCHINF_OPENAI_HTTP_*; "
+                          "default BATCHINF_OPENAI_HTTP_API_KEY)"),
+        click.option("--concurrency", type=int, default=None, help="--engine openai-http: requests in flight per worker"),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+def endpoint_of(engine: str, base_url: str | None, served_model: str | None, api_key_env: str | None,
+                concurrency: int | None) -> dict[str, Any] | None:
+    if engine != "openai-http":
+        if base_url or served_model:
+            raise click.BadParameter("only with --engine openai-http", param_hint="--base-url/--served-model")
+        return None
+    if not base_url or not served_model:
+        raise click.BadParameter("--engine openai-http needs --base-url and --served-model", param_hint="--engine")
+    from batchinf.engines.openai_http import endpoint_spec
+
+    return endpoint_spec(base_url, served_model, api_key_env=api_key_env, concurrency=concurrency)
+
+
 @bundle.command("import")
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 @click.option("--name", required=True)
@@ -32,10 +62,13 @@ def bundle() -> None:
 @click.option("--matryoshka-dims", default=None, metavar="N,N,...",
               help="Embedding models trained for truncation (Matryoshka): the vector sizes they may be cut to, "
                    "e.g. 256,128,64; requests may then ask for `dimensions`.")
+@endpoint_options
 @json_option
 @friendly
 def bundle_import(directory: str, name: str, alias: str | None, max_length: int | None, dtype: str,
-                  precision: str, int8_scheme: str | None, matryoshka_dims: str | None, as_json: bool) -> None:
+                  precision: str, int8_scheme: str | None, matryoshka_dims: str | None, engine: str,
+                  base_url: str | None, served_model: str | None, api_key_env: str | None, concurrency: int | None,
+                  as_json: bool) -> None:
     """Import a model directory as a bundle; prints its digest."""
     from batchinf.bundles import import_bundle
 
@@ -47,7 +80,8 @@ def bundle_import(directory: str, name: str, alias: str | None, max_length: int 
     if int8_scheme and precision != "int8":
         raise click.BadParameter("only with --precision int8", param_hint="--int8-scheme")
     info = import_bundle(directory, name, alias=alias, max_length=max_length, dtype=dtype, matryoshka_dims=dims,
-                         precision=precision, int8_scheme=int8_scheme)
+                         precision=precision, int8_scheme=int8_scheme,
+                         endpoint=endpoint_of(engine, base_url, served_model, api_key_env, concurrency))
     emit(info.to_dict(), as_json, lambda i: click.echo(i["digest"]))
 
 
@@ -57,13 +91,17 @@ def bundle_import(directory: str, name: str, alias: str | None, max_length: int 
 @click.option("--alias", default=None)
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True,
               help="Stored weights and CUDA compute dtype (CPU always runs float32).")
+@endpoint_options
 @json_option
 @friendly
-def bundle_import_gguf(file: str, name: str, alias: str | None, dtype: str, as_json: bool) -> None:
+def bundle_import_gguf(file: str, name: str, alias: str | None, dtype: str, engine: str, base_url: str | None,
+                       served_model: str | None, api_key_env: str | None, concurrency: int | None,
+                       as_json: bool) -> None:
     """Convert a GGUF Llama-family model (dequantised) into a bundle; prints its digest."""
     from batchinf.bundles import import_gguf
 
-    info = import_gguf(file, name, alias=alias, dtype=dtype)
+    info = import_gguf(file, name, alias=alias, dtype=dtype,
+                       endpoint=endpoint_of(engine, base_url, served_model, api_key_env, concurrency))
     emit(info.to_dict(), as_json, lambda i: click.echo(i["digest"]))
 
 

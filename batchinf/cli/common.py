@@ -95,7 +95,8 @@ def print_status(s: dict[str, Any]) -> None:
             f"{c['records_total'] if c['records_total'] is not None else '?'} total", highlight=False)
     o.print(f"  shards   {sh['committed']}/{sh['total']} committed, {sh['running']} running, "
             f"{sh['pending']} pending", highlight=False)
-    o.print(f"  bundle   {s['bundle']} ({s['bundle_digest']})", highlight=False)
+    pinned = "" if s["bundle"] == s["bundle_digest"] else f" ({s['bundle_digest']})"    # a job named by digest
+    o.print(f"  bundle   {s['bundle']}{pinned}", highlight=False)
     o.print(f"  output   {s['output_uri']}", highlight=False)
     if s.get("error"):
         o.print(f"  [red]error[/red]    {s['error']}", highlight=False)

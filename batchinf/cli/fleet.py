@@ -23,14 +23,17 @@ def refuse_embedded(what: str) -> None:
 @click.option("--concurrency", default=1, show_default=True, help="Worker processes.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--threads", type=int, default=None, help="Torch threads per process (default: cores / concurrency).")
+@click.option("--engine", "engines", multiple=True, type=click.Choice(["native", "vllm", "openai-http"]),
+              help="An engine this worker has (repeat for several; default native): it reads their queues and "
+              "claims only their jobs' shards. Refused when the engine's package is missing.")
 @click.option("--hostname", "-n", default="batchinf@%h", show_default=True,
               help="The Celery node name, stable across restarts (%h: this host). Several workers on one host "
               "need one name each, e.g. batchinf-2@%h.")
 @metrics_port_option
 @click.argument("celery_args", nargs=-1, type=click.UNPROCESSED)
 @friendly
-def worker(concurrency: int, device: str, threads: int | None, hostname: str, metrics_port: int | None,
-           celery_args: tuple[str, ...]) -> None:
+def worker(concurrency: int, device: str, threads: int | None, engines: tuple[str, ...], hostname: str,
+           metrics_port: int | None, celery_args: tuple[str, ...]) -> None:
     """A Celery worker (distributed mode). Its processes keep loaded bundles cached by digest.
     Options after `--` go to `celery worker` as they are, e.g. `batchinf worker -- --autoscale=4,1
     --max-tasks-per-child=50`."""
@@ -40,6 +43,9 @@ def worker(concurrency: int, device: str, threads: int | None, hostname: str, me
     from batchinf.config import settings
 
     require_device(device)      # a worker without CUDA never starts as a cuda worker
+    from batchinf.engines import require
+
+    engines = require(engines)  # a worker without vllm never starts as a vllm worker
     refuse_embedded("worker")
 
     if metrics_port:
@@ -52,13 +58,15 @@ def worker(concurrency: int, device: str, threads: int | None, hostname: str, me
 
         metrics.serve(metrics_port)
     os.environ["BATCHINF_DEVICE"] = device
+    os.environ["BATCHINF_ENGINES"] = ",".join(engines)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads or max(1, (os.cpu_count() or 1) // concurrency)))
     from batchinf.config import settings
 
     settings.cache_clear()            # the variables just set reach this process's settings too
-    from batchinf.workers.celery_app import QUEUE, app, plan_queue
+    from batchinf.workers.celery_app import app, engine_queues, plan_queue
 
-    app.worker_main(["worker", "--concurrency", str(concurrency), "--pool", "prefork", "-Q", f"{QUEUE},{plan_queue()}",
+    queues = ",".join([*engine_queues(engines), plan_queue()])
+    app.worker_main(["worker", "--concurrency", str(concurrency), "--pool", "prefork", "-Q", queues,
                      "--loglevel", settings().log_level or "INFO", "--without-gossip", "--without-mingle",
                      "-n", hostname, *celery_args])
 

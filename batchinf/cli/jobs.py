@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.table import Table
@@ -13,6 +13,9 @@ from rich.table import Table
 from batchinf.cli.common import (console, emit, friendly, json_option, print_status, progress, stdout_console,
                                  tenant_filter, tenant_option, ticker)
 from batchinf.ledger.states import JobStatus
+
+if TYPE_CHECKING:
+    from batchinf.ledger.models import Job
 
 
 def default_workers() -> int:
@@ -38,6 +41,7 @@ def run(manifest: str, workers: int | None, threads: int | None, device: str, as
     resumes the same job from the ledger. Exits 0 only when the job succeeded."""
     from batchinf.bundles import require_device
     from batchinf.controller import drive
+    from batchinf.ledger.jobs import get as job_row
     from batchinf.ledger.states import JobStatus
     from batchinf.ledger.status import status
     from batchinf.manifest import load_manifest
@@ -46,11 +50,13 @@ def run(manifest: str, workers: int | None, threads: int | None, device: str, as
 
     require_device(device)      # refused up front, not after workers failed their attempts
     job_id, created = submit(load_manifest(manifest), Caller(tenant, operator=True))
-    if not created and finished_hint(job_id):
+    job = None if created else job_row(job_id)
+    if job is not None and finished_hint(job):
         emit(status(job_id), as_json, print_status)
         sys.exit(0 if status(job_id)["status"] == JobStatus.SUCCEEDED else 1)
-    if not created and not as_json:
-        console.print(f"resuming {job_id}", highlight=False)
+    if job is not None and not as_json:
+        said = "running the job `batchinf plan` planned:" if job.status == JobStatus.PLANNED else "resuming"
+        console.print(f"{said} {job_id}", highlight=False)
     with progress(as_json) as bar:
         tick = ticker(bar, job_id)
         try:
@@ -84,10 +90,11 @@ def submit(manifest: str, wait: bool, as_json: bool, tenant: str) -> None:
     from batchinf.scopes import Caller
 
     job_id, created = do_submit(load_manifest(manifest), Caller(tenant, operator=True))
-    if not created and not finished_hint(job_id):
+    if not created:
         from batchinf.ledger.jobs import get as job_row, release
 
-        if job_row(job_id).status == JobStatus.PLANNED:
+        job = job_row(job_id)
+        if not finished_hint(job) and job.status == JobStatus.PLANNED:
             release(job_id)      # planned by `batchinf plan`: its shards run now
     s = status(job_id)
     from batchinf.config import settings
@@ -105,13 +112,12 @@ def submit(manifest: str, wait: bool, as_json: bool, tenant: str) -> None:
         sys.exit(0 if s["status"] == JobStatus.SUCCEEDED else 1)
 
 
-def finished_hint(job_id: str) -> bool:
+def finished_hint(job: Job) -> bool:
     """When a manifest's job has already finished, say so and how to get a new job; returns
     whether it had finished."""
-    from batchinf.ledger.jobs import get as job_row
     from batchinf.ledger.states import JOB_TERMINAL, JobStatus
 
-    job = job_row(job_id)
+    job_id = job.id
     if job.status not in JOB_TERMINAL:
         return False
     key = f"idempotency_key {job.idempotency_key!r}"
@@ -149,14 +155,17 @@ def retry(job_id: str, codes: str | None, not_done: bool, output: str | None, de
     from batchinf.ledger.states import JobStatus
     from batchinf.ledger.status import status as job_status
     from batchinf.ledger.jobs import get as get_job
-    from batchinf.rerun import rerun_job
+    from batchinf.rerun import input_errors_note, rerun_job
     from batchinf.scopes import Caller
 
     errors = [c.strip() for c in codes.split(",") if c.strip()] if codes is not None else None
     old = get_job(job_id, tenant=tenant)
-    new_id = rerun_job(old, Caller(old.tenant, operator=True), errors=errors, not_done=not_done, output=output)
+    rerun = rerun_job(old, Caller(old.tenant, operator=True), errors=errors, not_done=not_done, output=output)
+    new_id = rerun.job_id
     if not as_json:
         console.print(f"{new_id} retries {job_id}", highlight=False)
+        if (note := input_errors_note(rerun)):
+            console.print(note, highlight=False)
     final = job_status(new_id)["status"]
     if not detach:
         with progress(as_json) as bar:
@@ -249,8 +258,9 @@ def status(job_id: str, as_json: bool, tenant: str | None) -> None:
 @tenant_filter
 @friendly
 def cancel(job_id: str, as_json: bool, tenant: str | None) -> None:
-    """Cancel a job: dispatch stops, running attempts stop within a heartbeat, committed results
-    stay and `_PARTIAL.json` describes what is done. `_SUCCESS` is never written."""
+    """Cancel a job: dispatch stops, running attempts stop at their next batch and commit what
+    they finished, committed results stay and `_PARTIAL.json` describes what is done. `_SUCCESS`
+    is never written."""
     from batchinf.controller import cancel as do_cancel
     from batchinf.ledger.status import status as job_status
 

@@ -67,8 +67,9 @@ def _json_object(raw: bytes | None, ordinal: int, where: str,
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as exc:
+        at = "" if exc.msg.endswith(" at") else " at"        # ("Unterminated string starting at")
         return InputRecord(ordinal, None, None, "malformed_json",
-                           f"{where}: malformed JSON ({exc.msg} at column {exc.colno})")
+                           f"{where}: malformed JSON ({exc.msg}{at} column {exc.colno})")
     except Exception as exc:  # noqa: BLE001 -- whatever a hostile line raises is that line's error
         return InputRecord(ordinal, None, None, "malformed_json", f"{where}: malformed JSON ({parse_problem(exc)})")
     if not isinstance(obj, dict):

@@ -113,6 +113,38 @@ def alembic_config(url: str):  # noqa: ANN201
     return cfg
 
 
+def _server_admin(server_url: str) -> Engine:
+    """An autocommit engine on a PostgreSQL server's `postgres` database (CREATE/DROP DATABASE)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(server_url.replace("postgresql://", "postgresql+psycopg://", 1))
+    return create_engine(urlunsplit((parts.scheme, parts.netloc, "/postgres", parts.query, "")),
+                         isolation_level="AUTOCOMMIT")
+
+
+def create_database(server_url: str, name: str) -> None:
+    """A new, empty PostgreSQL database `name` (letters, digits, _) on the server."""
+    _on_server(server_url, f'CREATE DATABASE "{name}"', name)
+
+
+def drop_database(server_url: str, name: str) -> None:
+    """Drop the database (closing its connections); a server that is gone has nothing to drop."""
+    try:
+        _on_server(server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', name)
+    except OperationalError:
+        pass
+
+
+def _on_server(server_url: str, sql: str, name: str) -> None:
+    assert re.fullmatch(r"[a-z0-9_]+", name), name
+    admin = _server_admin(server_url)
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(sql))
+    finally:
+        admin.dispose()
+
+
 def _raw_engine(url: str) -> Engine:
     """An engine that does not upgrade the schema on first use (embedded SQLite does)."""
     if url.startswith("sqlite"):

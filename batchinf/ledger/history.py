@@ -16,7 +16,7 @@ from batchinf.ledger.status import _fetch_page, decode_cursor, encode_cursor
 from batchinf.ledger.tables import attempts, job_events, shards
 
 # what an attempt came to, as the shard timeline colours it
-OUTCOMES = ("running", "committed", "retried", "failed", "lost", "quarantined", "superseded")
+OUTCOMES = ("running", "committed", "retried", "failed", "lost", "released", "quarantined", "superseded")
 
 
 def _outcome(status: str, shard_status: str) -> str:

@@ -70,8 +70,9 @@ def reopen_for_publish(job_id: str) -> bool:
 
 
 def request_cancel(job_id: str, reason: str) -> bool:
-    """Any active job -> cancelling. Dispatch stops, running attempts stop at their next
-    heartbeat, nothing commits any more; the driver running the job then writes _PARTIAL.json."""
+    """Any active job -> cancelling. Dispatch stops, running attempts stop at their next batch
+    and commit what they finished (`execute.Watch`); once none holds a lease the driver running
+    the job writes _PARTIAL.json, and nothing commits any more."""
     return move(job_id, JobStatus.CANCELLING, detail=reason, error=reason)
 
 

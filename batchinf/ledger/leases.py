@@ -64,12 +64,15 @@ _TAKE = (update(shards).where(shards.c.id == bindparam("b_shard"), shards.c.stat
                  split_requested_at=None)
          .returning(*shards.c))
 _NEW_ATTEMPT = insert(attempts)
-_RUNNING_JOBS = select(jobs.c.id).where(jobs.c.status == JobStatus.RUNNING.value) \
+# a worker claims only shards of jobs on the engines it has (b_engines; batchinf/engines)
+_ON_ENGINES = jobs.c.engine.in_(bindparam("b_engines", expanding=True))
+_RUNNING_JOBS = select(jobs.c.id).where(jobs.c.status == JobStatus.RUNNING.value, _ON_ENGINES) \
     .order_by(jobs.c.priority.desc(), jobs.c.created_at, jobs.c.id)
 # a worker of named jobs (one, embedded) reads their rows in the same statement: the lease carries its job
-_RUNNING_OF = select(jobs).where(jobs.c.status == JobStatus.RUNNING.value,
+_RUNNING_OF = select(jobs).where(jobs.c.status == JobStatus.RUNNING.value, _ON_ENGINES,
                                  jobs.c.id.in_(bindparam("b_jobs", expanding=True))) \
     .order_by(jobs.c.priority.desc(), jobs.c.created_at, jobs.c.id)
+NATIVE_ONLY = ("native",)     # a worker that names no engines has batchinf's own runtime only
 _JOB_ROW = select(jobs).where(jobs.c.id == bindparam("b_job"))
 _NEXT_QUEUED = (select(shards.c.id).where(shards.c.job_id == bindparam("b_job"),
                                           shards.c.status == ShardStatus.QUEUED.value)
@@ -77,11 +80,12 @@ _NEXT_QUEUED = (select(shards.c.id).where(shards.c.job_id == bindparam("b_job"),
 _NEXT_QUEUED_PG = _NEXT_QUEUED.with_for_update(skip_locked=True)
 
 
-def _claim(q: Any, worker: str, lease_seconds: float, host: str | None) -> Lease | None:
+def _claim(q: Any, worker: str, lease_seconds: float, host: str | None,
+           engines: Iterable[str] = NATIVE_ONLY) -> Lease | None:
     with tx() as conn:
         if conn.dialect.name == "postgresql":
             q = q.with_for_update(of=shards, skip_locked=True)
-        row = conn.execute(q).first()
+        row = conn.execute(q, {"b_engines": list(engines)}).first()
         if row is None:
             return None
         return _take(conn, row.id, conn.execute(_JOB_ROW, {"b_job": row.job_id}).one(), worker, lease_seconds, host)
@@ -89,32 +93,36 @@ def _claim(q: Any, worker: str, lease_seconds: float, host: str | None) -> Lease
 
 def _queued_of_running_jobs() -> Any:
     return (select(shards.c.id, shards.c.job_id).join(jobs, jobs.c.id == shards.c.job_id)
-            .where(shards.c.status == ShardStatus.QUEUED.value, jobs.c.status == JobStatus.RUNNING.value))
+            .where(shards.c.status == ShardStatus.QUEUED.value, jobs.c.status == JobStatus.RUNNING.value, _ON_ENGINES))
 
 
 def claim_next(job_ids: Iterable[str] | None, worker: str, lease_seconds: float,
-               host: str | None = None) -> Lease | None:
-    """Lease the next queued shard (of the given jobs, or any running job), highest priority job
-    first, then in the job's dispatch order: one probe of the dispatch-order index per running
-    job, not a sort of every queued shard. The lease carries the shard and its job."""
+               host: str | None = None, engines: Iterable[str] = NATIVE_ONLY) -> Lease | None:
+    """Lease the next queued shard (of the given jobs, or any running job) whose job runs on one
+    of `engines`, highest priority job first, then in the job's dispatch order: one probe of the
+    dispatch-order index per running job, not a sort of every queued shard. The lease carries the
+    shard and its job."""
+    on = {"b_engines": list(engines)}
     with tx() as conn:
         probe = _NEXT_QUEUED_PG if conn.dialect.name == "postgresql" else _NEXT_QUEUED
         if job_ids is not None:
-            for job in conn.execute(_RUNNING_OF, {"b_jobs": list(job_ids)}).all():
+            for job in conn.execute(_RUNNING_OF, {"b_jobs": list(job_ids), **on}).all():
                 if (shard_id := conn.execute(probe, {"b_job": job.id}).scalar()) is not None:
                     return _take(conn, shard_id, job, worker, lease_seconds, host)
             return None
-        for job_id in conn.execute(_RUNNING_JOBS).scalars().all():
+        for job_id in conn.execute(_RUNNING_JOBS, on).scalars().all():
             if (shard_id := conn.execute(probe, {"b_job": job_id}).scalar()) is not None:
                 job = conn.execute(_JOB_ROW, {"b_job": job_id}).one()
                 return _take(conn, shard_id, job, worker, lease_seconds, host)
     return None
 
 
-def claim_shard(shard_id: str, worker: str, lease_seconds: float, host: str | None = None) -> Lease | None:
+def claim_shard(shard_id: str, worker: str, lease_seconds: float, host: str | None = None,
+                engines: Iterable[str] = NATIVE_ONLY) -> Lease | None:
     """Lease one named shard; None when it is not queued (duplicate delivery, already leased or
-    committed) or its job is not running. `host`: the worker's failure domain (default: its machine)."""
-    return _claim(_queued_of_running_jobs().where(shards.c.id == shard_id), worker, lease_seconds, host)
+    committed), its job is not running, or runs on an engine not among `engines` (a message on
+    the wrong queue). `host`: the worker's failure domain (default: its machine)."""
+    return _claim(_queued_of_running_jobs().where(shards.c.id == shard_id), worker, lease_seconds, host, engines)
 
 
 def retry_elsewhere(shard_id: str, host: str, policy: RetryPolicy) -> bool:
@@ -139,16 +147,18 @@ def computing(lease: Lease, on: bool) -> None:
                      .values(computing_at=now() if on else None))
 
 
-def claim_speculative(shard_id: str, worker: str, host: str | None = None) -> Lease | None:
+def claim_speculative(shard_id: str, worker: str, host: str | None = None,
+                      engines: Iterable[str] = NATIVE_ONLY) -> Lease | None:
     """Start a speculative attempt beside the running one, on another worker; None when the
-    shard is not running, already has a twin, or `worker` is the one running it."""
+    shard is not running, already has a twin, `worker` is the one running it, or its job runs on
+    an engine not among `engines`."""
     with tx() as conn:
         q = (select(shards).join(jobs, jobs.c.id == shards.c.job_id)
              .where(shards.c.id == shard_id, shards.c.status == ShardStatus.RUNNING.value,
-                    jobs.c.status == JobStatus.RUNNING.value))
+                    jobs.c.status == JobStatus.RUNNING.value, _ON_ENGINES))
         if conn.dialect.name == "postgresql":
             q = q.with_for_update(of=shards)
-        shard = conn.execute(q).first()
+        shard = conn.execute(q, {"b_engines": list(engines)}).first()
         if shard is None:
             return None
         live = conn.execute(select(attempts.c.worker).where(
@@ -181,20 +191,23 @@ def heartbeat(lease: Lease, lease_seconds: float, progress_records: int | None =
         return True
 
 
+# A cancelling job's attempts still beat and commit what they have finished (they stop at their
+# next batch: `splits.stop_wanted`); once it is cancelled, expired or failed nothing commits.
+_COMMITTING = (JobStatus.RUNNING.value, JobStatus.CANCELLING.value)
 # built once, like _TAKE: heartbeats are the ledger's most frequent writes
 _BEAT_ATTEMPT = update(attempts).where(      # the attempt runs, its shard runs, its job runs
     attempts.c.shard_id == bindparam("b_shard"), attempts.c.number == bindparam("b_number"),
     attempts.c.status == AttemptStatus.RUNNING.value,
     select(shards.c.id).where(shards.c.id == bindparam("b_shard"),
                               shards.c.status == ShardStatus.RUNNING.value).exists(),
-    select(jobs.c.id).where(jobs.c.id == bindparam("b_job"), jobs.c.status == JobStatus.RUNNING.value).exists())
+    select(jobs.c.id).where(jobs.c.id == bindparam("b_job"), jobs.c.status.in_(_COMMITTING)).exists())
 _BEAT_SHARD = update(shards).where(shards.c.id == bindparam("b_shard"), shards.c.attempt == bindparam("b_number"))
 
 
 def commit_attempt(lease: Lease, result: ShardResult) -> None:
     """Checkpoint: the shard becomes committed with this attempt's outputs, in one transaction,
-    only if the attempt may still commit it (see `_COMMIT`) and the job is still running (so
-    nothing commits after a cancel or deadline). The winner becomes the fencing token; a
+    only if the attempt may still commit it (see `_COMMIT`) and the job is running or cancelling
+    (a cancel keeps what running attempts finished; nothing commits once the job has stopped). The winner becomes the fencing token; a
     speculative twin still running is superseded. Raises StaleAttemptError otherwise."""
     with tx() as conn:
         commit_in(conn, lease, result)
@@ -206,8 +219,8 @@ def commit_in(conn: Connection, lease: Lease, result: ShardResult, **fields: Any
     # FOR SHARE (PostgreSQL) serializes with the job's cancel/expire transition (an UPDATE of the
     # row) while commits run side by side: a commit writes nothing to the job's row (its totals are tallies)
     q = _JOB_FOR_SHARE if conn.dialect.name == "postgresql" else _JOB_STATUS
-    if conn.execute(q, {"b_job": lease.job_id}).scalar() != JobStatus.RUNNING:
-        raise StaleAttemptError(f"job {lease.job_id} is no longer running; attempt {lease.attempt} "
+    if conn.execute(q, {"b_job": lease.job_id}).scalar() not in _COMMITTING:
+        raise StaleAttemptError(f"job {lease.job_id} has stopped; attempt {lease.attempt} "
                                 f"of shard {lease.shard_id} is discarded")
     t, key = now(), {"b_shard": lease.shard_id, "b_number": lease.attempt}
     won = conn.execute(_COMMIT, {
@@ -284,8 +297,8 @@ def _end_lease(conn: Connection, shard_id: str, attempt: int, error: str, policy
                outcome: AttemptStatus, give_up: bool = False) -> ShardStatus | None:
     """An attempt that raised (FAILED) or lost its worker (LOST) ends. For the attempt holding the
     shard, the shard goes where `policy.end_attempt` says: retrying (after its delay), quarantined
-    or failed (a failed shard fails its job); `give_up`: it fails now; no policy (a stopped job):
-    retrying at once. A speculative attempt just ends: the attempt holding the shard carries on."""
+    or failed (a failed shard fails its job); `give_up`: it fails now; no policy (RELEASED: the
+    worker gave the lease back): retrying at once, charged to nothing. A speculative attempt just ends: the attempt holding the shard carries on."""
     job_id, holder = conn.execute(select(shards.c.job_id, shards.c.attempt).where(shards.c.id == shard_id)).one()
     if holder != attempt:
         end_attempt(conn, shard_id, attempt, outcome, error=error[:4000])
@@ -380,15 +393,32 @@ def release_dead(workers: Iterable[str], why: str) -> int:
 
 
 def release_leases(job_id: str) -> None:
-    """A stopped job's running shards give up their leases (their attempts are lost)."""
+    """A stopped job's running shards give up their leases (their attempts are released)."""
+    _release(shards.c.job_id == job_id, "job stopped")
+
+
+def release_attempt(lease: Lease, why: str) -> None:
+    """The attempt gives its lease back (its worker stops, or its job is cancelled before it
+    finished a record): released, not charged; its shard may run again at once."""
+    _release((attempts.c.shard_id == lease.shard_id) & (attempts.c.number == lease.attempt), why)
+
+
+def release_workers(workers: Iterable[str], why: str) -> None:
+    """The running attempts of these workers (stopped by their driver: Ctrl-C, shutdown) give
+    their leases back, so the next driver runs their shards at once instead of after the lease."""
+    if names := list(workers):
+        _release(attempts.c.worker.in_(names), why)
+
+
+def _release(which: Any, why: str) -> None:
     with tx() as conn:
         rows = conn.execute(select(attempts.c.shard_id, attempts.c.number)
                             .join(shards, shards.c.id == attempts.c.shard_id)
-                            .where(shards.c.job_id == job_id, shards.c.status == ShardStatus.RUNNING.value,
+                            .where(which, shards.c.status == ShardStatus.RUNNING.value,
                                    attempts.c.status == AttemptStatus.RUNNING.value)
                             .order_by(attempts.c.number.desc())).all()   # twins before holders
         for r in rows:
-            _end_lease(conn, r.shard_id, r.number, "job stopped", None, AttemptStatus.LOST)
+            _end_lease(conn, r.shard_id, r.number, why, None, AttemptStatus.RELEASED)
 
 
 def leases_held(job_id: str) -> int:

@@ -49,6 +49,7 @@ class Job:
     confined: bool                    # its storage is checked against the tenant's grants
     retry_of: str | None              # the job this one retries (`batchinf retry`)
     hold: bool = False                # a dry run's job: planning ends `planned`, not `running`
+    engine: str = "native"            # what executes its shards (batchinf/engines): native | vllm | openai-http
 
     @property
     def manifest(self) -> JobManifest:

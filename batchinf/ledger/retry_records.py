@@ -3,7 +3,7 @@ files, and the selection the retry job plans (`retry_records`)."""
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from batchinf.ledger.db import tx
 from batchinf.ledger.states import SHARD_DONE, values
@@ -11,13 +11,26 @@ from batchinf.ledger.tables import record_errors, retry_records, shards
 
 
 def error_records(job_id: str, codes: list[str] | None) -> list[tuple[str, int]]:
-    """(source, ordinal) of the job's committed error rows of these codes (None: every code)."""
+    """(source, ordinal) of the job's committed error rows of these codes (None: every code) that
+    running can change: not the input errors (see `input_error_counts`)."""
     e = record_errors.c
-    q = select(e.source, e.ordinal).where(e.job_id == job_id)
+    q = (select(e.source, e.ordinal).join(shards, shards.c.id == e.shard_id)
+         .where(e.job_id == job_id, shards.c.bucket >= 0))
     if codes is not None:
         q = q.where(e.error.in_(codes))
     with tx() as conn:
         return [(src, int(o)) for src, o in conn.execute(q).all()]
+
+
+def input_error_counts(job_id: str) -> dict[str, int]:
+    """The job's input errors by code: the records planning refused (malformed JSON, no id, empty
+    text, ...), committed by its validation shards (bucket < 0). The same pinned input and bundle
+    give the same errors again, so a retry does not run them."""
+    e = record_errors.c
+    q = (select(e.error, func.count()).join(shards, shards.c.id == e.shard_id)
+         .where(e.job_id == job_id, shards.c.bucket < 0).group_by(e.error).order_by(e.error))
+    with tx() as conn:
+        return {code: int(n) for code, n in conn.execute(q).all()}
 
 
 def unfinished_shard_files(job_id: str) -> list[str]:

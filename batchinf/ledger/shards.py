@@ -44,6 +44,14 @@ def get(shard_id: str) -> Shard:
     return Shard.from_row(row)
 
 
+def engines_of(shard_ids: list[str]) -> dict[str, str]:
+    """shard id -> the engine its job runs on (the queue a broker sends it to)."""
+    with tx() as conn:
+        rows = conn.execute(select(shards.c.id, jobs.c.engine).join(jobs, jobs.c.id == shards.c.job_id)
+                            .where(shards.c.id.in_(shard_ids))).all()
+    return {r.id: r.engine for r in rows}
+
+
 def of_job(job_id: str) -> list[Shard]:
     """Every shard of the job in (bucket, ordinal) order."""
     with tx() as conn:

@@ -19,8 +19,8 @@ from batchinf.ledger.db import tx
 from batchinf.ledger.events import now
 from batchinf.ledger.leases import commit_in
 from batchinf.ledger.models import Lease, ShardResult
-from batchinf.ledger.states import SHARD_WAITING, ShardStatus, values
-from batchinf.ledger.tables import shards
+from batchinf.ledger.states import SHARD_WAITING, JobStatus, ShardStatus, values
+from batchinf.ledger.tables import jobs, shards
 
 SPLIT_COMMIT_TRIES = 3      # a concurrent split in the same bucket took the ordinal: try again
 
@@ -67,12 +67,22 @@ def request_split(job_id: str, workers: int | None, min_work: int, soon_work: in
         return chosen
 
 
-def split_wanted(lease: Lease) -> bool:
-    """Whether the lifecycle asked this attempt (the one holding the shard) to split."""
+SPLIT, STOP = "split", "stop"
+
+
+def wanted(lease: Lease) -> str | None:
+    """What the lifecycle wants of this attempt now: STOP when its job is no longer running (a
+    cancel, a deadline: it commits what it finished and leaves the rest), SPLIT when asked to
+    split (the attempt holding the shard), else None. One indexed read."""
     with tx() as conn:
-        return conn.execute(select(shards.c.id).where(
-            shards.c.id == lease.shard_id, shards.c.attempt == lease.attempt,
-            shards.c.status == ShardStatus.RUNNING.value, shards.c.split_requested_at.is_not(None))).first() is not None
+        row = conn.execute(select(jobs.c.status, shards.c.split_requested_at, shards.c.attempt,
+                                  shards.c.status.label("shard_status"))
+                           .join(shards, shards.c.job_id == jobs.c.id)
+                           .where(shards.c.id == lease.shard_id)).first()
+    if row is None or row.status != JobStatus.RUNNING:
+        return STOP
+    asked = row.split_requested_at is not None and row.shard_status == ShardStatus.RUNNING
+    return SPLIT if asked and row.attempt == lease.attempt else None
 
 
 def commit_split(lease: Lease, result: ShardResult, done_records: int, done_tokens: int,

@@ -39,21 +39,25 @@ class AttemptStatus(StrEnum):
     RUNNING = "running"          # holds the shard (the fencing token) or runs beside it speculatively
     COMMITTED = "committed"      # the winner: its files are the shard's outputs
     FAILED = "failed"            # raised; counts against the shard's and the job's retry budgets
-    LOST = "lost"                # its worker died, stalled past the lease, or the job stopped
+    LOST = "lost"                # its worker died or stalled past the lease
+    RELEASED = "released"        # gave its lease back (Ctrl-C, a stopped driver, a cancel before it
+                                 # finished anything): counts against no budget, its shard runs again at once
     SUPERSEDED = "superseded"    # another attempt of the same shard committed first
     SWEPT = "swept"              # a losing attempt whose files were deleted
 
 
 ATTEMPT_TRANSITIONS: dict[AttemptStatus, set[AttemptStatus]] = {
     AttemptStatus.RUNNING: {AttemptStatus.COMMITTED, AttemptStatus.FAILED, AttemptStatus.LOST,
-                            AttemptStatus.SUPERSEDED},
+                            AttemptStatus.RELEASED, AttemptStatus.SUPERSEDED},
     AttemptStatus.FAILED: {AttemptStatus.SWEPT},
     AttemptStatus.LOST: {AttemptStatus.SWEPT},
+    AttemptStatus.RELEASED: {AttemptStatus.SWEPT},
     AttemptStatus.SUPERSEDED: {AttemptStatus.SWEPT},
     AttemptStatus.COMMITTED: set(),
     AttemptStatus.SWEPT: set(),
 }
-ATTEMPT_LOSERS = frozenset({AttemptStatus.FAILED, AttemptStatus.LOST, AttemptStatus.SUPERSEDED})
+ATTEMPT_LOSERS = frozenset({AttemptStatus.FAILED, AttemptStatus.LOST, AttemptStatus.RELEASED,
+                            AttemptStatus.SUPERSEDED})
 
 
 # Any non-final state may also fail or expire; any but cancelling may be cancelled.

@@ -21,6 +21,7 @@ from batchinf.ledger import tallies
 from batchinf.ledger.jobs import row as job_row
 from batchinf.ledger.models import ERROR_ID_CHARS, ERROR_MESSAGE_CHARS
 from batchinf.ledger.states import (ATTEMPT_LOSERS, JOB_ACTIVE, JOB_TERMINAL, SHARD_DONE, SHARD_WAITING, AttemptStatus,
+                                    JobStatus,
                                     ShardStatus, values)
 from batchinf.ledger.tables import attempts, bundles, job_events, jobs, record_errors, schedule_runs, shards
 
@@ -89,6 +90,16 @@ def _in_running(conn: Connection, ids: list[str]) -> dict[str, int]:
         .group_by(shards.c.job_id)).all())
 
 
+def _waiting(row: Any, counts: dict[str, int]) -> str | None:
+    """Why a running job's queued shards do not run: none is taken, so no worker with its engine is free."""
+    queued = counts.get(ShardStatus.QUEUED, 0)
+    if row.status != JobStatus.RUNNING or not queued or counts.get(ShardStatus.RUNNING, 0):
+        return None
+    return (f"{queued} shard(s) queued for engine {row.engine}, none running: they wait for a free worker with "
+            f"engine {row.engine} (`batchinf worker --engine {row.engine}`, or `batchinf serve --engine "
+            f"{row.engine}`)")
+
+
 def _status(row: Any, totals: tallies.JobTallies, worker_seconds: float, in_running: int = 0) -> dict[str, Any]:
     """`counts.records_done` is the committed shards' records plus those the running shards'
     heartbeats report done (a generate shard shows progress before it commits)."""
@@ -112,6 +123,7 @@ def _status(row: Any, totals: tallies.JobTallies, worker_seconds: float, in_runn
         "job_id": row.id, "name": row.name, "status": row.status, "tenant": row.tenant,
         "task": row.task, "output_uri": row.output_uri, "input_uri": row.input_uri,
         "bundle": row.bundle_ref, "bundle_digest": row.bundle_digest,
+        "engine": row.engine, "waiting": _waiting(row, counts),
         "schedule": row.schedule, "idempotency_key": row.idempotency_key, "priority": row.priority,
         "shards": {"total": total,
                    "done": sum(counts.get(s.value, 0) for s in SHARD_DONE),
@@ -185,14 +197,17 @@ def _fetch_page(q: Any, limit: int) -> tuple[list[Any], bool]:
 
 
 def page_jobs(limit: int = 50, *, tenant: str | None = None, status_is: str | None = None,
-              name: str | None = None, schedule: str | None = None,
+              name: str | None = None, schedule: str | None = None, name_contains: str | None = None,
               cursor: str | None = None) -> tuple[list[dict[str, Any]], str | None]:
-    """One page of status objects, newest first, and the cursor of the next page (None at the end)."""
+    """One page of status objects, newest first, and the cursor of the next page (None at the end).
+    `name_contains` matches a substring of the name, case-insensitively (% and _ are literal)."""
     q = _with_aggregates(select(jobs)).order_by(jobs.c.created_at.desc(), jobs.c.id.desc())
     for col, value in ((jobs.c.tenant, tenant), (jobs.c.status, status_is), (jobs.c.name, name),
                        (jobs.c.schedule, schedule)):
         if value is not None:
             q = q.where(col == value)
+    if name_contains is not None:
+        q = q.where(jobs.c.name.icontains(name_contains, autoescape=True))
     if cursor:
         created, last_id = decode_cursor(cursor, (int, float), str)
         q = q.where((jobs.c.created_at < created) | ((jobs.c.created_at == created) & (jobs.c.id < last_id)))

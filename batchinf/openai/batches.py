@@ -24,7 +24,7 @@ from typing import Any, BinaryIO, Iterator
 
 from batchinf.bundles import get_info, resolve_ref
 from batchinf.config import settings
-from batchinf.errors import BundleError, InputError, LedgerError, NotFoundError
+from batchinf.errors import BundleError, InputError, LedgerError, ManifestError, NotFoundError
 from batchinf.openai.lines import ENDPOINT_TASK
 from batchinf.ledger import jobs as job_repo
 from batchinf.ledger import openai_files as repo
@@ -86,10 +86,10 @@ def _scan(path: str) -> dict[str, Any]:
                 obj = json.loads(raw)
             except (UnicodeDecodeError, json.JSONDecodeError) as exc:
                 raise InputError(f"line {n} is not valid JSON ({exc}); each line of a batch file is one "
-                                 "JSON request object") from None
+                                 "JSON request object", line=n) from None
             if not isinstance(obj, dict):
                 raise InputError(f"line {n} is a JSON {type(obj).__name__}, not an object; each line of a "
-                                 "batch file is one request object")
+                                 "batch file is one request object", line=n)
             lines += 1
             cid = obj.get("custom_id")
             if not isinstance(cid, str) or not cid:
@@ -113,14 +113,15 @@ def _scan(path: str) -> dict[str, Any]:
             else:
                 models.setdefault(model, n)
     if not lines:
-        raise InputError("the file holds no request lines")
+        raise InputError("the file holds no request lines", param="file")
     return {"lines": lines, "models": models, "urls": urls, "problems": problems, "problem_count": count}
 
 
 def upload_file(tenant: str, filename: str, purpose: str, fh: BinaryIO) -> dict[str, Any]:
     """Store an uploaded batch input file under the tenant's space; returns the file object."""
     if purpose != PURPOSE_INPUT:
-        raise InputError(f"purpose {purpose!r} is not supported; batchinf stores files with purpose 'batch'")
+        raise InputError(f"purpose {purpose!r} is not supported; batchinf stores files with purpose 'batch'",
+                         param="purpose")
     limit = settings().max_file_bytes
     fd, tmp = tempfile.mkstemp(suffix=".jsonl")
     try:
@@ -129,7 +130,8 @@ def upload_file(tenant: str, filename: str, purpose: str, fh: BinaryIO) -> dict[
             while chunk := fh.read(CHUNK):
                 size += len(chunk)
                 if size > limit:
-                    raise InputError(f"the file is over {limit} bytes (BATCHINF_MAX_FILE_BYTES); split it")
+                    raise InputError(f"the file is over {limit} bytes (BATCHINF_MAX_FILE_BYTES); split it",
+                                     param="file")
                 out.write(chunk)
         meta = _scan(tmp)
         file_id = "file-" + secrets.token_hex(12)
@@ -146,7 +148,7 @@ def upload_file(tenant: str, filename: str, purpose: str, fh: BinaryIO) -> dict[
 def _file_row(tenant: str, file_id: str) -> dict[str, Any]:
     row = repo.get_file(file_id, tenant)
     if row is None:
-        raise NotFoundError(f"no file {file_id!r}")
+        raise NotFoundError(f"no file {file_id!r}", param="file_id")
     return row
 
 
@@ -227,14 +229,20 @@ def create_batch(tenant: str, input_file_id: str, endpoint: str, completion_wind
                  metadata: dict[str, Any] | None = None) -> dict[str, Any]:
     """Create a batch: validate its input file, resolve and pin the model, submit its job."""
     if endpoint not in ENDPOINT_TASK:
-        raise InputError(f"endpoint {endpoint!r} is not supported; use one of {', '.join(ENDPOINT_TASK)}")
-    window = parse_duration(completion_window, "completion_window")
+        raise InputError(f"endpoint {endpoint!r} is not supported; use one of {', '.join(ENDPOINT_TASK)}",
+                         param="endpoint")
+    try:
+        window = parse_duration(completion_window, "completion_window")
+    except ManifestError as exc:
+        raise ManifestError(str(exc), param="completion_window") from None
     if metadata is not None and (not isinstance(metadata, dict) or len(metadata) > 16 or not all(
             isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512 for k, v in metadata.items())):
-        raise InputError("metadata holds at most 16 string keys (64 chars) with string values (512 chars)")
+        raise InputError("metadata holds at most 16 string keys (64 chars) with string values (512 chars)",
+                         param="metadata")
     f = _file_row(tenant, input_file_id)
     if f["purpose"] != PURPOSE_INPUT:
-        raise InputError(f"file {input_file_id} has purpose {f['purpose']!r}; a batch needs a 'batch' file")
+        raise InputError(f"file {input_file_id} has purpose {f['purpose']!r}; a batch needs a 'batch' file",
+                         param="input_file_id")
     errors, ref, digest = _validate(json.loads(f["meta"]), endpoint)
     batch_id = "batch_" + secrets.token_hex(12)
     t = now()
@@ -258,7 +266,7 @@ def create_batch(tenant: str, input_file_id: str, endpoint: str, completion_wind
 def _batch_row(tenant: str, batch_id: str) -> dict[str, Any]:
     row = repo.get_batch(batch_id, tenant)
     if row is None:
-        raise NotFoundError(f"no batch {batch_id!r}")
+        raise NotFoundError(f"no batch {batch_id!r}", param="batch_id")
     return row
 
 

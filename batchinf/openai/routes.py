@@ -9,8 +9,9 @@ from fastapi.responses import StreamingResponse
 
 from batchinf.api.auth import Tenant
 from batchinf.api.errors import ApiError
-from batchinf.openai.schemas import BatchCreate, BatchList, BatchObject, FileDeleted, FileList, FileObject
-from batchinf.api.schemas import ErrorBody
+from batchinf.openai.schemas import (
+    BatchCreate, BatchList, BatchObject, ErrorEnvelope, FileDeleted, FileList, FileObject,
+)
 
 router = APIRouter()
 
@@ -25,7 +26,7 @@ WHAT = {400: "invalid request (the message says why)", 401: "missing, invalid or
 
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
-    return {c: {"model": ErrorBody, "description": WHAT[c]} for c in codes}
+    return {c: {"model": ErrorEnvelope, "description": WHAT[c]} for c in codes}
 
 
 @router.post("/v1/files", response_model=FileObject, tags=["openai"], responses=_errors(400, 401, 413, 422, 503))

@@ -34,6 +34,19 @@ class FileDeleted(BaseModel):
     deleted: bool
 
 
+class ErrorDetail(BaseModel):
+    message: str = Field(description="what went wrong and how to fix it")
+    type: str = Field(description="invalid_request_error, permission_error, rate_limit_error or server_error")
+    param: str | None = Field(None, description="the request field at fault, where one is")
+    code: str | None = Field(None, description="a stable code: not_found, bad_request, conflict, too_large, ...")
+    line: int | None = Field(None, description="the line of the uploaded file at fault, where one is")
+
+
+class ErrorEnvelope(BaseModel):
+    """OpenAI's error document: what the official SDK reads into its exceptions."""
+    error: ErrorDetail
+
+
 class BatchCreate(BaseModel):
     model_config = ConfigDict(extra="ignore")
     input_file_id: str = Field(max_length=40, pattern=r"^file-[0-9a-f]+$")

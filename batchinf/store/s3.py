@@ -291,15 +291,31 @@ class S3Store(Store):
             client().delete_object(Bucket=bucket, Key=key, **_owner())
 
     def delete_prefix(self, prefix_uri: str) -> None:
+        """Every version of every object under the prefix, delete markers included: batchinf
+        deletes only its own scratch (a job's work prefix, `_work/`, losing attempts), and on a
+        versioned bucket plain deletes would keep all of it as non-current versions behind delete
+        markers. Without s3:DeleteObjectVersion the objects are deleted plainly (markers stay)."""
         bucket, key = _bucket_key(prefix_uri)
         under = key if not key or key.endswith("/") else key + "/"
         with _errors("DeleteObjects", prefix_uri):
-            pages = client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=under)
-            keys = ([key] if key != under else []) + [o["Key"] for p in pages for o in p.get("Contents", [])]
-            for i in range(0, len(keys), 1000):
-                batch = [{"Key": k} for k in keys[i : i + 1000]]
-                r = client().delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True}, **_owner())
-                if r.get("Errors"):
-                    e = r["Errors"][0]
-                    kind = TransientError if e["Code"] in _TRANSIENT else StoreError
-                    raise kind(f"S3 DeleteObjects {prefix_uri}: {len(r['Errors'])} failed, e.g. {e['Key']}: {e['Code']}")
+            pages = client().get_paginator("list_object_versions").paginate(Bucket=bucket, Prefix=key)
+            objects = [{"Key": v["Key"], "VersionId": v["VersionId"]} for p in pages
+                       for v in p.get("Versions", []) + p.get("DeleteMarkers", [])
+                       if v["Key"] == key or v["Key"].startswith(under)]
+            denied = self._delete_objects(bucket, objects, prefix_uri)
+            if denied:
+                self._delete_objects(bucket, [{"Key": k} for k in sorted({o["Key"] for o in denied})], prefix_uri)
+
+    def _delete_objects(self, bucket: str, objects: list[dict[str, str]], prefix_uri: str) -> list[dict[str, str]]:
+        """Delete in batches of 1,000; returns the objects refused as AccessDenied (others raise)."""
+        denied = []
+        for i in range(0, len(objects), 1000):
+            batch = objects[i : i + 1000]
+            r = client().delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True}, **_owner())
+            errors = [e for e in r.get("Errors", []) if e["Code"] != "AccessDenied" or "VersionId" not in e]
+            denied += [e for e in r.get("Errors", []) if e not in errors]
+            if errors:
+                e = errors[0]
+                kind = TransientError if e["Code"] in _TRANSIENT else StoreError
+                raise kind(f"S3 DeleteObjects {prefix_uri}: {len(errors)} failed, e.g. {e['Key']}: {e['Code']}")
+        return denied

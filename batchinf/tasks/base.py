@@ -101,7 +101,9 @@ class Task:
         whose `error` is None are computed; positions index `c`. `split` says whether the shard
         is to be split: a whole-shard task (`streams` False) then starts no more records and
         returns those it has not started as `deferred`; a streaming task ignores it (execute
-        splits its shard between staged chunks)."""
+        splits its shard between staged chunks). `split.stop()`, where `split` has it
+        (`execute.Watch`), says the job was cancelled: a whole-shard task then stops at its next
+        step, and the records it has not finished come back `deferred` too."""
         raise NotImplementedError
 
     # --- verify -----------------------------------------------------------------------------

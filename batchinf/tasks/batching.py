@@ -10,7 +10,7 @@ from typing import Any, Callable, TypeVar
 import numpy as np
 
 from batchinf import failpoints
-from batchinf.errors import BundleError, StaleAttemptError
+from batchinf.errors import BundleError, RecordsFailed, StaleAttemptError
 
 T = TypeVar("T")
 
@@ -92,9 +92,12 @@ def generate_isolating(generate: Callable[[list[Any]], Any], requests: list[Any]
     failing records fail. `check` runs after every finished sequence (lease still held?)."""
     def run(reqs: list[Any]) -> None:
         hit_record_failpoints([record_ids[r.key] for r in reqs])
-        for res in generate(reqs):
-            out.results[res.key] = res
-            check()
+        try:
+            for res in generate(reqs):
+                out.results[res.key] = res
+                check()
+        except RecordsFailed as exc:      # an engine that accounts per record (openai-http): no halving
+            out.failures.update(exc.failures)
 
     isolate(run, requests, done=lambda r: r.key in out.results,
             failed=lambda r, error: out.failures.__setitem__(r.key, error))

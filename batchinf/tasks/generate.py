@@ -198,7 +198,9 @@ class Generate(Task):
         written in staged order, whatever order sequences finish in. Each record samples with its
         own staged seed (its own generator), so its answer depends on nothing else in the batch:
         a retry, or a split shard's children, give identical bytes. Once `split()` says so, no
-        more records are admitted; those in flight finish, the others come back `deferred`."""
+        more records are admitted; those in flight finish, the others come back `deferred`.
+        Once `split.stop()` says so (a cancel), decoding stops at its next step: every record not
+        finished comes back `deferred`."""
         from batchinf.runtime.generation.sampling import SamplingParams
         from batchinf.runtime.generation.seq import GenRequest, GenStats
 
@@ -212,7 +214,7 @@ class Generate(Task):
 
         def generate(reqs: list[Any]) -> Any:
             return runtime.generate(reqs, max_batch_tokens=options.max_batch_tokens, max_slots=options.max_slots,
-                                    stats=stats, stop_admitting=split)
+                                    stats=stats, stop_admitting=split, abort=getattr(split, "stop", None))
 
         if requests:
             generate_isolating(generate, requests, c["record_id"], out, check)

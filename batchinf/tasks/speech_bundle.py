@@ -153,7 +153,7 @@ def build_speech_meta(src: Path, files: list[str], *, task: str, dtype: str) -> 
     pre = json.loads((src / "preprocessor_config.json").read_text()) if "preprocessor_config.json" in files else {}
     ctranslate2 = need("ctranslate2")
     meta: dict[str, Any] = {
-        "format": BUNDLE_FORMAT, "task": task, "family": "whisper", "engine": "ctranslate2",
+        "format": BUNDLE_FORMAT, "task": task, "family": "whisper", "backend": "ctranslate2",
         "implementation": {"name": "ctranslate2", "version": ctranslate2.__version__},
         "precision": f"{COMPUTE_TYPES['cpu']} on CPU, {COMPUTE_TYPES['cuda']} on CUDA (CTranslate2)",
         "dtype": weights_dtype(src / MODEL_FILE), "max_length": 448, "compute_type": dict(COMPUTE_TYPES),

@@ -38,6 +38,7 @@ class Browser:
     """One page in a fresh headless Chromium with an empty profile."""
 
     def __init__(self, width: int = 1280, height: int = 900) -> None:
+        self.width, self.height = width, height
         self.profile = tempfile.mkdtemp(prefix="bi-chromium-")
         to_chrome_r, self._w = os.pipe()
         self._r, from_chrome_w = os.pipe()
@@ -128,13 +129,19 @@ class Browser:
             time.sleep(0.2)
 
     def screenshot(self, path: Path) -> Path:
-        """The whole page (not just the viewport) as PNG."""
+        """The whole page (not just the viewport) as PNG; the viewport is put back afterwards."""
         height = int(self.js("document.documentElement.scrollHeight"))
         width = int(self.js("document.documentElement.scrollWidth"))
         self.send("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
         data = self.send("Page.captureScreenshot", format="png")["data"]
+        self.send("Emulation.setDeviceMetricsOverride", width=self.width, height=self.height, deviceScaleFactor=1,
+                  mobile=False)
         path.write_bytes(base64.b64decode(data))
         return path
+
+    def overflow(self) -> int:
+        """How many CSS pixels the page is wider than the window (0: no horizontal scrolling)."""
+        return int(self.js("document.documentElement.scrollWidth - window.innerWidth"))
 
     def close(self) -> None:
         try:

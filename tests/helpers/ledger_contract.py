@@ -25,6 +25,7 @@ from batchinf.ledger import shards as shard_repo
 from batchinf.ledger import jobs as job_repo
 from batchinf.ledger import models
 from batchinf.ledger import events
+from batchinf.ledger import splits
 from batchinf.ledger.db import tx
 from batchinf.retry_policy import retrying
 from batchinf.ledger.states import JobStatus
@@ -204,21 +205,27 @@ def test_concurrent_claims_never_share_a_shard(ledger: str) -> None:
         assert conn.execute(select(func.count()).select_from(attempts)).scalar() == 20
 
 
-def test_nothing_commits_after_cancel(ledger: str) -> None:
-    job_id = _job(n_shards=2)
+def test_a_cancel_keeps_what_running_attempts_finish_then_nothing_commits(ledger: str) -> None:
+    job_id = _job(n_shards=3)
     shard_repo.dispatch_ready(job_id)
-    lease = lease_repo.claim_next([job_id], "w:1", 30)
-    assert lease is not None and lease_repo.leases_held(job_id) == 1
+    done, stopped = lease_repo.claim_next([job_id], "w:1", 30), lease_repo.claim_next([job_id], "w:2", 30)
+    assert done is not None and stopped is not None and lease_repo.leases_held(job_id) == 2
     assert job_repo.request_cancel(job_id, "cancelled by request")
     assert not job_repo.request_cancel(job_id, "again")            # cancelling -/-> cancelling
-    assert not lease_repo.heartbeat(lease, 30)                       # the worker learns at its heartbeat
+    assert splits.wanted(done) == splits.STOP                       # the worker learns at its next batch,
+    assert lease_repo.heartbeat(done, 30)                           # keeps its lease while it stops,
+    lease_repo.commit_attempt(done, _result())                      # and what it finished is kept
+    assert lease_repo.claim_next([job_id], "w:3", 30) is None        # nothing new starts
+    lease_repo.release_leases(job_id)                               # the job stops: the rest is given back
     with pytest.raises(StaleAttemptError):
-        lease_repo.commit_attempt(lease, _result())
-    assert lease_repo.claim_next([job_id], "w:2", 30) is None        # nothing new starts
-    lease_repo.release_leases(job_id)
+        lease_repo.commit_attempt(stopped, _result())
+    assert not lease_repo.heartbeat(stopped, 30)
     with tx() as conn:
-        assert conn.execute(select(shards.c.status).where(shards.c.id == lease.shard_id)).scalar() == "retrying"
+        shard_of = dict(conn.execute(select(shards.c.id, shards.c.status)).all())
+        attempt_of = dict(conn.execute(select(attempts.c.shard_id, attempts.c.status)).all())
         assert conn.execute(select(jobs.c.status)).scalar() == "cancelling"
+    assert (shard_of[done.shard_id], shard_of[stopped.shard_id]) == ("committed", "retrying")
+    assert (attempt_of[done.shard_id], attempt_of[stopped.shard_id]) == ("committed", "released")
 
 
 def _committed(job_id: str, lease: models.Lease, seconds: float) -> None:

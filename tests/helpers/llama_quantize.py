@@ -1,4 +1,4 @@
-"""llama.cpp's `llama-quantize`, built once from the `llama-cpp-python` source package (PyPI), and the
+"""llama.cpp's `llama-quantize` and `llama-server`, built once from the `llama-cpp-python` source package (PyPI), and the
 SmolLM2 GGUF re-quantised with it to K-quant types for the real-file tests.
 
 The tool and the files live in a cache outside the repository (BATCHINF_TOOL_CACHE, default
@@ -27,17 +27,18 @@ def cache_dir() -> Path:
     return Path(os.environ.get("BATCHINF_TOOL_CACHE", "~/.cache/batchinf-tests")).expanduser()
 
 
-def _run(cmd: list[str], log: Path, cwd: Path | None = None) -> None:
+def _run(cmd: list[str], log: Path, cwd: Path | None = None, what: str = "llama-quantize") -> None:
     with open(log, "ab") as fh:
         r = subprocess.run(cmd, cwd=cwd, stdout=fh, stderr=subprocess.STDOUT, timeout=BUILD_TIMEOUT_S)
     if r.returncode:
-        unavailable(f"building llama-quantize failed at `{' '.join(cmd[:4])} ...` (see {log})")
+        unavailable(f"building {what} failed at `{' '.join(cmd[:4])} ...` (see {log})")
 
 
-def llama_quantize() -> Path:
-    """The built tool (building it the first time, under a lock so parallel sessions build it once)."""
-    root = cache_dir() / f"llama-quantize-{VERSION}"
-    tool = root / "llama-quantize"
+def _build_tool(target: str, opt: str, extra: list[str]) -> Path:
+    """One llama.cpp tool built from the sdist (the first time, under a lock so parallel sessions
+    build it once); `opt` is the optimisation level, `extra` more cmake switches."""
+    root = cache_dir() / f"{target}-{VERSION}"
+    tool = root / target
     if tool.is_file():
         return tool
     root.mkdir(parents=True, exist_ok=True)
@@ -46,23 +47,32 @@ def llama_quantize() -> Path:
         if tool.is_file():
             return tool
         if not shutil.which("cmake") or not shutil.which("c++"):
-            unavailable("building llama-quantize needs cmake and a C++ compiler (apt-get install cmake g++)")
+            unavailable(f"building {target} needs cmake and a C++ compiler (apt-get install cmake g++)")
         log = root / "build.log"
         _run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
-              f"llama-cpp-python=={VERSION}", "-d", str(root)], log)
+              f"llama-cpp-python=={VERSION}", "-d", str(root)], log, what=target)
         with tarfile.open(root / f"llama_cpp_python-{VERSION}.tar.gz") as tf:
             tf.extractall(root, filter="data")
         src = root / f"llama_cpp_python-{VERSION}" / "vendor" / "llama.cpp"
-        # -O1 and no llamafile sgemm: the tool quantises two small files, so compile time is what counts
         _run(["cmake", "-S", str(src), "-B", str(src / "build"), "-DCMAKE_BUILD_TYPE=Release",
-              "-DCMAKE_C_FLAGS_RELEASE=-O1 -DNDEBUG", "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG",
-              "-DGGML_LLAMAFILE=OFF", "-DGGML_NATIVE=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-              "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DGGML_OPENMP=OFF",
-              "-DBUILD_SHARED_LIBS=OFF"], log)
-        _run(["cmake", "--build", str(src / "build"), "--target", "llama-quantize", "-j2"], log)
-        shutil.copy2(src / "build" / "bin" / "llama-quantize", tool)
+              f"-DCMAKE_C_FLAGS_RELEASE={opt} -DNDEBUG", f"-DCMAKE_CXX_FLAGS_RELEASE={opt} -DNDEBUG",
+              "-DGGML_NATIVE=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+              "-DLLAMA_BUILD_EXAMPLES=OFF", "-DGGML_OPENMP=OFF", "-DBUILD_SHARED_LIBS=OFF"] + extra, log, what=target)
+        _run(["cmake", "--build", str(src / "build"), "--target", target, "-j2"], log, what=target)
+        shutil.copy2(src / "build" / "bin" / target, tool)
         shutil.rmtree(root / f"llama_cpp_python-{VERSION}", ignore_errors=True)
     return tool
+
+
+def llama_quantize() -> Path:
+    """The built tool. -O1 and no llamafile sgemm: it quantises two small files, so compile time is what counts."""
+    return _build_tool("llama-quantize", "-O1", ["-DGGML_LLAMAFILE=OFF", "-DLLAMA_BUILD_SERVER=OFF"])
+
+
+def llama_server() -> Path:
+    """llama.cpp's OpenAI-compatible `llama-server` (the openai-http engine's tests and benchmark), -O2:
+    it serves a model, so its speed is what the benchmark measures."""
+    return _build_tool("llama-server", "-O2", ["-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON"])
 
 
 def requantised_smollm2(kind: str) -> Path:

@@ -162,6 +162,11 @@ def test_list_pagination_and_filters(svc: Service, tmp_path: Path) -> None:
         odd = _pages(c, "/v1/jobs?limit=1&name=p1")
         assert [j["job_id"] for p in odd for j in p["items"]] == [made[3], made[1]]
         assert all("name=p1" in p["next"] for p in odd[:-1])       # filters survive in next links
+        part = _pages(c, "/v1/jobs?limit=1&name_contains=P1")         # a substring, any case
+        assert [j["job_id"] for p in part for j in p["items"]] == [made[3], made[1]]
+        assert all("name_contains=P1" in p["next"] for p in part[:-1])
+        assert len(c.get("/v1/jobs", params={"name_contains": "p"}).json()["items"]) == 5
+        assert c.get("/v1/jobs", params={"name_contains": "%"}).json()["items"] == []   # no LIKE wildcards
         assert len(c.get("/v1/jobs", params={"status": "submitted"}).json()["items"]) == 5
         assert c.get("/v1/jobs", params={"status": "succeeded"}).json()["items"] == []
         assert c.get("/v1/jobs", params={"status": "bogus"}).status_code == 422

@@ -162,3 +162,34 @@ def test_speech_throughput_short_mode(tmp_path: Path) -> None:
         assert set(speeds) == {"batchinf", "faster-whisper batched (16)", "faster-whisper sequential"}
         assert min(speeds.values()) > 0
         assert max(report["wer"][corpus].values()) <= 0.2, report["wer"]
+
+
+def test_engine_openai_http_short_mode(smollm2_gguf: Path, tmp_path: Path) -> None:
+    """The plain client, the engine in process and a whole job all answer the same prompts against
+    the same llama-server, side by side; the engine's answers equal the plain client's."""
+    from tests.helpers.llama_quantize import llama_server
+
+    llama_server()                        # built (or unavailable) before the benchmark needs it
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "engine_openai_http.py"), "--short", "--json"],
+                       capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    report = json.loads(r.stdout)
+    assert report["prompts"] == 16 and len(report["seconds"]) == 3
+    assert report["same_answers_as_plain"]["openai-http engine (in process)"] == 16
+    assert all(v > 0 for v in report["completions_per_s"].values())
+
+
+def test_engine_vllm_short_mode(smollm2_gguf: Path) -> None:
+    """native and vllm on the same bundle and prompts, in the vllm venv, side by side."""
+    import os
+
+    from tests.helpers.vllm_env import vllm_python
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BATCHINF_")}
+    env["PYTHONPATH"] = str(ROOT)
+    r = subprocess.run([str(vllm_python()), str(ROOT / "benchmarks" / "engine_vllm.py"), "--short", "--json"],
+                       capture_output=True, text=True, timeout=1800, cwd=ROOT, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(r.stdout.strip().splitlines()[-1])
+    assert report["prompts"] == 8 and report["same_token_ids"][1] == 8
+    assert report["native"]["output_tokens"] > 0 and report["vllm"]["output_tokens"] > 0

@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -146,7 +147,73 @@ def test_validation_failure_gives_a_failed_batch_with_errors(embedded: Server, t
     bad.write_text('{"custom_id": "x"}\nnot json\n')
     with open(bad, "rb") as fh, pytest.raises(openai.BadRequestError) as info:
         client.files.create(file=fh, purpose="batch")
-    assert "line 2 is not valid JSON" in info.value.response.json()["message"]
+    assert "line 2 is not valid JSON" in info.value.message and info.value.body["line"] == 2
+
+
+def test_every_error_is_openais_envelope_as_the_sdk_reads_it(embedded: Server, tmp_path: Path) -> None:
+    """400, 401, 404, 409, 413 and 422 from /v1/files and /v1/batches: the SDK's exception has the
+    message, type, param, code (and line) the server gave; the job API keeps its own shape."""
+    client = embedded.client()
+
+    def raised(kind: type, call: Callable[[], Any]) -> Any:
+        with pytest.raises(kind) as info:
+            call()
+        assert isinstance(info.value.body, dict) and info.value.body["message"] in info.value.message
+        return info.value
+
+    bad = tmp_path / "third.jsonl"
+    bad.write_text('{"custom_id": "a"}\n{"custom_id": "b"}\n[1, 2]\n')
+    with open(bad, "rb") as fh:
+        e = raised(openai.BadRequestError, lambda: client.files.create(file=fh, purpose="batch"))
+    assert (e.code, e.type, e.param, e.body["line"]) == ("bad_request", "invalid_request_error", None, 3)
+    assert "line 3 is a JSON list, not an object" in e.body["message"]
+    e = raised(openai.BadRequestError, lambda: client.batches.create(
+        input_file_id="file-00", endpoint="/v1/moderations", completion_window="24h"))
+    assert (e.code, e.param) == ("bad_request", "endpoint") and "/v1/chat/completions" in e.body["message"]
+
+    stranger = openai.OpenAI(base_url=embedded.url + "/v1", api_key="bi_wrong", max_retries=0)
+    e = raised(openai.AuthenticationError, lambda: stranger.batches.list())
+    assert (e.code, e.type) == ("invalid_api_key", "invalid_request_error")
+    assert "batchinf token create" in e.body["message"]
+
+    e = raised(openai.NotFoundError, lambda: client.batches.retrieve("batch_0123abcd"))
+    assert (e.code, e.param, e.type) == ("not_found", "batch_id", "invalid_request_error")
+    assert "batch_0123abcd" in e.body["message"]
+    e = raised(openai.NotFoundError, lambda: client.files.retrieve("file-0123abcd"))
+    assert (e.code, e.param) == ("not_found", "file_id")
+
+    f = _upload(client, chat_lines(2, model="no-such-model"), tmp_path, "failing")
+    b = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+    assert b.status == "failed"
+    e = raised(openai.ConflictError, lambda: client.batches.cancel(b.id))
+    assert e.code == "conflict" and "nothing to cancel" in e.body["message"]
+
+    e = raised(openai.UnprocessableEntityError, lambda: client.batches.list(limit=1000))
+    assert (e.code, e.param) == ("invalid_request", "limit") and "limit" in e.body["message"]
+    e = raised(openai.UnprocessableEntityError, lambda: client.batches.create(
+        input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="soon"))
+    assert (e.code, e.param) == ("invalid_request", "completion_window")
+    e = raised(openai.UnprocessableEntityError, lambda: client.batches.create(
+        input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="999d"))
+    assert (e.code, e.param) == ("invalid_manifest", "completion_window") and "366d" in e.body["message"]
+
+    # 413: a declared length over BATCHINF_MAX_FILE_BYTES is refused before the body is read; the
+    # SDK's own mapping of that real response gives its exception.
+    host, port = embedded.url.rsplit("/", 1)[-1].split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(f"POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {embedded.tokens['acme']}\r\n"
+                     f"Content-Type: multipart/form-data; boundary=x\r\nContent-Length: {1 << 40}\r\n\r\n".encode())
+        head, _, payload = sock.makefile("rb").read().partition(b"\r\n\r\n")
+    status = int(head.split()[1])
+    e = client._make_status_error_from_response(httpx.Response(
+        status, content=payload, headers={"content-type": "application/json"},
+        request=httpx.Request("POST", embedded.url + "/v1/files")))
+    assert isinstance(e, openai.APIStatusError) and e.status_code == 413
+    assert (e.code, e.type) == ("too_large", "invalid_request_error") and "BATCHINF_MAX_FILE_BYTES" in e.body["message"]
+
+    with httpx.Client(base_url=embedded.url, headers={"Authorization": f"Bearer {embedded.tokens['acme']}"}) as c:
+        r = c.get("/v1/jobs/job-0123456789abcdef")
+    assert r.status_code == 404 and r.json()["error"] == "not_found" and "message" in r.json()
 
 
 def test_cancel_mid_run_writes_batch_cancelled_lines(embedded: Server, tmp_path: Path) -> None:

@@ -111,6 +111,11 @@ def test_s3_inputs_pinned_by_version(tmp_path: Path, tiny_bundle: str, s3_bucket
     assert ids == set(good_a) | set(good_b)
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="out/")["Contents"]]
     assert "out/_SUCCESS" in keys and not any("_work" in k for k in keys)
+    # the scratch is gone with its versions: no non-current staging copies, no delete markers
+    versions = s3.list_object_versions(Bucket=bucket)
+    left = [v["Key"] for v in versions.get("Versions", []) + versions.get("DeleteMarkers", [])
+            if "_work" in v["Key"] or "/attempts/" in v["Key"] or "/shards/" in v["Key"]]
+    assert not left, left[:5]
 
 
 def test_input_manifest_and_changed_object(tmp_path: Path, tiny_bundle: str, s3_server: str) -> None:

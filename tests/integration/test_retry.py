@@ -21,12 +21,12 @@ from batchinf.errors import ManifestError
 from batchinf.ledger import retry_records
 from batchinf.ledger.status import status
 from batchinf.manifest import parse_manifest
-from batchinf.rerun import RerunConflict, rerun_job
+from batchinf.rerun import RerunConflict, input_errors_note, rerun_job
 from batchinf.submit import IdempotencyConflict, submit
 from batchinf.ledger import jobs as job_repo
 from tests.helpers.env import OPERATOR
 from batchinf.verify import MANIFEST, PARTIAL, verify_output
-from tests.helpers.corpus import manifest, write_jsonl
+from tests.helpers.corpus import BAD_LINES, manifest, write_jsonl
 
 pytestmark = pytest.mark.integration
 
@@ -110,6 +110,30 @@ def test_retry_runs_exactly_the_failed_and_unfinished_records(tmp_path: Path, ti
         rerun_job(job_repo.get(new["job_id"]), OPERATOR, errors=["inference_error"])
     with pytest.raises(ManifestError, match="say what to run again"):
         rerun_job(job_repo.get(old), OPERATOR)
+
+
+def test_errors_all_leaves_out_input_errors_and_says_so(tmp_path: Path, tiny_bundle: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A retry runs the same pinned input and bundle: an input error (malformed JSON, no id, ...)
+    would come back the same, so `--errors all` runs only errors that running can change, says
+    what it left out, and naming an input error's code is refused with the fix."""
+    write_jsonl(tmp_path / "in" / "a.jsonl", 20, seed=5)
+    monkeypatch.setenv("BATCHINF_FAILPOINTS", "execute.record[r3]=raise")
+    old, _ = submit(parse_manifest(manifest(str(tmp_path / "in") + "/", str(tmp_path / "out"))), OPERATOR)
+    drive(old, workers=1, threads=1)
+    monkeypatch.delenv("BATCHINF_FAILPOINTS")
+    codes = dict(sorted((code, 1) for _, code in BAD_LINES))
+    assert retry_records.input_error_counts(old) == codes
+    with pytest.raises(ManifestError, match="malformed_json, missing_id are input errors of job .*Fix the input"):
+        rerun_job(job_repo.get(old), OPERATOR, errors=["malformed_json", "missing_id"])
+    every = rerun_job(job_repo.get(old), OPERATOR, errors=["all"])
+    assert every.input_errors == codes
+    picked = retry_records.selection(every.job_id)
+    assert [(s.removeprefix("file://"), o) for s, ords in picked.items() for o in ords] == [
+        (str(tmp_path / "in" / "a.jsonl"), 3)]                                      # r3's inference_error only
+    note = input_errors_note(every)
+    assert note.startswith(f"not retried: {len(BAD_LINES)} input errors (duplicate_id: 1, empty_text: 1,")
+    assert "fix the input" in note
 
 
 def test_run_of_a_failed_manifest_says_how_to_get_a_new_job(tmp_path: Path, tiny_bundle: str) -> None:

@@ -52,7 +52,7 @@ def tiny_en(bi_home: Path) -> str:
 def test_bundle_import_pins_the_ctranslate2_directory(tiny_en: str, tmp_path: Path) -> None:
     root = local_dir(tiny_en)
     meta = json.loads((root / "bundle.json").read_text())
-    assert meta["task"] == "transcribe" and meta["engine"] == "ctranslate2" and meta["dtype"] == "float16"
+    assert meta["task"] == "transcribe" and meta["backend"] == "ctranslate2" and meta["dtype"] == "float16"
     assert meta["features"] == {"sample_rate": 16000, "n_mels": 80, "hop": 160, "n_fft": 400, "chunk_seconds": 30}
     assert meta["compute_type"]["cpu"] == "int8" and meta["multilingual"] is False
     assert meta["special_tokens"]["<|startoftranscript|>"] == 50257 and meta["special_tokens"]["<|notimestamps|>"] == 50362

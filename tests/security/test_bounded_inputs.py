@@ -168,6 +168,8 @@ def test_a_chunked_body_over_the_limit_is_cut_off_on_every_route(served: Served,
                                       FORM if route == "/v1/files" else b"")
     assert status == 413, body[:300]
     msg = json.loads(body)
+    if route.startswith(("/v1/files", "/v1/batches")):      # OpenAI's envelope on its routes
+        msg = {"error": msg["error"]["code"], "message": msg["error"]["message"]}
     assert msg["error"] == "too_large" and f"over the limit of {limit} bytes" in msg["message"] and fix in msg["message"]
     assert sent < offered                           # the server stopped reading: the rest was never taken
     assert rss.growth < RSS_GOAL_KIB, rss.growth
@@ -182,7 +184,7 @@ def test_a_chunked_body_within_the_limit_is_still_read(served: Served) -> None:
 
     with httpx.Client(base_url=served.url, headers={"Authorization": f"Bearer {served.token}"}) as c:
         r = c.post("/v1/batches", content=body(), headers={"Content-Type": "application/json"})
-    assert r.status_code in (400, 404, 422) and r.json()["error"] != "too_large", r.text
+    assert r.status_code in (400, 404, 422) and r.json()["error"]["code"] != "too_large", r.text
 
 
 NUMBERS = {   # a spelling of a number past the bound -> the manifest text
@@ -211,7 +213,7 @@ def test_huge_manifest_numbers_and_bad_names_are_refused(served: Served) -> None
     cases = [({"shards": {"target_workers": 3 << 61}}, f"shards.target_workers {3 << 61} is over the limit of 10000"),
              ({"options": {"dimensions": 5 << 60}}, f"options.dimensions {5 << 60} is over the limit of 65536"),
              ({"name": "\x00" * 999}, "name holds the control character"),
-             ({"name": "q" * 1000}, "name is 1000 characters long, over the limit of 256")]
+             ({"name": "q" * 1000}, "name is 1000 characters long, over the limit of 200")]
     with httpx.Client(base_url=served.url, headers={"Authorization": f"Bearer {served.token}"}, timeout=30) as c:
         for extra, says in cases:
             r = c.post("/v1/jobs", json={**base, **extra})

@@ -27,7 +27,8 @@ LAYERS: list[tuple[str, ...]] = [
      "batchinf.cron", "batchinf.documents", "batchinf.version", "batchinf.logs",
      "batchinf.openai"),   # the package itself imports nothing
     ("batchinf.store", "batchinf.planning.shard_names", "batchinf.manifest", "batchinf.manifest_rules",
-     "batchinf.formats", "batchinf.runtime", "batchinf.retry_policy", "batchinf.openai.lines", "batchinf.tasks"),
+     "batchinf.formats", "batchinf.runtime", "batchinf.retry_policy", "batchinf.openai.lines", "batchinf.tasks",
+     "batchinf.engines"),
     ("batchinf.parts", "batchinf.openai.output"),
     ("batchinf.ledger",),
     ("batchinf.bundles", "batchinf.tenants", "batchinf.scopes", "batchinf.limits", "batchinf.submit", "batchinf.planning.pin",
@@ -38,7 +39,7 @@ LAYERS: list[tuple[str, ...]] = [
      "batchinf.verify", "batchinf.schedules"),
     ("batchinf.quarantine", "batchinf.dispatch"),
     ("batchinf.lifecycle",),
-    ("batchinf.controller", "batchinf.dryrun"),
+    ("batchinf.controller", "batchinf.dryrun", "batchinf.dev_cluster"),
     ("batchinf.api", "batchinf.openai.routes", "batchinf.openai.schemas"),
     ("batchinf.cli", "batchinf.__main__", "batchinf.workers"),
 ]

@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 TREE: dict[str, set[str]] = {
     "": {"run", "submit", "plan", "start", "retry", "status", "cancel", "jobs", "verify", "bundle", "db", "serve",
          "token", "schedule",
-         "scheduler", "worker", "controller", "tenant", "info", "files", "batches"},
+         "scheduler", "worker", "controller", "tenant", "info", "files", "batches", "dev"},
+    "dev": {"cluster", "down"},
     "files": {"upload", "list", "show", "download", "delete"},
     "batches": {"create", "list", "show", "cancel"},
     "bundle": {"import", "import-gguf", "list", "verify", "alias"},
@@ -155,3 +156,16 @@ def test_library_never_imports_cli() -> None:
         offenders += [f"{rel}: {n}" for n in _imported_modules(ast.parse(path.read_text()), package)
                       if n == "batchinf.cli" or n.startswith("batchinf.cli.")]
     assert offenders == []
+
+
+@pytest.mark.parametrize("ref", ["minilm@prod", "sha256:" + "ab" * 32])
+def test_status_names_the_bundle_and_its_digest_once(ref: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from batchinf.cli.common import print_status
+
+    digest = "sha256:" + "ab" * 32
+    print_status({"job_id": "job-1", "name": "n", "status": "running", "bundle": ref, "bundle_digest": digest,
+                  "output_uri": "file:///o/", "counts": {"records_succeeded": 1, "records_failed": 0,
+                                                         "records_total": 2},
+                  "shards": {"committed": 1, "total": 2, "running": 1, "pending": 0}})
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("bundle"))
+    assert line.count(digest) == 1 and ref in line

@@ -122,9 +122,11 @@ def test_batchinf_run_of_the_planned_manifest_does_not_plan_again(tmp_path: Path
     raw = _manifest(tmp_path)
     r = _plan_cli(tmp_path, raw)
     ids = {s.id for s in shards.of_job(r["job_id"])}
-    out = CliRunner().invoke(main, ["run", str(tmp_path / "job.json"), "--json"])
+    out = CliRunner().invoke(main, ["run", str(tmp_path / "job.json")])
     assert out.exit_code == 0, out.output
-    st = json.loads(out.output)
+    assert f"running the job `batchinf plan` planned: {r['job_id']}" in out.output      # not "resuming"
+    assert "resuming" not in out.output
+    st = json.loads(CliRunner().invoke(main, ["status", r["job_id"], "--json"]).output)
     assert st["job_id"] == r["job_id"] and st["status"] == JobStatus.SUCCEEDED
     assert {s.id for s in shards.of_job(r["job_id"])} == ids
     assert st["counts"]["records_total"] == r["records"] and st["shards"]["total"] == r["shards"]

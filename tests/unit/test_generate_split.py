@@ -157,12 +157,12 @@ def test_the_lifecycle_sizes_a_generate_split_by_its_decode_work(tmp_path: Path,
     assert jobs.get(job_id).plan["work_per_token"] == round((prompts + decode) / prompts, 4)
     monkeypatch.setenv("BATCHINF_MIN_SHARD_TOKENS", str(6 * int((prompts + decode) * 1.05)))
     settings.cache_clear()
-    assert step(job_id, Idle()) and not splits.split_wanted(lease)        # too little work left
+    assert step(job_id, Idle()) and splits.wanted(lease) != splits.SPLIT        # too little work left
     least = int((prompts + decode) * 0.95)
     assert least > prompts
     monkeypatch.setenv("BATCHINF_MIN_SHARD_TOKENS", str(6 * least))
     settings.cache_clear()
-    assert step(job_id, Idle()) and splits.split_wanted(lease)            # more than its prompts alone
+    assert step(job_id, Idle()) and splits.wanted(lease) == splits.SPLIT            # more than its prompts alone
 
 
 def test_admission_stops_when_asked_and_the_rest_runs_alike(tmp_path: Path, tiny_llama: str) -> None:
@@ -181,5 +181,23 @@ def test_admission_stops_when_asked_and_the_rest_runs_alike(tmp_path: Path, tiny
 
     first = {r.key: r for r in rt.generate(reqs, max_slots=SLOTS, stop_admitting=stop)}
     assert len(asked) == 1 and sorted(first) == [5, 6, 7]          # longest max_tokens admitted first
+    rest = {r.key: r for r in rt.generate([q for q in reqs if q.key not in first], max_slots=SLOTS)}
+    assert {**first, **rest} == whole
+
+
+def test_abort_stops_at_the_next_decode_step_and_the_rest_runs_alike(tiny_llama: str) -> None:
+    """A cancel reaches generation at its next decode step: the sequences that finished before it
+    keep their answers, those in flight and never admitted get none, and running those later gives
+    what one uninterrupted call does."""
+    rt = open_runtime(tiny_llama)
+    reqs = [GenRequest(i, rt.encode_prompt(" ".join(WORDS[: 2 + i])),
+                       SamplingParams(max_tokens=2 + 3 * i, temperature=1.0, seed=derive_seed(5, str(i))))
+            for i in range(8)]
+    whole = {r.key: r for r in rt.generate(reqs, max_slots=SLOTS)}
+    first: dict[int, Any] = {}
+    for r in rt.generate(reqs, max_slots=SLOTS, abort=lambda: bool(first)):    # cancelled once one is done
+        first[r.key] = r
+    assert 0 < len(first) < SLOTS                                   # the others in flight got nothing
+    assert all(whole[k] == r for k, r in first.items())
     rest = {r.key: r for r in rt.generate([q for q in reqs if q.key not in first], max_slots=SLOTS)}
     assert {**first, **rest} == whole

@@ -53,6 +53,10 @@ def test_malformed_json_names_line_number() -> None:
     assert bad.ordinal == 1 and bad.record_id is None and bad.text is None
     assert bad.message.startswith(f"{URI} line 2: malformed JSON")
     assert recs[2].ordinal == 2 and recs[2].record_id == "3"
+    last = list(read_jsonl(io.BytesIO(b'{"id": 1, "text": "x'), URI, "id", "text"))   # no newline at the end
+    assert last[0].message.endswith("(Unterminated string starting at column 19)")
+    assert one('{"id": 1,, "text": "x"}').message == (f"{URI} line 1: malformed JSON (Expecting property "
+                                                       "name enclosed in double quotes at column 10)")
 
 
 @pytest.mark.parametrize("line, kind", [('[1, "text"]', "list"), ('"just a string"', "str"),

@@ -72,7 +72,7 @@ def test_an_idle_worker_gets_the_running_shard_split(tmp_path: Path, tiny_bundle
     job_id, lease = _one_shard_job(tmp_path)
     assert step(job_id, Idle())                                # the running tick sees a worker idle
     parent = shards.get(lease.shard_id)
-    assert parent.status == ShardStatus.RUNNING and splits.split_wanted(lease)
+    assert parent.status == ShardStatus.RUNNING and splits.wanted(lease) == splits.SPLIT
     assert splits.request_split(job_id, 2, 1) == []            # asked once, not again
     result = execute_shard(lease)                              # splits at its first chunk boundary
     parent = shards.get(lease.shard_id)
@@ -115,7 +115,7 @@ def test_a_split_racing_a_speculative_twin_keeps_coverage_exactly_once(first: st
     twin = leases.claim_speculative(holder.shard_id, "w:2")
     assert twin is not None
     splits.request_split(job_id, 2, 1)
-    assert splits.split_wanted(holder) and not splits.split_wanted(twin)   # only the holder splits
+    assert splits.wanted(holder) == splits.SPLIT and splits.wanted(twin) != splits.SPLIT   # only the holder splits
     winner, loser = (holder, twin) if first == "holder" else (twin, holder)
     execute_shard(winner)
     with pytest.raises(StaleAttemptError):
@@ -153,7 +153,7 @@ def test_a_worker_starting_its_last_chunk_counts_as_idle(asker: str, tmp_path: P
     asked = splits.request_split(job_id, n if asker == "driver" else None, 1, soon_work=chunk)
     others = {sid: w for sid, w in work.items() if sid != nearly.shard_id}
     assert asked == [max(others, key=lambda sid: (others[sid], sid))]
-    assert not splits.split_wanted(nearly)
+    assert splits.wanted(nearly) != splits.SPLIT
     assert splits.request_split(job_id, n, 1, soon_work=chunk) == []          # one idle worker, one split
     assert splits.request_split(job_id, None, 1, soon_work=chunk) == []
 

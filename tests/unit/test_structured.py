@@ -91,3 +91,50 @@ def test_a_line_overrides_the_jobs_response_format_and_logprobs() -> None:
     p = record_params(GenerateOptions(), "r1", {"logprobs": True, "response_format": {
         "type": "json_schema", "json_schema": {"schema": {"type": "object"}, "name": "x"}}})
     assert p["logprobs"] == 0 and p["response_format"] == _rf({"type": "object"}).replace('"name":"s"', '"name":"x"')
+
+
+def test_unbounded_numbers_are_held_to_what_json_consumers_read() -> None:
+    from batchinf.runtime.generation.structured import SAFE_INTEGER, bounded
+
+    schema = {"type": "object", "properties": {
+        "a": {"type": "integer"}, "b": {"type": ["number", "null"], "minimum": 0},
+        "c": {"type": "array", "items": {"anyOf": [{"type": "integer", "exclusiveMaximum": 7}, {"type": "string"}]}},
+        "d": {"$ref": "#/$defs/n"}}, "$defs": {"n": {"type": "number", "maximum": 10 ** 30}}}
+    got = bounded(schema)
+    assert got["properties"]["a"] == {"type": "integer", "minimum": -SAFE_INTEGER, "maximum": SAFE_INTEGER}
+    assert got["properties"]["b"] == {"type": ["number", "null"], "minimum": 0, "maximum": SAFE_INTEGER}
+    assert got["properties"]["c"]["items"]["anyOf"] == [
+        {"type": "integer", "exclusiveMaximum": 7, "minimum": -SAFE_INTEGER}, {"type": "string"}]
+    assert got["$defs"]["n"] == {"type": "number", "maximum": 10 ** 30, "minimum": -SAFE_INTEGER}   # its own bound stays
+    assert schema["properties"]["a"] == {"type": "integer"}                                         # not changed in place
+    assert list(json.loads(_rf(schema))["json_schema"]["schema"]["properties"]) == ["a", "b", "c", "d"]
+
+
+def test_the_fraction_cap_follows_json_outside_strings() -> None:
+    from batchinf.runtime.generation.structured import Fraction
+
+    f = Fraction()
+    seen = []
+    for chunk in (b'{"x', b'.5":', b'3.', b'14', b'15', b',"s":"a.1', b'2\\"', b'.9"', b',"y":[0.', b'1]'):
+        f.follow(chunk)
+        seen.append(f.digits)
+    assert seen == [None, None, 0, 2, 4, None, None, None, 0, None]
+
+
+@pytest.mark.slow
+def test_a_runaway_number_ends_and_keys_keep_the_schema_order(runtime: GenerateRuntime) -> None:
+    """The tiny random model left free writes digits forever; bounded, every number ends well
+    inside max_tokens, with at most 17 fraction digits, and the keys come in the schema's order."""
+    schema = {"type": "object", "properties": {"z": {"type": "number"}, "a": {"type": "integer"},
+                                               "m": {"type": "boolean"}},
+              "required": ["z", "a", "m"], "additionalProperties": False}
+    prompt = runtime.encode_chat([{"role": "user", "content": "1 2 3 4 5 6 7 8 9"}])
+    reqs = [GenRequest(i, prompt, SamplingParams(max_tokens=100, temperature=1.0, seed=i, response_format=_rf(schema)))
+            for i in range(6)]
+    for r in runtime.generate(reqs):
+        assert r.finish_reason == "stop", r.text
+        answer = json.loads(r.text)
+        jsonschema.validate(answer, schema)
+        assert list(answer) == ["z", "a", "m"] and abs(answer["a"]) <= 2 ** 53 and abs(answer["z"]) <= 2 ** 53
+        fraction = r.text.split('"z":', 1)[1].split(",", 1)[0].partition(".")[2]
+        assert len(fraction) <= 17, r.text

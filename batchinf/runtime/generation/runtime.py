@@ -89,14 +89,15 @@ class GenerateRuntime(Prompts):
 
     def generate(self, requests: Iterable[GenRequest], *, max_batch_tokens: int = 16384,
                  max_slots: int = 64, stats: GenStats | None = None, kv_budget: int | None = None,
-                 stop_admitting: Callable[[], bool] | None = None,
+                 stop_admitting: Callable[[], bool] | None = None, abort: Callable[[], bool] | None = None,
                  scheduler: type[Scheduler] = Scheduler) -> Iterator[GenResult]:
         """Continuous batching (scheduler.py), results yielded as sequences finish. The KV cache
         never exceeds `kv_budget` bytes (default: this worker's BATCHINF_MAX_KV_CACHE_BYTES): slots
         are cut to fit, and a request that alone would not fit is refused (ValueError) before
         anything is allocated. Once `stop_admitting` (asked before refilling free slots) says True,
         the sequences in flight finish and those never admitted get no result (a split shard hands
-        them on). `scheduler` swaps the policy (benchmarks/static_batching.py)."""
+        them on). Once `abort` (asked before each step) says True, decoding stops there: the
+        sequences not finished get no result. `scheduler` swaps the policy (benchmarks/static_batching.py)."""
         reqs = list(requests)
         self.check(reqs, max_batch_tokens)
         if not reqs:
@@ -112,7 +113,7 @@ class GenerateRuntime(Prompts):
                         stats if stats is not None else GenStats(), eos_ids=self.eos_ids,
                         decode=self.decode, vocab=lambda: vocab_of(self))
         with torch.inference_mode():
-            while sched.busy:
+            while sched.busy and not (abort is not None and abort()):
                 engine.run(sched.schedule())
                 for seq in sched.update():
                     yield seq.result(self.decode)
