@@ -16,7 +16,7 @@ from batchinf.ledger.models import BundleInfo
 from batchinf.runtime import bundle as rb
 from batchinf.runtime.malloc import keep_freed_memory
 from batchinf.store import get_store, join, parse_uri
-from batchinf.tasks import build_meta, get_task
+from batchinf.tasks import build_meta, get_task, prepared
 from batchinf.tasks.embed_request import check_matryoshka_dims
 
 
@@ -35,6 +35,15 @@ def import_bundle(src: str | Path, name: str, *, alias: str | None = None,
         raise BundleError(f"{src} is not a directory of model files")
     if precision not in ("float32", "int8"):
         raise BundleError(f"precision {precision!r} is not supported; use float32 or int8")
+    with tempfile.TemporaryDirectory(prefix="batchinf-import-") as tmp:
+        return _import_dir(prepared(src, Path(tmp)), name, alias=alias, max_length=max_length, dtype=dtype,
+                           matryoshka_dims=matryoshka_dims, precision=precision, int8_scheme=int8_scheme,
+                           endpoint=endpoint)
+
+
+def _import_dir(src: Path, name: str, *, alias: str | None, max_length: int | None, dtype: str,
+                matryoshka_dims: list[int] | None, precision: str, int8_scheme: str | None,
+                endpoint: dict[str, Any] | None) -> BundleInfo:
     meta = build_meta(src, max_length=max_length, dtype=dtype)
     if precision == "int8":
         from batchinf.runtime import int8

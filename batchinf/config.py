@@ -132,6 +132,8 @@ class Settings:
     limits: dict[str, int]          # LIMITS' variables: the operator's default of each tenant-overridable bound
     max_kv_cache_bytes: int         # BATCHINF_MAX_KV_CACHE_BYTES: a worker's KV-cache budget per generate call
     max_error_rows: int             # BATCHINF_MAX_ERROR_ROWS: error rows per job before it fails (default 1,000,000)
+    max_audio_seconds: float        # BATCHINF_MAX_AUDIO_SECONDS: longest audio file a transcribe job decodes (4 h);
+                                    # a header claiming more is refused before decoding
     # --- OpenAI Files and Batches API
     files_uri: str                  # BATCHINF_FILES_URI: OpenAI API files and batch outputs, per tenant
                                     # (default: files/ under BATCHINF_HOME)
@@ -278,6 +280,7 @@ def load_settings() -> Settings:
         limits={name: _int(var, default) for name, (var, default, _) in LIMITS.items()},
         max_kv_cache_bytes=_int("BATCHINF_MAX_KV_CACHE_BYTES", LIMITS["kv_cache_bytes"][1]),
         max_error_rows=_int("BATCHINF_MAX_ERROR_ROWS", 1_000_000),
+        max_audio_seconds=_float("BATCHINF_MAX_AUDIO_SECONDS", 4 * 3600.0),
         files_uri=_text("BATCHINF_FILES_URI") or (home / "files").as_uri(),
         max_file_bytes=_int("BATCHINF_MAX_FILE_BYTES", 200 << 20),
         openai_models=_text("BATCHINF_OPENAI_MODELS") or "",

@@ -78,8 +78,10 @@ def _staged_errors(c: dict[str, list[Any]], attempt: int) -> list[dict[str, Any]
             for i, e in enumerate(c["error"]) if e is not None]
 
 
-def _inference_errors(c: dict[str, list[Any]], failures: dict[int, str], attempt: int) -> list[dict[str, Any]]:
-    return [error_row(c["record_id"][i], c["source"][i], c["ordinal"][i], "inference_error",
+def _inference_errors(c: dict[str, list[Any]], failures: dict[int, str], attempt: int,
+                      codes: dict[int, str] | None = None) -> list[dict[str, Any]]:
+    codes = codes or {}
+    return [error_row(c["record_id"][i], c["source"][i], c["ordinal"][i], codes.get(i, "inference_error"),
                       f"record {c['record_id'][i]!r}: {msg}", attempt) for i, msg in sorted(failures.items())]
 
 
@@ -207,7 +209,7 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
             except Stopped:             # cancelled inside this batch: it is not done, those before are
                 rest = np.arange(done, shard.num_records)
                 break
-            errors = _staged_errors(c, lease.attempt) + _inference_errors(c, run.failures, lease.attempt)
+            errors = _staged_errors(c, lease.attempt) + _inference_errors(c, run.failures, lease.attempt, run.codes)
             results.write(run.table)
             failures.write(pa.Table.from_pylist(errors, schema=ERROR_SCHEMA))
             error_rows += errors

@@ -32,7 +32,7 @@ __all__ = ["DEVICES", "FORMATS", "TASKS", "EmbedOptions", "GenerateOptions", "In
            "schema_text"]
 
 TASKS = tuple(TASK_REGISTRY)
-FORMATS = ("jsonl", "parquet", "openai-batch")
+FORMATS = ("jsonl", "parquet", "openai-batch", "audio")
 MAX_TARGET_WORKERS = 10_000
 NOT_A_MAPPING = "a job manifest must be a mapping with name, task, bundle, input and output"
 
@@ -49,7 +49,8 @@ class InputSpec(Section):
         None, description="instead of uri: a JSONL list of objects, {uri} or {bucket, key}, optional version_id")
     format: Annotated[str, choice(FORMATS)] = Field(
         "jsonl", description="openai-batch: lines {custom_id, method, url, body} for /v1/chat/completions, "
-                             "/v1/completions or /v1/embeddings; their custom_id and body say everything")
+                             "/v1/completions or /v1/embeddings; their custom_id and body say everything; "
+                             "audio: each object is an audio file (task transcribe), its key under the prefix its id")
     id_field: Annotated[str, STRING] = Field("id", description="the field holding each record's id")
     text_field: Annotated[str, STRING] = Field("text", description="embed: the field holding the text")
     prompt_field: Annotated[str | None, nullable(STRING)] = Field(
@@ -69,6 +70,9 @@ class InputSpec(Section):
         None, description="score, one query per record: the field holding its list of documents")
     image_field: Annotated[str | None, nullable(STRING)] = Field(
         None, description='classify_image: the field holding the image, bytes or an object URI (default "image")')
+    audio_field: Annotated[str | None, nullable(STRING)] = Field(
+        None, description='transcribe, jsonl / parquet records: the field holding the audio, bytes or an object URI '
+                          '(default "audio")')
 
     def value_field(self, task: str) -> tuple[str, str]:
         """(field name, kind) a jsonl/parquet record is read by: kind text, prompt, messages or record."""
@@ -179,7 +183,8 @@ def _input_problem(inp: InputSpec, task: str) -> str | None:
     if inp.format == "openai-batch":
         # each line's custom_id, url and body say everything; field names do not apply
         if (inp.id_field, inp.text_field, inp.prompt_field, inp.messages_field, inp.query_field, inp.document_field,
-                inp.documents_field, inp.image_field) != ("id", "text", None, None, None, None, None, None):
+                inp.documents_field, inp.image_field, inp.audio_field) != ("id", "text", None, None, None, None, None, None,
+                                                                          None):
             return ("input.format openai-batch reads custom_id and body from each line; "
                     "remove input.id_field / text_field / prompt_field / messages_field")
         return None

@@ -181,6 +181,8 @@ def _promote_parts(job: Job, rows: list[Shard], coverage: Coverage | None, summa
                     coverage.add(src, p["kind"], got.table)
                 if wanted and p["kind"] == "results":
                     tables.append(got.table.select(wanted))
+                if p["kind"] == "results" and task.renders(job.manifest.options):
+                    rendered += _task_files(task, job, got.path, p["key"], tmp, n)
                 if ctx is not None:
                     local = os.path.join(tmp, f"openai-{n:05d}.jsonl")
                     sha, lines = render_to_path(got.path, p["kind"], ctx, local)
@@ -195,6 +197,19 @@ def _promote_parts(job: Job, rows: list[Shard], coverage: Coverage | None, summa
             store.put_file(join(out, r["key"]), local)
     return Published(parts + [r for r, _ in rendered], task.summarize(tables) if wanted else {},
                      task.output_files(tables) if wanted else [])
+
+
+def _task_files(task: Any, job: Job, part_path: str, part_key: str, tmp: str,
+                n: int) -> list[tuple[dict[str, Any], str]]:
+    """The extra files (subtitles) the task renders from one result part, written to `tmp`."""
+    out = []
+    for k, (kind, key, data) in enumerate(task.render(pq.read_table(part_path), job.manifest.options)):
+        local = os.path.join(tmp, f"task-{n:05d}-{k:06d}")
+        with open(local, "wb") as fh:
+            fh.write(data)
+        out.append(({"key": key, "kind": kind, "sha256": hashlib.sha256(data).hexdigest(), "rows": 1,
+                     "from": part_key}, local))
+    return out
 
 
 def _openai_context(job: Job) -> RenderContext | None:
@@ -216,6 +231,8 @@ def _precision(job: Job) -> str:
     float32 on CPU, the bundle's dtype on CUDA."""
     meta = registry.meta(job.bundle_digest)
     dtype, device = str(meta.get("dtype", "float32")), getattr(job.manifest.options, "device", "auto")
+    if meta.get("backend"):         # a bundle run through another library (CTranslate2) states its own
+        return str(meta["precision"])
     if meta.get("precision") == "int8" or dtype == "float32" or device == "cpu":
         return str(meta.get("precision", "float32"))
     return dtype if device == "cuda" else f"{dtype} on CUDA, float32 on CPU"
@@ -354,6 +371,9 @@ def publish(job: Job) -> dict[str, Any]:
     return output_manifest
 
 
+PARQUET_KINDS = ("results", "errors")     # the other kinds are files rendered from them (openai/, srt/, vtt/)
+
+
 def verify_output(output_uri: str) -> dict[str, Any]:
     """Re-check a published output from its `_MANIFEST.json` alone: part digests and row counts,
     coverage of every pinned input record, counts that add up, and the openai/ files (what the
@@ -370,7 +390,13 @@ def verify_output(output_uri: str) -> dict[str, Any]:
     rendered = _openai_files(output_manifest) if "openai" in output_manifest else {}
     coverage = Coverage(output_manifest["inputs"])
     with tempfile.TemporaryDirectory() as tmp:
-        for p in (q for q in output_manifest["parts"] if q["kind"] != "openai"):
+        for p in (q for q in output_manifest["parts"] if q["kind"] not in PARQUET_KINDS and q["kind"] != "openai"):
+            uri = join(output_uri, p["key"])
+            with _readable(uri):
+                got_sha = hashlib.sha256(store.get_bytes(uri)).hexdigest()
+            if got_sha != p["sha256"]:
+                raise VerificationError(f"{p['key']}: sha256 {got_sha[:12]}…, manifest says {p['sha256'][:12]}…")
+        for p in (q for q in output_manifest["parts"] if q["kind"] in PARQUET_KINDS):
             with read_part(join(output_uri, p["key"]), COVERAGE_COLUMNS) as got:
                 if (got.sha256, got.rows) != (p["sha256"], p["rows"]):
                     raise VerificationError(f"{p['key']}: sha256 {got.sha256[:12]}… / {got.rows} rows, manifest "
@@ -408,7 +434,7 @@ def _openai_files(output_manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The openai/ files by the Parquet part each renders, checked to correspond one to one to
     the parts and to hold one line per input record."""
     rendered = [p for p in output_manifest["parts"] if p["kind"] == "openai"]
-    parquet = [p["key"] for p in output_manifest["parts"] if p["kind"] != "openai"]
+    parquet = [p["key"] for p in output_manifest["parts"] if p["kind"] in PARQUET_KINDS]
     if sorted(p["from"] for p in rendered) != sorted(parquet):
         raise VerificationError("openai/ files do not correspond one to one to the Parquet parts")
     if sum(p["rows"] for p in rendered) != output_manifest["counts"]["records_total"]:

@@ -3,7 +3,8 @@
 A reader turns one pinned object (an open binary file) into InputRecords; a record that cannot
 be used is an error record, never an exception. Readers: `jsonl` (one JSON object per line,
 plain or compressed), `parquet` (one row per record) and `openai-batch` (OpenAI batch request
-lines, which carry their own id, endpoint and sampling overrides). FORMATS lists the names a
+lines, which carry their own id, endpoint and sampling overrides) and `audio` (each object one
+record: an audio file, task transcribe). FORMATS lists the names a
 manifest may give; adding a format is adding a module here and its entry in READERS.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from typing import BinaryIO, Iterator, Protocol
 
+from batchinf.formats.audio import read_audio
 from batchinf.formats.jsonl import read_jsonl
 from batchinf.formats.parquet import read_parquet
 from batchinf.formats.record import InputRecord
@@ -42,7 +44,12 @@ def _openai_batch(fh: BinaryIO, uri: str, id_field: str, text_field: str, *,
     return read_openai_batch(fh, uri, task)
 
 
-READERS: dict[str, Reader] = {"jsonl": _jsonl, "parquet": _parquet, "openai-batch": _openai_batch}
+def _audio(fh: BinaryIO, uri: str, id_field: str, text_field: str, *,
+           kind: str, task: str) -> Iterator[InputRecord]:
+    return read_audio(fh, uri)
+
+
+READERS: dict[str, Reader] = {"jsonl": _jsonl, "parquet": _parquet, "openai-batch": _openai_batch, "audio": _audio}
 FORMATS: tuple[str, ...] = tuple(READERS)
 
 

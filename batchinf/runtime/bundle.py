@@ -71,9 +71,10 @@ def file_names(meta: Any, where: str) -> dict[str, str]:
     return files
 
 
-def _bundle_files(src: Path) -> list[str]:
+def _bundle_files(src: Path, weights: str | None = ".safetensors") -> list[str]:
     """The model directory's files. A symlink is followed only when it stays inside the directory
-    (e.g. a shared blob next to it); one that leads elsewhere is refused."""
+    (e.g. a shared blob next to it); one that leads elsewhere is refused. `weights`: the suffix
+    its weight files must have (None: the caller checks them)."""
     src = src.resolve()
     found = [p for p in src.rglob("*")
              if p.is_file() and not any(part.startswith(".") for part in p.relative_to(src).parts)
@@ -84,9 +85,15 @@ def _bundle_files(src: Path) -> list[str]:
                               "the model directory; copy the real file in (e.g. `cp -rL`) and import again")
     files = sorted(str(p.relative_to(src)) for p in found)
     _refuse_pickles(files, str(src))
-    if not any(f.endswith(".safetensors") for f in files):
-        raise BundleError(f"{src}: no *.safetensors weights found; batchinf loads safetensors only")
+    if weights is not None:
+        require_weights(src, files, weights)
     return files
+
+
+def require_weights(src: Path, files: list[str], weights: str) -> None:
+    if not any(f.endswith(weights) for f in files):
+        raise BundleError(f"{src}: no *{weights} weights found; batchinf loads safetensors only "
+                          "(and CTranslate2 Whisper directories, whose model.bin import renames model.ct2)")
 
 
 GREEDY_FIXTURES = 2         # fixtures that also pin a greedy continuation
@@ -103,9 +110,9 @@ def _family(config: dict[str, Any]) -> tuple[str, str]:
                       f"{', '.join(ENCODER_TYPES)} (embed), llama ({', '.join(DECODER_TYPES)}: generate)")
 
 
-def bundle_files(src: Path) -> list[str]:
+def bundle_files(src: Path, weights: str | None = ".safetensors") -> list[str]:
     """The files a bundle of `src` pins (hidden files and bundle.json aside); pickles refused."""
-    return _bundle_files(src)
+    return _bundle_files(src, weights)
 
 
 def build_meta(src: Path, *, max_length: int | None = None, dtype: str = "float32") -> dict[str, Any]:

@@ -18,19 +18,21 @@ from batchinf.tasks.embed import Embed, EmbedOptions
 from batchinf.tasks.generate import Generate, GenerateOptions
 from batchinf.tasks.generate_image import GenerateImage, GenerateImageOptions
 from batchinf.tasks.score import Score, ScoreOptions
+from batchinf.tasks.transcribe import Transcribe, TranscribeOptions
 
 __all__ = ["TASKS", "ClassifyImageOptions", "ClassifyOptions", "EmbedOptions",
-           "GenerateImageOptions", "GenerateOptions", "RunOutput", "ScoreOptions", "Task",
-           "build_meta", "get_task"]
+           "GenerateImageOptions", "GenerateOptions", "RunOutput", "ScoreOptions", "Task", "TranscribeOptions",
+           "build_meta", "get_task", "prepared"]
 
 TASKS: dict[str, Task] = {t.name: t for t in (Embed(), Generate(), Score(), Classify(), ClassifyImage(),
-                                            GenerateImage())}
+                                            GenerateImage(), Transcribe())}
 # bundle import asks the tasks in this order (more specific model heads first)
-DETECTION_ORDER = ("generate", "classify_image", "score", "classify", "embed")
+DETECTION_ORDER = ("transcribe", "generate", "classify_image", "score", "classify", "embed")
 SUPPORTED = ("; ".join(f"{', '.join(f.model_types)} ({', '.join(f.tasks)})" for f in FAMILIES)
              + "; Bert/XLMRobertaForSequenceClassification (score: cross-encoders; classify)"
              + "; ViTForImageClassification (classify_image)"
-             + "; diffusers StableDiffusionPipeline directories, model_index.json (generate_image)")
+             + "; diffusers StableDiffusionPipeline directories, model_index.json (generate_image)"
+             + "; Whisper in CTranslate2 format (transcribe)")
 
 
 def get_task(name: str) -> Task:
@@ -59,9 +61,9 @@ def detect(config: dict[str, Any], src: Path) -> Task:
 def build_meta(src: Path, *, max_length: int | None = None, dtype: str = "float32") -> dict[str, Any]:
     """bundle.json for a model directory: its task detected from config.json, then that task's
     settings, file digests and fixtures computed with our own runtime on CPU in float32."""
-    from batchinf.runtime.bundle import bundle_files
+    from batchinf.runtime.bundle import bundle_files, require_weights
 
-    files = bundle_files(src)
+    files = bundle_files(src, weights=None)
     if "model_index.json" in files and "config.json" not in files:     # a diffusers pipeline directory
         return TASKS["generate_image"].build_meta(src, files, max_length=max_length, dtype=dtype)
     if "config.json" not in files:
@@ -69,7 +71,18 @@ def build_meta(src: Path, *, max_length: int | None = None, dtype: str = "float3
                           "for an image model)")
     config = json.loads((src / "config.json").read_text())
     task = detect(config, src)
+    require_weights(src, files, task.weights)
     missing = [f for f in task.needs if f not in files]
     if missing:
         raise BundleError(f"{src}: a bundle needs {' and '.join(task.needs)}; {', '.join(missing)} is missing")
     return task.build_meta(src, files, max_length=max_length, dtype=dtype)
+
+
+def prepared(src: Path, tmp: Path) -> Path:
+    """The directory bundle import reads: `src`, or what a task made of a model directory in
+    another engine's layout (a CTranslate2 Whisper directory: model.bin renamed model.ct2)."""
+    for task in TASKS.values():
+        made = task.prepare(src, tmp)
+        if made is not None:
+            return made
+    return src

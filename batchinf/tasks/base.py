@@ -32,11 +32,11 @@ RECORD_FIELDS = [("record_id", pa.string()), ("source", pa.string()), ("ordinal"
 
 # Input fields each task may read; a field of another task is refused by name.
 INPUT_FIELDS = ("text_field", "prompt_field", "messages_field", "query_field", "document_field",
-                "documents_field", "image_field")
+                "documents_field", "image_field", "audio_field")
 INPUT_DEFAULTS: dict[str, Any] = {"text_field": "text"}
 FIELD_TASKS = {"text_field": "embed / classify", "prompt_field": "generate", "messages_field": "generate",
                "query_field": "score", "document_field": "score", "documents_field": "score",
-               "image_field": "classify_image"}
+               "image_field": "classify_image", "audio_field": "transcribe"}
 
 
 class Stopped(Exception):
@@ -49,11 +49,13 @@ class Stopped(Exception):
 class RunOutput:
     """What running one staged batch gives: result rows (a table of the task's result schema),
     failures by staged position (exception text), token counts, and the positions it left
-    undone because its shard is being split (`deferred`, ascending; a whole-shard task only)."""
+    undone because its shard is being split (`deferred`, ascending; a whole-shard task only), and
+    the error code of failures that are not `inference_error` (`codes`: the record's own fault)."""
     table: pa.Table
     failures: dict[int, str] = field(default_factory=dict)
     tokens: dict[str, int] = field(default_factory=lambda: {"input": 0, "output": 0, "real": 0, "padded": 0})
     deferred: list[int] = field(default_factory=list)
+    codes: dict[int, str] = field(default_factory=dict)     # error codes of failures other than inference_error
 
 
 class Task:
@@ -66,10 +68,13 @@ class Task:
     streams: ClassVar[bool] = True              # execute runs row group by row group (else whole shard)
     summary_columns: ClassVar[tuple[str, ...]] = ()
     needs: ClassVar[tuple[str, ...]] = ("config.json", "tokenizer.json")   # files a bundle must have
+    weights: ClassVar[str] = ".safetensors"     # how the bundle's weight files end
 
     # --- manifest ---------------------------------------------------------------------------
     def input_problem(self, inp: Any) -> str | None:
         """What is wrong with the manifest's input section for this task, or None."""
+        if inp.format == "audio":
+            return f"input.format audio (audio files) is for task: transcribe; a job of task {self.name} reads records"
         for name in INPUT_FIELDS:
             if name not in self.fields and getattr(inp, name, None) not in (None, INPUT_DEFAULTS.get(name)):
                 return (f"input.{name} is for task: {FIELD_TASKS[name]}; a job of task {self.name} reads "
@@ -109,6 +114,14 @@ class Task:
         raise NotImplementedError
 
     # --- verify -----------------------------------------------------------------------------
+    def renders(self, options: Any) -> tuple[str, ...]:
+        """The kinds of extra output files (under `<kind>/`) the job's options ask for."""
+        return ()
+
+    def render(self, table: pa.Table, options: Any) -> list[tuple[str, str, bytes]]:
+        """A result part's extra output files: (kind, key under the output prefix, content)."""
+        return []
+
     def summarize(self, tables: Iterable[pa.Table]) -> dict[str, Any]:
         """Extra `_MANIFEST.json` counts from the result parts' `summary_columns`."""
         return {}
@@ -123,6 +136,11 @@ class Task:
     def detects(self, config: dict[str, Any], src: Path) -> bool:
         """Whether a model directory with this config.json is a model of this task."""
         return False
+
+    def prepare(self, src: Path, tmp: Path) -> Path | None:
+        """A model directory in another engine's layout, made a bundle directory under `tmp`
+        (renamed or converted files); None when `src` is not one of this task's."""
+        return None
 
     def build_meta(self, src: Path, files: list[str], *, max_length: int | None, dtype: str) -> dict[str, Any]:
         raise NotImplementedError

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field
 
-from batchinf.errors import BatchinfError, InputError, ManifestError
+from batchinf.errors import InputError
 from batchinf.manifest_rules import MAX_LABELS, POSITIVE, Section, choice, positive
 from batchinf.tasks.base import RECORD_FIELDS, STAGE_FIELDS, RunOutput, StagedRows, Task, ok_rows, record_columns, usable_records
 from batchinf.tasks.batching import run_units
@@ -51,34 +51,12 @@ class ClassifyImageOptions(Section):
 def _image_bytes(value: Any, obj: Any) -> bytes:
     """The record's image: its bytes, or the pinned content of the object its URI names."""
     from batchinf.runtime.images import ImageProblem
-    from batchinf.store import get_store, normalize_uri
+    from batchinf.tasks.objects import RecordObjectProblem, record_object
 
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value)
-    if not isinstance(value, str) or not value.strip():
-        raise ImageProblem("invalid_image", f"must be image bytes or an object URI, got {type(value).__name__}")
     try:
-        uri = normalize_uri(value)
-    except BatchinfError as exc:
-        raise ImageProblem("image_unreachable", f"URI {value!r:.200} is not usable ({exc})") from None
-    try:
-        if obj.may_read is not None:
-            obj.may_read(uri)
-    except ManifestError as exc:
-        raise ImageProblem("image_forbidden", str(exc)) from None
-    try:
-        store = get_store(uri)
-        pin = store.head(uri)
-        if pin.size > MAX_IMAGE_BYTES:
-            raise ImageProblem("image_too_large", f"object {uri} is {pin.size} bytes, over {MAX_IMAGE_BYTES}")
-        with store.open_read(pin) as fh:
-            data = fh.read(MAX_IMAGE_BYTES + 1)
-    except BatchinfError as exc:
-        raise ImageProblem("image_unreachable", f"object {value!r} cannot be read ({exc}); check the URI, "
-                                                "that the object exists and that batchinf may read it") from None
-    if len(data) > MAX_IMAGE_BYTES:
-        raise ImageProblem("image_too_large", f"object {uri} grew past {MAX_IMAGE_BYTES} bytes while read")
-    return data
+        return record_object(value, obj, "image", MAX_IMAGE_BYTES)
+    except RecordObjectProblem as exc:
+        raise ImageProblem(exc.code, str(exc)) from None
 
 
 class ClassifyImage(Task):

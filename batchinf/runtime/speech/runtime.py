@@ -1,0 +1,31 @@
+"""A speech bundle opened: its feature spec and tokenizer for planning; its engine (CTranslate2
+Whisper, runtime/speech/whisper.py) once `load_model` runs on a worker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from batchinf.runtime.speech.features import FeatureSpec
+
+
+class SpeechRuntime:
+    def __init__(self, root: Path, meta: dict[str, Any], device: str = "cpu") -> None:
+        import tokenizers
+
+        self.root, self.meta, self.device = root, meta, device
+        f = meta["features"]
+        self.spec = FeatureSpec(f["sample_rate"], f["n_mels"], f["hop"], f["n_fft"], f["chunk_seconds"])
+        self.tokenizer = tokenizers.Tokenizer.from_file(str(root / "tokenizer.json"))
+        self.engine: Any = None
+
+    def load_model(self, threads: int | None = None) -> None:
+        """Load the engine with `threads` intra-op threads (default: what torch was given in this
+        worker process: cores / workers)."""
+        from batchinf.runtime.speech.whisper import WhisperEngine
+
+        if threads is None:
+            import torch
+
+            threads = torch.get_num_threads()
+        self.engine = WhisperEngine(self.root, self.meta, self.device, threads)

@@ -1,0 +1,181 @@
+"""The CTranslate2 Whisper engine: batches of log-mel windows ([B, n_mels, frames]) -> tokens,
+average log-probability, no-speech probability and the temperature used, with the usual
+fallback (a window whose output repeats itself or is improbable is decoded again, sampled at the
+next temperature). The pinned bundle files are the ones loaded: model.ct2 (CTranslate2's
+model.bin, renamed so no `.bin` sits in a bundle), config.json and vocabulary.txt, passed to
+CTranslate2 from memory."""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from batchinf.runtime.speech import need
+
+MODEL_FILE = "model.ct2"
+CT2_FILES = {"model.bin": MODEL_FILE, "config.json": "config.json"}
+VOCABULARIES = ("vocabulary.txt", "vocabulary.json")      # the one the bundle has
+SPECIAL_NAMES = ("<|endoftext|>", "<|startoftranscript|>", "<|startofprev|>", "<|notimestamps|>",
+                 "<|transcribe|>", "<|translate|>", "<|startoflm|>", "<|nocaptions|>")
+MAX_PROMPT = 223          # tokens of initial_prompt kept (max_length // 2 - 1)
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """How windows are decoded (the job's options resolved with the bundle's defaults)."""
+    language: str | None = None
+    task: str = "transcribe"
+    timestamps: bool = True
+    initial_prompt: list[int] = field(default_factory=list)
+    temperatures: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+    beam_size: int = 1
+    best_of: int = 5
+    max_length: int = 448
+    compression_ratio_threshold: float = 2.4
+    logprob_threshold: float = -1.0
+    no_speech_threshold: float = 0.6
+    seed: int = 0
+
+
+@dataclass
+class WindowResult:
+    tokens: list[int]
+    avg_logprob: float
+    no_speech_prob: float
+    temperature: float
+    compression_ratio: float
+
+
+def special_tokens(tokenizer: Any) -> dict[str, int]:
+    """The special tokens' ids (bundle.json pins them), language tokens aside."""
+    out = {}
+    for name in SPECIAL_NAMES:
+        tid = tokenizer.token_to_id(name)
+        if tid is not None:
+            out[name] = int(tid)
+    return out
+
+
+def compression_ratio(text: str) -> float:
+    data = text.encode("utf-8")
+    return len(data) / len(zlib.compress(data)) if data else 0.0
+
+
+class WhisperEngine:
+    """One loaded model (per worker process)."""
+
+    def __init__(self, root: Path, meta: dict[str, Any], device: str = "cpu", threads: int = 1) -> None:
+        import tokenizers
+
+        ctranslate2 = need("ctranslate2")
+        self.meta = meta
+        self.specials = meta["special_tokens"]
+        self.multilingual = bool(meta["multilingual"])
+        self.tokenizer = tokenizers.Tokenizer.from_file(str(root / "tokenizer.json"))
+        kind = "cuda" if device.startswith("cuda") else "cpu"
+        files = {name: (root / stored).read_bytes() for name, stored in CT2_FILES.items()}
+        files.update({v: (root / v).read_bytes() for v in VOCABULARIES if v in meta["files"]})
+        self.model = ctranslate2.models.Whisper(f"batchinf-bundle:{root.name}", device=kind,
+                                                compute_type=meta["compute_type"][kind], intra_threads=threads,
+                                                inter_threads=1, files=files)
+        self.timestamp_begin = self.specials["<|notimestamps|>"] + 1
+        self.eot = self.specials["<|endoftext|>"]
+
+    # --- prompts ---------------------------------------------------------------------------
+    def encode_text(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def prompt(self, d: Decoding, language: str | None) -> list[int]:
+        s = self.specials
+        out = []
+        if d.initial_prompt:
+            out += [s["<|startofprev|>"], *d.initial_prompt[-MAX_PROMPT:]]
+        out.append(s["<|startoftranscript|>"])
+        if self.multilingual:
+            lang = self.tokenizer.token_to_id(f"<|{language or 'en'}|>")
+            out += [lang, s["<|translate|>" if d.task == "translate" else "<|transcribe|>"]]
+        if not d.timestamps:
+            out.append(s["<|notimestamps|>"])
+        return out
+
+    def sot_sequence(self, language: str | None, task: str = "transcribe") -> list[int]:
+        s = self.specials
+        if not self.multilingual:
+            return [s["<|startoftranscript|>"]]
+        return [s["<|startoftranscript|>"], self.tokenizer.token_to_id(f"<|{language or 'en'}|>"),
+                s["<|translate|>" if task == "translate" else "<|transcribe|>"]]
+
+    def words(self, features: np.ndarray, results: list[WindowResult], frames: list[int],
+              langs: list[str | None], task: str) -> list[list[dict[str, Any]]]:
+        """Each window's words with times relative to its start (runtime/speech/words.py)."""
+        import ctranslate2
+
+        from batchinf.runtime.speech.words import align_words
+
+        encoded = self.model.encode(ctranslate2.StorageView.from_array(
+            np.ascontiguousarray(features, dtype=np.float32)), to_cpu=False)
+        texts = [[t for t in r.tokens if t < self.eot] for r in results]
+        return align_words(self.model, encoded, self.sot_sequence(langs[0], task), texts, frames, self.decode_text)
+
+    def detect_languages(self, features: Any) -> list[str]:
+        """Each window's most probable language code (multilingual models)."""
+        return [r[0][0].strip("<|>") for r in self.model.detect_language(features)]
+
+    # --- decoding ----------------------------------------------------------------------------
+    def decode_text(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode([t for t in tokens if t < self.eot])
+
+    def generate(self, features: np.ndarray, d: Decoding) -> tuple[list[WindowResult], list[str | None]]:
+        """Windows' features [B, n_mels, frames] -> a result per window, and each window's
+        language (detected on a multilingual model unless the options name one)."""
+        import ctranslate2
+
+        storage = ctranslate2.StorageView.from_array(np.ascontiguousarray(features, dtype=np.float32))
+        encoded = self.model.encode(storage, to_cpu=False)
+        langs: list[str | None] = [d.language] * len(features)
+        if self.multilingual and d.language is None:
+            langs = self.detect_languages(encoded)
+        else:
+            langs = [d.language or "en"] * len(features)
+        results: list[WindowResult | None] = [None] * len(features)
+        todo = list(range(len(features)))
+        for k, temperature in enumerate(d.temperatures):
+            if not todo:
+                break
+            if len(todo) < len(features):      # the windows left, encoded again (a few)
+                encoded = self.model.encode(ctranslate2.StorageView.from_array(
+                    np.ascontiguousarray(features[todo], dtype=np.float32)), to_cpu=False)
+            got = self._run(encoded, [self.prompt(d, langs[i]) for i in todo], d, temperature, k)
+            again = []
+            for i, r in zip(todo, got):
+                results[i] = r
+                silent = r.no_speech_prob > d.no_speech_threshold and r.avg_logprob < d.logprob_threshold
+                if not silent and (r.compression_ratio > d.compression_ratio_threshold
+                                   or r.avg_logprob < d.logprob_threshold):
+                    again.append(i)
+            todo = again
+        return [r for r in results if r is not None], langs
+
+    def _run(self, encoded: Any, prompts: list[list[int]], d: Decoding, temperature: float,
+             step: int) -> list[WindowResult]:
+        import ctranslate2
+
+        if temperature > 0:
+            ctranslate2.set_random_seed(d.seed + step)      # byte-identical retries
+            kw = dict(beam_size=1, num_hypotheses=d.best_of, sampling_topk=0, sampling_temperature=temperature)
+        else:
+            kw = dict(beam_size=d.beam_size)
+        out = self.model.generate(encoded, prompts, max_length=d.max_length, return_scores=True,
+                                  return_no_speech_prob=True, suppress_blank=True, suppress_tokens=[-1], **kw)
+        results = []
+        for r in out:
+            best = max(range(len(r.sequences_ids)), key=lambda h: r.scores[h])
+            tokens = list(r.sequences_ids[best])
+            n = len(tokens)
+            results.append(WindowResult(tokens, float(r.scores[best]) * n / (n + 1), float(r.no_speech_prob),
+                                        temperature, compression_ratio(self.decode_text(tokens))))
+        return results

@@ -1,0 +1,360 @@
+"""Task transcribe: speech -> timestamped text with a Whisper bundle run by CTranslate2.
+
+Input: a prefix of audio objects (`input.format: audio`: wav, flac, mp3, ogg/opus, m4a; each
+object is a record, its key under the prefix its id), or JSONL / Parquet records whose
+`input.audio_field` holds the audio's bytes or an object URI (pinned, and within the grants of a
+confined job, like an image URI: tasks/objects.py). At plan time each file's header is
+checked against BATCHINF_MAX_AUDIO_SECONDS before it is decoded (bounded in samples and time),
+downmixed to mono, resampled to the bundle's rate, and cut into windows of at most 30 s at
+silence (runtime/speech/windows.py); the staged row holds the 16-bit samples and the windows.
+Length measure: the file's duration in seconds. At execute, windows of every file of the batch
+are packed into batches of `max_batch_windows` (a 5 s clip shares its batch with 15 others) and
+each file's transcript is stitched from its windows (segments in order, absolute times).
+
+Bad audio is an error row naming the file: empty_audio, not_audio, bad_audio, truncated_audio,
+audio_too_long, audio_too_large, audio_decode_timeout, and no_speech_found (a file that is not
+silent yet gives no text: noise, or a damaged file that decodes as noise)."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, Any, Callable, Iterable, Iterator
+
+import numpy as np
+import pyarrow as pa
+from pydantic import Field
+
+from batchinf.errors import InputError, ManifestError
+from batchinf.manifest_rules import BOOLEAN, STRING, Rule, Section, choice, nullable, number, positive
+from batchinf.tasks.base import (FIELD_TASKS, INPUT_DEFAULTS, INPUT_FIELDS, RECORD_FIELDS, STAGE_FIELDS, RunOutput,
+                                 StagedRows, Task, ok_rows, record_columns, usable_records)
+from batchinf.tasks.batching import hit_record_failpoints, isolate
+from batchinf.tasks.embed import DEVICES
+
+SPEECH_STAGE_SCHEMA = pa.schema(STAGE_FIELDS + [
+    ("samples", pa.large_binary()),                 # int16 little-endian, mono, at the bundle's rate
+    ("window_starts", pa.list_(pa.int64())), ("window_ends", pa.list_(pa.int64())),   # in samples
+    ("duration_seconds", pa.float64()), ("audio_sha256", pa.string()),
+])
+WORD = pa.struct([("word", pa.string()), ("start", pa.float64()), ("end", pa.float64()), ("probability", pa.float64())])
+SEGMENT = pa.struct([
+    ("id", pa.int32()), ("seek", pa.int32()), ("start", pa.float64()), ("end", pa.float64()),
+    ("text", pa.string()), ("tokens", pa.list_(pa.int32())), ("temperature", pa.float64()),
+    ("avg_logprob", pa.float64()), ("compression_ratio", pa.float64()), ("no_speech_prob", pa.float64()),
+    ("words", pa.list_(WORD)),        # timestamps: word only (else null)
+])
+TRANSCRIPT_SCHEMA = pa.schema(RECORD_FIELDS + [
+    ("text", pa.string()), ("language", pa.string()), ("duration_seconds", pa.float64()),
+    ("segments", pa.list_(SEGMENT)), ("output_tokens", pa.int32()), ("audio_sha256", pa.string()),
+])
+MAX_STAGED_BYTES = 2 << 30      # an object's staged samples (32 KB per second of audio) at most
+TIMESTAMPS = ("segment", "word", "none")
+SPEECH_TASKS = ("transcribe", "translate")
+
+
+def _language_problem(v: Any, where: str) -> str | None:
+    if isinstance(v, str) and 2 <= len(v) <= 8 and v.isascii() and v.isalpha() and v.islower():
+        return None
+    return f"{where} {v!r:.40} is not a language code (en, de, haw, ...)"
+
+
+SUBTITLES = ("srt", "vtt")
+FORMATS = Rule(lambda v, w: None if isinstance(v, (list, tuple)) and all(x in SUBTITLES for x in v) and
+               len(set(v)) == len(v) else f"{w} must be a list of subtitle formats ({', '.join(SUBTITLES)}), got {v!r:.60}",
+               {"type": "array", "items": {"enum": list(SUBTITLES)}, "uniqueItems": True}, tuple)
+LANGUAGE = Rule(_language_problem, {"type": "string", "pattern": "^[a-z]{2,8}$"})
+
+
+class TranscribeOptions(Section):
+    """Options of task transcribe."""
+    language: Annotated[str | None, nullable(LANGUAGE)] = Field(
+        None, description="the spoken language's code (en, de, ...); null: detected per window on a multilingual "
+                          "model (English-only models transcribe English)")
+    task: Annotated[str, choice(SPEECH_TASKS)] = Field(
+        "transcribe", description="translate: English text from speech in another language (multilingual models)")
+    timestamps: Annotated[str, choice(TIMESTAMPS)] = Field(
+        "segment", description="segment: segments with start and end times; word: also each segment's words "
+                               "with theirs (cross-attention alignment); none: one segment per window")
+    initial_prompt: Annotated[str | None, nullable(STRING)] = Field(
+        None, description="text that conditions every window (spellings, names, style)")
+    temperature: Annotated[float, number(0, 1)] = Field(0.0, description="0: greedy (or beam search)")
+    temperature_fallback: Annotated[bool, BOOLEAN] = Field(
+        True, description="decode a window again at a higher temperature (+0.2 up to 1.0) when its text repeats "
+                          "itself (compression ratio > 2.4) or is improbable (average log-probability < -1)")
+    beam_size: Annotated[int, positive(16)] = Field(5, description="beams at temperature 0 (1: greedy)")
+    vad: Annotated[bool, BOOLEAN] = Field(
+        True, description="cut long files into windows at silence; false: at every 30 s whatever is said")
+    max_batch_windows: Annotated[int, positive(256)] = Field(16, description="30-second windows per model batch")
+    seed: Annotated[int, positive(1 << 62)] = Field(1, description="seed of the fallback's sampling")
+    formats: Annotated[tuple[str, ...], FORMATS] = Field(
+        (), description="subtitle files besides the Parquet rows: srt and/or vtt, one per input file under "
+                        "srt/ and vtt/, listed in _MANIFEST.json")
+    device: Annotated[str, choice(DEVICES)] = "auto"
+
+
+
+def option_problem(meta: dict[str, Any], options: Any) -> str | None:
+    """What the job's options ask that its bundle cannot do, or None."""
+    if meta["multilingual"]:
+        if options.language is not None and options.language not in meta["languages"]:
+            return (f"options.language {options.language!r} is not one of the bundle's languages "
+                    f"({', '.join(meta['languages'][:20])}, ...)")
+        return None
+    if options.task == "translate":
+        return ("options.task translate needs a multilingual Whisper model; this bundle is English-only (.en): "
+                "it transcribes English, use task: transcribe or a multilingual bundle")
+    if options.language not in (None, "en"):
+        return (f"options.language {options.language!r}: this bundle is an English-only (.en) model; "
+                "use a multilingual bundle for other languages")
+    return None
+
+
+def record_id_of(uri: str, input_uri: str | None) -> str:
+    """An audio object's record id: its key under the input prefix (the whole key otherwise)."""
+    if input_uri and input_uri.endswith("/") and uri.startswith(input_uri):
+        return uri[len(input_uri):]
+    _, _, rest = uri.partition("://")
+    return rest.split("/", 1)[1] if "/" in rest else rest
+
+
+def _input_prefix(obj: Any) -> str | None:
+    from batchinf.store import normalize_uri
+
+    uri = getattr(obj.input, "uri", None)
+    return normalize_uri(uri) if uri else None
+
+
+class Transcribe(Task):
+    name = "transcribe"
+    options = TranscribeOptions
+    fields = ("audio_field",)
+    stage_schema = SPEECH_STAGE_SCHEMA
+    summary_columns = ("duration_seconds",)
+    needs = ("config.json", "tokenizer.json")
+    weights = ".ct2"
+
+    def input_problem(self, inp: Any) -> str | None:
+        if inp.format not in ("audio", "jsonl", "parquet"):
+            return ("task transcribe reads audio objects (input.format: audio) or records naming them "
+                    "(jsonl / parquet with input.audio_field)")
+        if inp.format == "audio" and inp.audio_field is not None:
+            return "input.audio_field is for jsonl / parquet records; with input.format audio each object is the audio"
+        for name in (n for n in INPUT_FIELDS if n != "audio_field"):
+            if getattr(inp, name, None) not in (None, INPUT_DEFAULTS.get(name)):
+                return f"input.{name} is for task: {FIELD_TASKS[name]}; a job of task transcribe reads audio files"
+        return None
+
+    def limits(self, runtime: Any, options: Any) -> tuple[int, bool]:
+        """No token limits; the options are checked against the bundle here, once per planning."""
+        problem = option_problem(runtime.meta, options)
+        if problem:
+            raise ManifestError(problem)
+        return 0, False
+
+    def stage(self, obj: Any, runtime: Any, records: Iterator[Any]) -> pa.Table:
+        from batchinf.config import settings
+        from batchinf.formats.audio import MAX_AUDIO_BYTES
+        from batchinf.runtime.speech.audio import AudioProblem, decode
+        from batchinf.runtime.speech.windows import plan_windows
+        from batchinf.tasks.objects import RecordObjectProblem, record_object
+
+        spec, max_seconds = runtime.spec, settings().max_audio_seconds
+        window = spec.chunk_seconds if obj.options.vad else None
+        prefix = _input_prefix(obj)
+        rows = StagedRows(SPEECH_STAGE_SCHEMA)
+        staged = 0
+        if obj.fmt == "audio":         # the object is the audio; its key the id
+            rid = record_id_of(obj.pin.uri, prefix)
+            records = (replace(r, record_id=rid) for r in records)
+        field = obj.input.audio_field or "audio"
+        for row, rec, where in usable_records(obj, records, rows):
+            value = (rec.fields or {}).get(field)
+            try:
+                if obj.fmt == "audio":
+                    where, data = f"audio file {obj.pin.uri}", value or b""
+                elif value is None:
+                    raise AudioProblem("missing_audio", f"has no audio field {field!r} (set input.audio_field if "
+                                                        "it has another name)")
+                else:
+                    data = record_object(value, obj, "audio", MAX_AUDIO_BYTES)
+                samples, _ = decode(data, spec.sample_rate, max_seconds)
+            except (AudioProblem, RecordObjectProblem) as exc:
+                row.update(error=exc.code, message=f"{where} {exc}")
+                continue
+            pcm = np.clip(np.round(samples * 32768.0), -32768, 32767).astype("<i2")
+            staged += pcm.nbytes
+            if staged > MAX_STAGED_BYTES:
+                raise InputError(f"{where} decodes to more than {MAX_STAGED_BYTES >> 20} MiB of samples; "
+                                 "cut it into shorter files")
+            if window is None:
+                step = spec.chunk_samples
+                wins = [(a, min(a + step, pcm.size)) for a in range(0, pcm.size, step)]
+            else:
+                wins = plan_windows(pcm.astype(np.float32) / 32768.0, spec.sample_rate, window)
+            seconds = pcm.size / spec.sample_rate
+            row.update(samples=pcm.tobytes(), window_starts=[a for a, _ in wins], window_ends=[b for _, b in wins],
+                       duration_seconds=seconds, audio_sha256=hashlib.sha256(data).hexdigest(),
+                       n_tokens=max(1, int(np.ceil(seconds))))
+        return rows.table()
+
+    def result_schema(self, meta: dict[str, Any], options: Any = None) -> pa.Schema:
+        return TRANSCRIPT_SCHEMA
+
+    def run(self, c: dict[str, list[Any]], runtime: Any, options: Any, check: Callable[[], None],
+            split: Callable[[], bool] | None = None) -> RunOutput:
+        valid = ok_rows(c)
+        out = transcribe_rows(runtime, options, [c["samples"][i] for i in valid],
+                              [list(zip(c["window_starts"][i], c["window_ends"][i])) for i in valid],
+                              [c["record_id"][i] for i in valid], check)
+        failures = {valid[u]: f"audio file {c['source'][valid[u]]} {msg}" for u, msg in out.failures.items()}
+        done = [u for u in range(len(valid)) if u in out.results]
+        ok = [valid[u] for u in done]
+        res = [out.results[u] for u in done]
+        table = pa.table({
+            **record_columns(c, ok), "text": [r["text"] for r in res], "language": [r["language"] for r in res],
+            "duration_seconds": [c["duration_seconds"][i] for i in ok], "segments": [r["segments"] for r in res],
+            "output_tokens": [r["output_tokens"] for r in res], "audio_sha256": [c["audio_sha256"][i] for i in ok],
+        }, schema=TRANSCRIPT_SCHEMA)
+        seconds = sum(c["n_tokens"][i] for i in ok)
+        tokens = {"input": seconds, "output": sum(r["output_tokens"] for r in res), "real": seconds,
+                  "padded": out.padded_seconds}
+        return RunOutput(table, failures, tokens, codes={valid[u]: code for u, code in out.codes.items()})
+
+    def renders(self, options: Any) -> tuple[str, ...]:
+        return tuple(options.formats)
+
+    def render(self, table: pa.Table, options: Any) -> list[tuple[str, str, bytes]]:
+        from batchinf.runtime.speech.subtitles import RENDERERS, subtitle_key
+
+        rows = table.select(["record_id", "segments"]).to_pylist()
+        return [(fmt, subtitle_key(fmt, r["record_id"]), RENDERERS[fmt](r["segments"]).encode())
+                for fmt in options.formats for r in rows]
+
+    def summarize(self, tables: Iterable[pa.Table]) -> dict[str, Any]:
+        total = 0.0
+        for t in tables:
+            total += float(pa.compute.sum(t.column("duration_seconds")).as_py() or 0.0)
+        return {"audio_seconds": round(total, 3)}
+
+    # --- bundles ----------------------------------------------------------------------------
+    def detects(self, config: dict[str, Any], src: Path) -> bool:
+        from batchinf.tasks.speech_bundle import is_ct2_whisper
+
+        return is_ct2_whisper(config, src)
+
+    def prepare(self, src: Path, tmp: Path) -> Path | None:
+        from batchinf.tasks.speech_bundle import prepare_ct2_whisper
+
+        return prepare_ct2_whisper(src, tmp)
+
+    def build_meta(self, src: Path, files: list[str], *, max_length: int | None, dtype: str) -> dict[str, Any]:
+        from batchinf.tasks.speech_bundle import build_speech_meta
+
+        return build_speech_meta(src, files, task=self.name, dtype=dtype)
+
+    def open_runtime(self, root: Path, meta: dict[str, Any], device: str) -> Any:
+        from batchinf.runtime.speech.runtime import SpeechRuntime
+
+        return SpeechRuntime(root, meta, device)
+
+    def verify_inputs(self, runtime: Any) -> None:
+        from batchinf.tasks.speech_bundle import verify_speech_inputs
+
+        verify_speech_inputs(runtime)
+
+    def verify_model(self, runtime: Any) -> None:
+        from batchinf.tasks.speech_bundle import verify_speech_tokens
+
+        verify_speech_tokens(runtime)
+
+
+class SpeechOutcome:
+    """transcribe_rows' answer: per file position, its transcript or failure (code, message)."""
+
+    def __init__(self) -> None:
+        self.results: dict[int, dict[str, Any]] = {}
+        self.failures: dict[int, str] = {}
+        self.codes: dict[int, str] = {}
+        self.padded_seconds = 0
+
+
+def decoding_for(runtime: Any, options: Any) -> Any:
+    """The job's options resolved with the bundle's decoding defaults (runtime/speech/whisper.Decoding)."""
+    from batchinf.runtime.speech.whisper import Decoding
+
+    d = runtime.meta["decoding"]
+    temps = (options.temperature,)
+    if options.temperature_fallback:
+        temps += tuple(round(t, 2) for t in np.arange(options.temperature + 0.2, 1.0001, 0.2))
+    prompt = runtime.engine.encode_text(" " + options.initial_prompt.strip()) if options.initial_prompt else []
+    return Decoding(language=options.language, task=options.task, timestamps=options.timestamps != "none",
+                    initial_prompt=prompt, temperatures=temps, beam_size=options.beam_size,
+                    best_of=d["best_of"], max_length=d["max_length"],
+                    compression_ratio_threshold=d["compression_ratio_threshold"],
+                    logprob_threshold=d["logprob_threshold"], no_speech_threshold=d["no_speech_threshold"],
+                    seed=options.seed)
+
+
+def transcribe_rows(runtime: Any, options: Any, samples: list[bytes], windows: list[list[tuple[int, int]]],
+                    record_ids: list[str], check: Callable[[], None]) -> SpeechOutcome:
+    """Files (int16 samples, windows) -> transcripts: every file's windows in batches of
+    `max_batch_windows`, whatever file they come from; a failing batch is run again in halves
+    until only the failing windows fail, and a failed window fails its file with the reason."""
+    from batchinf.runtime.speech.features import batch_features
+    from batchinf.runtime.speech.segments import stitch, window_segments
+    from batchinf.runtime.speech.windows import is_silent
+    from batchinf.runtime.speech.words import attach_words
+
+    engine, spec = runtime.engine, runtime.spec
+    d = decoding_for(runtime, options)
+    pcm = [np.frombuffer(s, dtype="<i2") for s in samples]
+    units = [(f, k) for f, wins in enumerate(windows) for k in range(len(wins))]
+    got: dict[tuple[int, int], tuple[Any, str | None]] = {}
+    words: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    failed: dict[tuple[int, int], str] = {}
+    out = SpeechOutcome()
+
+    def run(batch: list[tuple[int, int]]) -> None:
+        check()
+        hit_record_failpoints(sorted({record_ids[f] for f, _ in batch}))
+        feats = batch_features([pcm[f][slice(*windows[f][k])].astype(np.float32) / 32768.0 for f, k in batch], spec)
+        results, langs = engine.generate(feats, d)
+        if options.timestamps == "word":
+            frames = [(windows[f][k][1] - windows[f][k][0]) // spec.hop for f, k in batch]
+            words.update(zip(batch, engine.words(feats, results, frames, langs, d.task)))
+        got.update(zip(batch, zip(results, langs)))
+        out.padded_seconds += len(batch) * spec.chunk_seconds
+
+    step = options.max_batch_windows
+    for i in range(0, len(units), step):
+        isolate(run, units[i:i + step], done=got.__contains__, failed=failed.__setitem__)
+    rate = spec.sample_rate
+    for f, wins in enumerate(windows):
+        bad = next(((k, failed[(f, k)]) for k in range(len(wins)) if (f, k) in failed), None)
+        if bad is not None:
+            a, b = wins[bad[0]]
+            out.failures[f] = f"failed at window {bad[0]} ({a / rate:.2f}-{b / rate:.2f} s): {bad[1]}"
+            continue
+        stitched = []
+        for k, (a, b) in enumerate(wins):
+            r, _ = got[(f, k)]
+            silent = r.no_speech_prob > d.no_speech_threshold and r.avg_logprob < d.logprob_threshold
+            segs = [] if silent else window_segments(r.tokens, engine.eot, engine.timestamp_begin, a / rate, b / rate,
+                                                     engine.decode_text)
+            if (f, k) in words:
+                attach_words(segs, words[(f, k)], a / rate)
+            stitched.append((a / rate, segs, {"temperature": r.temperature, "avg_logprob": r.avg_logprob,
+                                              "compression_ratio": r.compression_ratio,
+                                              "no_speech_prob": r.no_speech_prob}))
+        text, segments = stitch(stitched)
+        if not text and not is_silent(pcm[f].astype(np.float32) / 32768.0, rate):
+            out.failures[f] = ("is not silent yet gives no speech: noise, music, or a damaged file that decodes as "
+                               "noise; check that the file plays")
+            out.codes[f] = "no_speech_found"
+            continue
+        langs = [got[(f, k)][1] for k in range(len(wins))]
+        out.results[f] = {"text": text, "segments": segments, "language": max(set(langs), key=langs.count) or "en",
+                          "output_tokens": sum(len(got[(f, k)][0].tokens) for k in range(len(wins)))}
+    return out

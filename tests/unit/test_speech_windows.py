@@ -1,0 +1,81 @@
+"""Speech helpers without a model: windows cut at silence (never longer than 30 s, covering the
+file, cut inside the pauses), timestamp tokens parsed into absolute segments, windows stitched
+monotonic, a WAV header's claimed duration read before decoding, and the log-mel features equal
+to faster-whisper's (when it is installed)."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+
+from batchinf.runtime.speech.audio import wav_claimed_seconds
+from batchinf.runtime.speech.features import FeatureSpec, log_mel
+from batchinf.runtime.speech.segments import stitch, window_segments
+from batchinf.runtime.speech.windows import plan_windows
+
+RATE = 16000
+
+
+def _speechlike(words: list[float], pause: float, seed: int = 0) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """Bursts of noise ("words", seconds each) separated by silent pauses; their sample ranges."""
+    rng = np.random.default_rng(seed)
+    parts, spans, at = [], [], 0
+    for w in words:
+        n = int(w * RATE)
+        parts += [0.3 * rng.standard_normal(n).astype(np.float32), np.zeros(int(pause * RATE), np.float32)]
+        spans.append((at, at + n))
+        at += n + int(pause * RATE)
+    return np.concatenate(parts), spans
+
+
+def test_windows_cover_the_file_and_cut_only_in_pauses() -> None:
+    rng = np.random.default_rng(1)
+    samples, words = _speechlike(list(rng.uniform(0.2, 1.5, 150)), 0.3)
+    wins = plan_windows(samples, RATE, 30.0)
+    assert wins[0][0] == 0 and wins[-1][1] == samples.size and len(wins) >= samples.size / (30 * RATE)
+    assert all(a == b for (_, a), (b, _) in zip(wins, wins[1:]))           # contiguous, in order
+    assert all(0 < b - a <= 30 * RATE for a, b in wins)
+    for _, cut in wins[:-1]:
+        assert not any(s < cut < e for s, e in words), cut                  # never inside a word
+    assert plan_windows(samples[:RATE * 20], RATE) == [(0, RATE * 20)]      # a short file is one window
+
+
+def test_window_without_pauses_is_still_cut_at_30_seconds() -> None:
+    samples = 0.3 * np.random.default_rng(2).standard_normal(RATE * 75).astype(np.float32)
+    wins = plan_windows(samples, RATE)
+    assert all(b - a <= 30 * RATE for a, b in wins) and wins[-1][1] == samples.size
+
+
+def test_timestamp_tokens_become_absolute_monotonic_segments() -> None:
+    eot, tb = 50256, 50363
+    def text(toks: list[int]) -> str:
+        return "".join(f" w{t}" for t in toks)
+    # <0.00> a b <1.00><1.00> c <2.40>  then trailing text without a closing timestamp
+    tokens = [tb, 1, 2, tb + 50, tb + 50, 3, tb + 120, tb + 120, 4]
+    segs = window_segments(tokens, eot, tb, 30.0, 40.0, text)
+    assert [(s["start"], s["end"], s["text"]) for s in segs] == [(30.0, 31.0, " w1 w2"), (31.0, 32.4, " w3"),
+                                                                (32.4, 40.0, " w4")]
+    # a window's first segment may start before the last one ended: stitched times never go back
+    text_, out = stitch([(0.0, [{"start": 0.0, "end": 31.0, "text": " a", "tokens": [1]}], {"avg_logprob": -0.1}),
+                         (30.0, segs, {"avg_logprob": -0.2})])
+    times = [x for s in out for x in (s["start"], s["end"])]
+    assert times == sorted(times) and [s["id"] for s in out] == [0, 1, 2, 3] and out[1]["seek"] == 3000
+    assert text_ == "a w1 w2 w3 w4"
+
+
+def test_wav_header_claim_is_read_without_decoding() -> None:
+    header = (b"RIFF" + struct.pack("<I", 0) + b"WAVEfmt " + struct.pack("<IHHIIHH", 16, 1, 1, RATE, RATE * 2, 2, 16)
+              + b"data" + struct.pack("<I", RATE * 2 * 3 * 3600))
+    assert wav_claimed_seconds(header) == pytest.approx(3 * 3600)
+    assert wav_claimed_seconds(b"ID3\x03" + b"\0" * 100) is None
+
+
+def test_log_mel_equals_faster_whisper() -> None:
+    fe = pytest.importorskip("faster_whisper.feature_extractor")
+    from faster_whisper.audio import pad_or_trim
+
+    samples, _ = _speechlike([0.5, 1.0, 0.7], 0.2, seed=3)
+    want = pad_or_trim(fe.FeatureExtractor()(samples)[..., :-1])
+    np.testing.assert_allclose(log_mel(samples, FeatureSpec()), want, atol=1e-5)
