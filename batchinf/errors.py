@@ -57,6 +57,12 @@ class AttemptReleased(BatchinfError):
     its lease is given back, charged to nothing."""
 
 
+class JobStopped(BatchinfError):
+    """Raised by a task inside its batch when its job was cancelled (`split.stop()`: diffusion at
+    the next denoising step, speech at the next batch of windows): that batch is not done; the
+    attempt commits the batches before it and leaves the rest."""
+
+
 class StoreError(BatchinfError):
     """An object store operation failed permanently."""
 

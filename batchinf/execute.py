@@ -16,7 +16,7 @@ from batchinf import failpoints, metrics
 from batchinf.planning import sizing
 from batchinf.bundles import open_runtime
 from batchinf.config import settings
-from batchinf.errors import AttemptReleased, StaleAttemptError
+from batchinf.errors import AttemptReleased, JobStopped, StaleAttemptError
 from batchinf.heartbeat import Heartbeat
 from batchinf.ledger import leases
 from batchinf.ledger import splits
@@ -26,7 +26,6 @@ from batchinf.planning.shard_names import shard_id
 from batchinf.retry_policy import retrying
 from batchinf.store import get_store, join
 from batchinf.tasks import get_task
-from batchinf.tasks.base import Stopped
 
 WATCH_POLL_SECONDS = 0.25   # a split or a cancel waits at most this long (one indexed read per poll)
 
@@ -206,7 +205,7 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
             try:
                 run = task.run(c, runtime, m.options, check if task.streams else finished,
                                watch if chunk else _StopOnly(watch))
-            except Stopped:             # cancelled inside this batch: it is not done, those before are
+            except JobStopped:          # cancelled inside this batch: it is not done, those before are
                 rest = np.arange(done, shard.num_records)
                 break
             errors = _staged_errors(c, lease.attempt) + _inference_errors(c, run.failures, lease.attempt, run.codes)

@@ -39,12 +39,6 @@ FIELD_TASKS = {"text_field": "embed / classify", "prompt_field": "generate", "me
                "image_field": "classify_image", "audio_field": "transcribe"}
 
 
-class Stopped(Exception):
-    """Raised by a streaming task inside its batch when `split.stop()` says the job was cancelled
-    (diffusion: at the next denoising step): the batch is not done, the attempt commits the
-    batches before it and leaves the rest."""
-
-
 @dataclass
 class RunOutput:
     """What running one staged batch gives: result rows (a table of the task's result schema),

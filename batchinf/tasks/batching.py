@@ -10,7 +10,7 @@ from typing import Any, Callable, TypeVar
 import numpy as np
 
 from batchinf import failpoints
-from batchinf.errors import BundleError, RecordsFailed, StaleAttemptError
+from batchinf.errors import BundleError, JobStopped, RecordsFailed, StaleAttemptError
 
 T = TypeVar("T")
 
@@ -41,7 +41,7 @@ def isolate(run: Callable[[list[T]], None], items: list[T], *, done: Callable[[T
     until only the records that fail fail, each alone (`failed(item, error)`)."""
     try:
         run(items)
-    except (BundleError, StaleAttemptError):
+    except (BundleError, StaleAttemptError, JobStopped):
         raise
     except Exception as exc:  # noqa: BLE001 -- any model/runtime fault on a record is isolated
         rest = [i for i in items if not done(i)]

@@ -27,8 +27,9 @@ from typing import Annotated, Any, Callable, Iterable, Iterator
 import pyarrow as pa
 from pydantic import Field
 
+from batchinf.errors import JobStopped
 from batchinf.manifest_rules import INT64_MAX, LIMITED, STRING, Section, choice, integer, nullable, number, positive
-from batchinf.tasks.base import (RECORD_FIELDS, STAGE_FIELDS, RunOutput, StagedRows, Stopped, Task, ok_rows,
+from batchinf.tasks.base import (RECORD_FIELDS, STAGE_FIELDS, RunOutput, StagedRows, Task, ok_rows,
                                  record_columns, usable_records)
 from batchinf.tasks.batching import hit_record_failpoints, isolate
 from batchinf.tasks.embed import DEVICES
@@ -279,7 +280,7 @@ class GenerateImage(Task):
 
 
 def _step(runtime: Any, images: int, check: Callable[[], None], split: Any = None) -> None:
-    """After each denoising step: progress, then stop here if the job was cancelled (`Stopped`:
+    """After each denoising step: progress, then stop here if the job was cancelled (`JobStopped`:
     the attempt keeps the batches before this one) or the attempt lost its lease -- a batch stops
     at its next step, not at its end."""
     from batchinf import failpoints
@@ -289,7 +290,7 @@ def _step(runtime: Any, images: int, check: Callable[[], None], split: Any = Non
         failpoints.hit("execute.image_step")
     check()
     if split is not None and getattr(split, "stop", None) is not None and split.stop():
-        raise Stopped("the job was cancelled")
+        raise JobStopped("the job was cancelled")
 
 
 def _write_images(c: dict[str, list[Any]], i: int, images: Any, digest: str, scheduler: str

@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field
 
-from batchinf.errors import InputError, ManifestError
+from batchinf.errors import InputError, JobStopped, ManifestError
 from batchinf.manifest_rules import BOOLEAN, STRING, Rule, Section, choice, nullable, number, positive
 from batchinf.tasks.base import (FIELD_TASKS, INPUT_DEFAULTS, INPUT_FIELDS, RECORD_FIELDS, STAGE_FIELDS, RunOutput,
                                  StagedRows, Task, ok_rows, record_columns, usable_records)
@@ -207,7 +207,7 @@ class Transcribe(Task):
         valid = ok_rows(c)
         out = transcribe_rows(runtime, options, [c["samples"][i] for i in valid],
                               [list(zip(c["window_starts"][i], c["window_ends"][i])) for i in valid],
-                              [c["record_id"][i] for i in valid], check)
+                              [c["record_id"][i] for i in valid], _checking_stop(check, split))
         failures = {valid[u]: f"audio file {c['source'][valid[u]]} {msg}" for u, msg in out.failures.items()}
         done = [u for u in range(len(valid)) if u in out.results]
         ok = [valid[u] for u in done]
@@ -295,6 +295,17 @@ def decoding_for(runtime: Any, options: Any) -> Any:
                     compression_ratio_threshold=d["compression_ratio_threshold"],
                     logprob_threshold=d["logprob_threshold"], no_speech_threshold=d["no_speech_threshold"],
                     seed=options.seed)
+
+
+def _checking_stop(check: Callable[[], None], split: Any) -> Callable[[], None]:
+    """`check`, then stop at this batch of windows if the job was cancelled (`split.stop()`)."""
+    stop = getattr(split, "stop", None)
+
+    def checked() -> None:
+        check()
+        if stop is not None and stop():
+            raise JobStopped("the job was cancelled")
+    return checked
 
 
 def transcribe_rows(runtime: Any, options: Any, samples: list[bytes], windows: list[list[tuple[int, int]]],
