@@ -38,7 +38,8 @@ def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
         yield s
 
 
-def test_a_retry_through_the_api_writes_only_where_the_tenant_may(svc: Service) -> None:
+def test_a_retry_through_the_api_writes_only_where_the_tenant_may(svc: Service,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """The operator ran a job for a tenant without grants (the CLI may); that tenant's retry of it
     through the API is its own request: confined, so no output it names, nor the default one, is
     writable, and another tenant's granted prefix stays untouched."""
@@ -46,10 +47,12 @@ def test_a_retry_through_the_api_writes_only_where_the_tenant_may(svc: Service) 
     write_jsonl(victim / "seed.jsonl", 4, bad=False)
     before = checksums(victim)
     src = svc.root / "ops" / "in" / "a.jsonl"
-    write_jsonl(src, 25, seed=4)                     # with bad lines: error rows to retry
+    write_jsonl(src, 25, seed=4)
     m = manifest(str(src.parent) + "/", str(svc.root / "ops" / "out") + "/", name="ops-for-drifter")
     old, _ = submit(parse_manifest(m), Caller(LOOSE, operator=True))
     assert not jobs.get(old).confined
+    # an inference error to retry (input errors are never retried); the workers read it at start
+    monkeypatch.setenv("BATCHINF_FAILPOINTS", "execute.record[r3]=raise;execute.record[r5]=raise")
     svc.drive(old).join(timeout=120)
     assert svc.wait(LOOSE, old)["status"] == "succeeded"
 
@@ -69,6 +72,7 @@ def test_a_retry_through_the_api_writes_only_where_the_tenant_may(svc: Service) 
         own = c.post("/v1/jobs", json=manifest(str(svc.root / "in" / "globex-retry") + "/",
                                                str(svc.root / "out" / "globex-retry") + "/", name="g-retry")).json()
     svc.drive(own["job_id"]).join(timeout=120)
+    monkeypatch.delenv("BATCHINF_FAILPOINTS")
     assert svc.wait("globex", own["job_id"])["status"] == "succeeded"
     with svc.client("globex") as c:
         for out in (f"file://{svc.root}/in/globex-retry-out/", f"{svc.root}/elsewhere/"):    # read-only, ungranted
