@@ -30,14 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-TOPICS = ("the sea", "a mountain", "the city at night", "a small cat", "rain", "the moon", "bread", "trains",
-          "a library", "autumn leaves", "the desert", "snow", "a garden", "coffee", "the river", "stars")
-
-
-def questions(n: int) -> list[str]:
-    kinds = ("Write one sentence about {}.", "Name two facts about {}.", "Describe {} in a few words.",
-             "What rhymes with {}?")
-    return [kinds[i % len(kinds)].format(TOPICS[(i // len(kinds)) % len(TOPICS)]) + f" ({i})" for i in range(n)]
+from benchmarks.prompts import questions  # noqa: E402 -- after the path insert
 
 
 async def plain(base_url: str, model: str, prompts: list[list[int]], max_tokens: int, concurrency: int) -> list[str]:
@@ -97,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = endpoint_spec(server.base_url, MODEL, concurrency=a.concurrency)
         digest = import_gguf(smollm2_gguf(), "smollm2", alias="http", endpoint=spec).digest
         runtime = open_runtime(digest, engine="openai-http")   # the engine (its fixtures replayed here)
-        qs = questions(a.prompts)
+        qs = questions(a.prompts, kinds=4, numbered=True)
         prompts = [runtime.encode_chat([{"role": "user", "content": q}]) for q in qs]
         inp = tmp / "prompts.jsonl"
         inp.write_text("".join(json.dumps({"id": f"q{i}", "messages": [{"role": "user", "content": q}]}) + "\n"

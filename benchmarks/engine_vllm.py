@@ -25,15 +25,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-TOPICS = ("the sea", "a mountain", "the city at night", "a small cat", "rain", "the moon", "bread", "trains",
-          "a library", "autumn leaves", "the desert", "snow", "a garden", "coffee", "the river", "stars")
-
-
-def questions(n: int) -> list[str]:
-    kinds = ("Write one sentence about {}.", "Name two facts about {}.", "Describe {} in a few words.",
-             "What rhymes with {}?", "Tell a very short story about {}.", "Why do people like {}?",
-             "Give a title for a poem about {}.", "List three words about {}.")
-    return [kinds[i % len(kinds)].format(TOPICS[(i // len(kinds)) % len(TOPICS)]) for i in range(n)]
+from benchmarks.prompts import questions  # noqa: E402 -- after the path insert
 
 
 def main(argv: list[str] | None = None) -> int:
