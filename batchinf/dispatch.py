@@ -18,8 +18,8 @@ import multiprocessing as mp
 import os
 import queue
 import socket
+import threading
 import time
-from multiprocessing.synchronize import Event as EventType
 from typing import Any, Callable
 
 from batchinf import failpoints, logs, metrics
@@ -170,39 +170,82 @@ def plan_objects_here(job: Job, idxs: list[int], processes: int) -> None:
 
 
 IDLE_RECHECK_SECONDS = 1.0   # an idle worker looks again this often unwoken (a driver that died, a missed wake)
+POLL_SECONDS = 0.01          # how often a sleeping worker reads the signal's words
 
 
 class WorkSignal:
     """Wakes idle workers when there may be work for them: the driver `notify`s as it queues
-    shards, asks for a twin, or stops the workers (`closing`). A worker notes the signal's count
+    shards, asks for a twin, or stops the workers (`close`). A worker notes the signal's count
     before it looks for work (`seen`) and `wait`s only while nothing came since, so no wake is
-    missed between its look and its wait, and none makes it look twice."""
+    missed between its look and its wait, and none makes it look twice.
+
+    Lock-free on purpose: two shared words that only the driver writes, read by sleeping workers
+    every `POLL_SECONDS`. A worker killed while it waits (or any time) can hold nothing the driver
+    needs; a shared `Condition` could, and its `notify` then waited forever for the dead sleeper."""
 
     def __init__(self, ctx: Any) -> None:
-        self._cond = ctx.Condition()
         self._count = ctx.RawValue("Q", 0)
-        self.closing = ctx.Event()      # the workers stop: their job is over or stopping
+        self._closing = ctx.RawValue("b", 0)
+        self._lock: threading.Lock | None = threading.Lock()   # the driver's threads, not the workers
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_count": self._count, "_closing": self._closing, "_lock": None}
 
     def notify(self) -> None:
-        with self._cond:
+        assert self._lock is not None, "only the driver notifies"
+        with self._lock:
             self._count.value += 1
-            self._cond.notify_all()
 
     def close(self) -> None:
-        self.closing.set()
+        self._closing.value = 1
         self.notify()
+
+    def closed(self) -> bool:
+        return bool(self._closing.value)
 
     def seen(self) -> int:
         return self._count.value
 
     def wait(self, seen: int, timeout: float = IDLE_RECHECK_SECONDS) -> None:
-        with self._cond:
-            if self._count.value == seen and not self.closing.is_set():
-                self._cond.wait(timeout)
+        deadline = time.monotonic() + timeout
+        while self._count.value == seen and not self._closing.value:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(POLL_SECONDS, left))
+
+
+class Wake:
+    """A worker tells its driver "step the job now": one byte down a non-blocking pipe. Setting it
+    never blocks (a full pipe is already set) and holds no lock, so a worker killed mid-`set`
+    cannot stall the driver, as a shared `Event`'s lock could."""
+
+    def __init__(self, ctx: Any) -> None:
+        self._r, self._w = ctx.Pipe(duplex=False)
+
+    def set(self) -> None:
+        fd = self._w.fileno()
+        os.set_blocking(fd, False)
+        try:
+            os.write(fd, b"!")
+        except (BlockingIOError, BrokenPipeError):
+            pass
+
+    def wait(self, timeout: float) -> bool:
+        """Up to `timeout` seconds for a wake; True if one came. Clears it."""
+        woken = self._r.poll(timeout)
+        fd = self._r.fileno()
+        os.set_blocking(fd, False)
+        try:
+            while os.read(fd, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        return woken
 
 
 def worker_main(job_ids: list[str] | None, bundle_digest: str | None, device: str, threads: int, parent_pid: int,
-                twins: mp.Queue, work: WorkSignal, wake: EventType, engines: tuple[str, ...] = leases.NATIVE_ONLY) -> None:
+                twins: mp.Queue, work: WorkSignal, wake: Wake, engines: tuple[str, ...] = leases.NATIVE_ONLY) -> None:
     """Entry point of a `WorkerPool`'s process: lease shards of the given jobs (None: of any
     running job) until the parent exits or closes `work`; when idle, run a straggler's twin the
     driver asked for, else sleep until `work` wakes it. Started while its job is still planning,
@@ -230,7 +273,7 @@ def worker_main(job_ids: list[str] | None, bundle_digest: str | None, device: st
         except Exception:  # noqa: BLE001 -- reported (and counted) by the first shard that needs it
             pass
     idle = False
-    while os.getppid() == parent_pid and not work.closing.is_set():
+    while os.getppid() == parent_pid and not work.closed():
         seen = work.seen()
         try:
             lease = retrying(leases.claim_next, job_ids, me, settings().lease_seconds, None, engines)
@@ -290,7 +333,7 @@ class WorkerPool(Dispatcher):
         self.ctx = mp.get_context("spawn")
         self.procs: list[mp.process.BaseProcess] = []
         self.twins: mp.Queue = self.ctx.Queue()
-        self.wake = self.ctx.Event()     # set by a worker: step the job now (see worker_main)
+        self.wake = Wake(self.ctx)       # set by a worker: step the job now (see worker_main)
         self.work = WorkSignal(self.ctx)
         self.dead: set[str] = set()
         self._checked: set[str] = set()  # jobs whose leases of an earlier process were looked at
@@ -348,7 +391,6 @@ class WorkerPool(Dispatcher):
 
     def wait(self, seconds: float) -> None:
         self.wake.wait(seconds)
-        self.wake.clear()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Close the workers: an idle one exits now, a busy one after its attempt (which stops at

@@ -104,4 +104,38 @@ def test_an_idle_worker_sleeps_until_woken() -> None:
     work.close()
     t = time.monotonic()
     work.wait(seen, timeout=5)
-    assert time.monotonic() - t < 1 and work.closing.is_set()
+    assert time.monotonic() - t < 1 and work.closed()
+
+
+def _sleep_on(work: dispatch.WorkSignal, wake: dispatch.Wake, ready: "mp.synchronize.Event") -> None:
+    ready.set()
+    while True:                                   # an idle worker: wakes the driver, sleeps, looks again
+        wake.set()
+        work.wait(work.seen(), timeout=0.05)
+
+
+def test_workers_killed_while_they_wait_or_ask_never_hang_their_driver() -> None:
+    """SIGKILL workers while they sleep on the work signal and set the driver's wake, many times
+    over: the driver's notify, wait and close still return at once (a shared Condition's notify
+    waited forever for a killed sleeper, and `batchinf run` hung after printing its result)."""
+    ctx = mp.get_context("spawn")
+    work, wake = dispatch.WorkSignal(ctx), dispatch.Wake(ctx)
+    for _ in range(4):
+        ready = [ctx.Event() for _ in range(3)]
+        procs = [ctx.Process(target=_sleep_on, args=(work, wake, r), daemon=True) for r in ready]
+        for p in procs:
+            p.start()
+        for r in ready:
+            assert r.wait(60)
+        for p in procs:
+            os.kill(p.pid, 9)
+        for p in procs:
+            p.join(10)
+        t = time.monotonic()
+        for _ in range(1000):
+            work.notify()
+        wake.wait(0.01)
+        assert time.monotonic() - t < 2
+    assert wake.wait(0.05) is False               # a wake is cleared by the wait that saw it
+    work.close()
+    assert work.closed()
