@@ -14,7 +14,7 @@ from batchinf.errors import BundleError, DeviceUnavailableError
 from batchinf.ledger import registry
 from batchinf.ledger.models import BundleInfo
 from batchinf.runtime import bundle as rb
-from batchinf.runtime.malloc import keep_freed_memory
+from batchinf.runtime.malloc import keep_freed_memory, release_freed_memory
 from batchinf.store import get_store, join, parse_uri
 from batchinf.tasks import build_meta, get_task, prepared
 from batchinf.tasks.embed_request import check_matryoshka_dims
@@ -172,6 +172,7 @@ def _load(key: tuple[str, str, bool, str]) -> Any:
         keep_freed_memory(settings().malloc_keep_bytes)
         runtime.load_model()
         engines.verify_model(task, runtime)
+        release_freed_memory()
     _loaded[key] = runtime
     return runtime
 

@@ -14,7 +14,7 @@ from typing import Any, Callable, TypeVar
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
+from batchinf.runtime.weights import load_safetensors
 from torch import Tensor, nn
 
 from batchinf.errors import BatchinfError, BundleError
@@ -129,7 +129,7 @@ def load_classifier(model_dir: Path, device: str = "cpu", dtype: torch.dtype = t
     prefix = FAMILIES[cfg.model_type] + "."
     state: dict[str, Tensor] = {}
     for f in sorted(Path(model_dir).glob("*.safetensors")):
-        for key, tensor in load_file(f, device=str(torch.device(device))).items():
+        for key, tensor in load_safetensors(f, device).items():
             key = key.removeprefix(prefix)
             if not key.endswith("position_ids") and not key.startswith("lm_head."):
                 state[key] = tensor

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
+from batchinf.runtime.weights import load_safetensors
 from torch import Tensor, nn
 
 from batchinf.config import settings
@@ -253,7 +253,7 @@ def load_encoder(
         )
     state: dict[str, Tensor] = {}
     for f in files:
-        for key, tensor in load_file(f, device=str(torch.device(device))).items():
+        for key, tensor in load_safetensors(f, device).items():
             key = key.removeprefix("bert.").removeprefix("roberta.")
             if not key.startswith(_IGNORED_PREFIXES):
                 state[key] = tensor

@@ -8,21 +8,24 @@ same prefix) written into the cache in the same pass, so that joining a running 
 forward pass of its own. A forward pass is a list of `Segment`s that share the token-wise work
 (projections, MLP) and differ in how they attend.
 
-On CPU with MKL, small-batch matmuls (decode, short prefills) run against prepacked weights
-(`pack_weights`): MKL otherwise repacks each weight matrix at every call, which for a few rows costs
-more than the multiplication (SmolLM2-135M, 1 thread: a decode step at 8 rows 201 -> 132 ms).
+On CPU with MKL, small-batch matmuls (decode, short prefills) may run against prepacked weights
+(`pack_weights`): where MKL repacks each weight matrix at every call, that costs more than the
+multiplication for a few rows (SmolLM2-135M, 1 thread, an Intel CPU: a decode step at 8 rows 201 ->
+132 ms). Elsewhere (an AMD EPYC here: plain and packed equally fast) the packed copy, 2 to 7 times the
+weight's size, is only memory, so it is kept only where it is measured faster at load.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
+from batchinf.runtime.weights import load_safetensors
 from torch import Tensor, nn
 
 from batchinf.config import settings
@@ -49,10 +52,14 @@ class Linear(nn.Linear):
         return y.view(*x.shape[:-1], self.out_features)
 
 
+PACKED_WIN = 0.85       # packed weights are kept when a decode-sized product takes at most this share of the plain time
+
+
 def pack_weights(model: nn.Module) -> bool:
-    """Give every Linear of a CPU float32 model an MKL-packed weight, if this torch build has MKL and
-    the packed product equals the plain one (checked per weight shape) -> whether it packed.
-    Costs one more copy of the weights in memory; BATCHINF_PACK_WEIGHTS=0 turns it off."""
+    """Give every Linear of a CPU float32 model an MKL-packed weight, if this torch build has MKL,
+    the packed product equals the plain one (checked per weight shape) and is clearly faster on this
+    machine (`packing_pays`) -> whether it packed. The packed copies cost 2 to 7 times the weights'
+    memory; BATCHINF_PACK_WEIGHTS=0 turns packing off."""
     if not settings().pack_weights or not torch.backends.mkl.is_available() \
             or not hasattr(torch.ops.mkl, "_mkl_linear"):
         return False
@@ -61,6 +68,8 @@ def pack_weights(model: nn.Module) -> bool:
         return False
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
+        if not packing_pays(max(linears, key=lambda m: m.weight.numel()), gen):
+            return False
         packed = [torch.ops.mkl._mkl_reorder_linear_weight(m.weight, PACKED_MAX_ROWS) for m in linears]
         checked: set[tuple[int, int]] = set()
         for m, w in zip(linears, packed):
@@ -75,6 +84,22 @@ def pack_weights(model: nn.Module) -> bool:
     for m, w in zip(linears, packed):
         m.packed = w
     return True
+
+
+def packing_pays(linear: nn.Linear, gen: torch.Generator, rows: int = 8, reps: int = 5) -> bool:
+    """Whether this machine multiplies a decode-sized batch faster against a packed copy of the
+    weight than against the weight itself: the best of `reps` alternated timings of each."""
+    packed = torch.ops.mkl._mkl_reorder_linear_weight(linear.weight, PACKED_MAX_ROWS)
+    x = torch.randn(rows, linear.in_features, generator=gen)
+    best = {"plain": float("inf"), "packed": float("inf")}
+    for _ in range(reps):
+        for name, fn in (("plain", lambda: F.linear(x, linear.weight)),
+                         ("packed", lambda: torch.ops.mkl._mkl_linear(x, packed, linear.weight, None, rows))):
+            t0 = time.perf_counter()
+            for _ in range(4):
+                fn()
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return best["packed"] <= PACKED_WIN * best["plain"]
 
 
 class RMSNorm(nn.Module):
@@ -377,7 +402,7 @@ def load_llama(model_dir: Path, device: str | torch.device = "cpu", dtype: torch
         raise BundleError(f"no *.safetensors weights in {model_dir}; only safetensors are loaded")
     state: dict[str, Tensor] = {}
     for f in files:
-        state.update(load_file(f, device=str(torch.device(device))))
+        state.update(load_safetensors(f, device))
     if backbone_only:
         state = {k if k.startswith("model.") else "model." + k: v for k, v in state.items() if k != "lm_head.weight"}
         state["lm_head.weight"] = state.get("model.embed_tokens.weight")  # unused; shares the tensor

@@ -7,6 +7,8 @@ a third of an encoder's time at one torch thread: 13 s of a 38 s benchmark in th
 1.24x (one thread) to 1.42x (two) the float32 tokens/s once freed blocks stay in the heap.
 Raising the mmap and trim thresholds keeps them (as PyTorch's CPU tuning guide gets from
 jemalloc or tcmalloc). Called once per process that loads a model; a no-op off glibc.
+What a model's load freed (checks, fixture passes) is handed back once it is loaded
+(`release_freed_memory`): kept, it only raised the process's footprint for the whole job.
 """
 
 from __future__ import annotations
@@ -32,3 +34,14 @@ def keep_freed_memory(limit: int) -> bool:
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     limit = min(limit, 2**31 - 1)
     return bool(mallopt(_M_MMAP_THRESHOLD, limit)) and bool(mallopt(_M_TRIM_THRESHOLD, limit))
+
+
+def release_freed_memory() -> bool:
+    """Hand the heap's free memory back to the kernel now (malloc_trim) -> whether any was."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes, trim.restype = (ctypes.c_size_t,), ctypes.c_int
+    return bool(trim(0))

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
+from batchinf.runtime.weights import load_safetensors
 from torch import Tensor, nn
 
 from batchinf.errors import BatchinfError, BundleError
@@ -160,7 +160,7 @@ def load_modernbert(model_dir: Path, device: str | torch.device = "cpu",
         raise BundleError(f"no *.safetensors weights in {model_dir}; only safetensors are loaded")
     state: dict[str, Tensor] = {}
     for f in files:
-        for key, t in load_file(f, device=str(torch.device(device))).items():
+        for key, t in load_safetensors(f, device).items():
             state[key.removeprefix("model.")] = t
     with empty_weights():
         model = ModernBertEncoder(cfg)

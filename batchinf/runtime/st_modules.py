@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
+from batchinf.runtime.weights import load_safetensors
 from torch import Tensor
 
 from batchinf.errors import BatchinfError, BundleError
@@ -121,7 +121,7 @@ def load_dense(root: Path, meta: dict[str, Any], device: Any, dtype: torch.dtype
     for d in meta.get("dense") or ():
         if d.get("path") not in meta.get("files", {}):   # only files the bundle pins (names checked at load)
             raise BundleError(f"{root}/bundle.json: Dense weights {d.get('path')!r} are not a file of the bundle")
-        w = load_file(root / d["path"], device=str(device))
+        w = load_safetensors(root / d["path"], device)
         weight, bias = w.get("linear.weight"), w.get("linear.bias")
         if weight is None or tuple(weight.shape) != (d["out_features"], d["in_features"]) or (bias is None) == d["bias"]:
             raise BundleError(f"{root / d['path']}: Dense weights do not match its config.json")

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
+from batchinf.runtime.weights import load_safetensors
 from torch import Tensor, nn
 
 from batchinf.errors import BatchinfError, BundleError
@@ -141,7 +141,7 @@ def load_vit(model_dir: Path, device: str = "cpu", dtype: torch.dtype = torch.fl
     cfg = ViTConfig.from_hf(json.loads((Path(model_dir) / "config.json").read_text()))
     state: dict[str, Tensor] = {}
     for f in sorted(Path(model_dir).glob("*.safetensors")):
-        for key, tensor in load_file(f, device=str(torch.device(device))).items():
+        for key, tensor in load_safetensors(f, device).items():
             if not key.startswith("vit.pooler."):
                 state[key.removeprefix("vit.")] = tensor
     return assign_weights(model_dir, lambda: ViTClassifier(cfg), state, device, dtype)

@@ -145,6 +145,22 @@ def test_generate_throughput_short_mode(smollm2_gguf: Path, tmp_path: Path) -> N
     assert report["output_tokens"] >= report["prompts"] * report["output_lengths"][0]
 
 
+def test_generate_vs_llama_server_short_mode(smollm2_gguf: Path, tmp_path: Path) -> None:
+    """`batchinf run` and llama-server answer the same chat prompts on the same GGUF, whole process
+    each: both measured (tokens/s and peak memory), every prompt answered by both."""
+    from tests.helpers.llama_quantize import llama_server
+
+    llama_server()                        # built (or unavailable) before the benchmark needs it
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "generate_vs_llama_server.py"), "--short", "--json"],
+                       capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    report = json.loads(r.stdout)
+    for side in ("batchinf", "llama-server"):
+        assert report[side]["output_tokens"] >= report["prompts"] and report[side]["tokens_per_s"] > 0
+        assert 0 < report[side]["peak_pss_mib"] <= report[side]["peak_rss_mib"]
+    assert report["throughput_ratio"] > 0 and report["memory_ratio"] > 0
+
+
 def test_speech_throughput_short_mode(tmp_path: Path) -> None:
     """batchinf and both faster-whisper contenders transcribe the same clips and long file with
     the real tiny.en (int8), whole process each; every one of them measured, WERs alike."""

@@ -149,8 +149,10 @@ def test_common_prefix() -> None:
 def test_packed_weights_match_plain_ones(tiny_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     import torch.nn.functional as F
 
+    from batchinf.runtime import llama
     from batchinf.runtime.llama import Linear
 
+    monkeypatch.setattr(llama, "packing_pays", lambda *a: True)     # packed where MKL is, faster or not
     packed = load_llama(tiny_dirs["qwen2"])
     monkeypatch.setenv("BATCHINF_PACK_WEIGHTS", "0")
     settings.cache_clear()                  # settings are read once per process
@@ -172,6 +174,73 @@ def test_packed_weights_match_plain_ones(tiny_dirs: dict[str, Path], monkeypatch
             mod.prefill(tokens, torch.full((5,), 9), torch.arange(5), c)
         steps = [mod.decode_step(tokens[:, 0], torch.arange(9, 14), c) for mod, c in zip((packed, plain), cache)]
     assert (steps[0] - steps[1]).abs().max().item() <= 1e-4
+
+
+def test_packing_is_kept_only_where_it_is_faster(tiny_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The packed copies cost memory (2-7x the weights): a machine where they are not faster keeps none."""
+    from batchinf.runtime import llama
+
+    seen: list[tuple[int, int]] = []
+
+    def slower(linear: torch.nn.Linear, gen: torch.Generator) -> bool:
+        seen.append(tuple(linear.weight.shape))
+        return False
+
+    monkeypatch.setattr(llama, "packing_pays", slower)
+    model = load_llama(tiny_dirs["qwen2"])
+    assert all(m.packed is None for m in model.modules() if isinstance(m, llama.Linear))
+    if torch.backends.mkl.is_available():       # timed on the largest projection, once
+        largest = max(m.weight.numel() for m in model.modules() if isinstance(m, llama.Linear))
+        assert len(seen) == 1 and seen[0][0] * seen[0][1] == largest
+
+
+def _mapped_from(t: torch.Tensor, path: Path) -> bool:
+    """Whether the tensor's memory lies in a mapping of `path` (/proc/self/maps)."""
+    addr = t.data_ptr()
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        span, *rest = line.split()
+        lo, hi = (int(x, 16) for x in span.split("-"))
+        if rest and rest[-1] == str(path.resolve()) and lo <= addr < hi:
+            return True
+    return False
+
+
+def test_cpu_weights_are_one_shared_map_of_the_bundle_file(tiny_dirs: dict[str, Path]) -> None:
+    """On CPU a model's weights are views of a copy-on-write map of its safetensors file (worker
+    processes share one copy in the page cache), equal to what safetensors reads; a write to one
+    stays in this process and never reaches the file."""
+    from safetensors.torch import load_file
+
+    from batchinf.runtime.weights import load_safetensors
+
+    path = tiny_dirs["llama"] / "model.safetensors"
+    before = path.read_bytes()
+    mapped, read = load_safetensors(path), load_file(path)
+    assert mapped.keys() == read.keys()
+    for k, t in read.items():
+        assert mapped[k].dtype == t.dtype and torch.equal(mapped[k], t), k
+        assert _mapped_from(mapped[k], path), k
+    model = load_llama(tiny_dirs["llama"])
+    w = model.model.layers[0].mlp.down_proj.weight
+    assert _mapped_from(w, path)
+    with torch.no_grad():
+        w.mul_(2.0)
+    assert path.read_bytes() == before
+
+
+def test_a_damaged_safetensors_file_is_refused_naming_it(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    from batchinf.runtime.weights import load_safetensors
+
+    path = tmp_path / "model.safetensors"
+    save_file({"w": torch.ones(4, 4)}, str(path))
+    path.write_bytes(path.read_bytes()[:-8])             # truncated: the last tensor's bytes are short
+    with pytest.raises(BundleError, match="model.safetensors.*damaged"):
+        load_safetensors(path)
+    path.write_bytes(b"\xff" * 16)
+    with pytest.raises(BundleError, match="not a safetensors file"):
+        load_safetensors(path)
 
 
 def test_static_batching_wastes_finished_slots(runtime: GenerateRuntime) -> None:
