@@ -37,7 +37,8 @@ def _columns(tmp_path: Path, n: int) -> dict[str, list[Any]]:
 
 
 def test_writes_run_at_most_one_batch_behind(tmp_path: Path, points: Any) -> None:
-    points("execute.file[a1:1]=sleep(0.6)")         # the first batch's image takes 0.6 s to stage
+    # each of the first two images takes 0.6 s to stage (N counts writes as they finish, on two threads)
+    points("execute.file[a1:1]=sleep(0.6);execute.file[a1:2]=sleep(0.6)")
     part = (tmp_path / "a1" / "part.parquet").as_uri()
     c, written = _columns(tmp_path, 3), {}
     with ImageWriter(AttemptFiles(part, 1), written) as w:
@@ -58,9 +59,9 @@ def test_writes_run_at_most_one_batch_behind(tmp_path: Path, points: Any) -> Non
 
 
 def test_a_failed_write_fails_the_run(tmp_path: Path, points: Any) -> None:
-    points("execute.file[a1:1]=raise")
+    points("execute.file[a1:1]=raise;execute.file[a1:2]=raise")     # both writes fail, whichever ends first
     c = _columns(tmp_path, 2)
-    with pytest.raises(failpoints.FailpointError, match=r"execute.file\[a1:1\]"):
+    with pytest.raises(failpoints.FailpointError, match=r"execute.file\[a1:[12]\]"):
         with ImageWriter(AttemptFiles((tmp_path / "a1" / "part.parquet").as_uri(), 1), {}) as w:
             w.one_batch_ahead()
             w.submit(0, c, IMAGE, "sha256:x", "PNDMScheduler")
