@@ -265,6 +265,20 @@ def test_progress_counts_denoising_steps_and_images_wait_for_publish(tmp_path: P
     assert not (out / "_work").exists()
 
 
+def test_a_failed_job_leaves_no_images(tmp_path: Path, bi_home: Path, pipeline: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every attempt stages its images and then fails before its commit: the job fails, and the
+    output holds no images/ (what the attempts staged stays under _work/ with their parts)."""
+    import_bundle(pipeline, "sd", alias="prod")
+    monkeypatch.setenv("BATCHINF_FAILPOINTS", "execute.before_commit=raise")
+    monkeypatch.setenv("BATCHINF_MAX_ATTEMPTS", "1")
+    out = tmp_path / "out"
+    job_id, _ = submit(parse_manifest(_manifest(_write(tmp_path / "in", GOOD[:2]), out)), OPERATOR)
+    assert drive(job_id, workers=1, threads=1) == JobStatus.FAILED
+    assert list(out.glob("_work/**/files/images/*.png")), "the attempts staged their images"
+    assert not (out / "images").exists() and not (out / SUCCESS).exists()
+
+
 def test_a_retried_shard_publishes_byte_identical_images(tmp_path: Path, bi_home: Path, pipeline: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """The shard's first attempt dies with its worker process (as by kill -9) after staging 3 of
