@@ -1,8 +1,11 @@
 """Task generate_image end to end on the embedded default, on the tiny random pipeline: images
 equal to diffusers' own for each record (its seed, or one derived from the job and its id), PNG
 text chunks, result rows, the images listed in _MANIFEST.json and re-verified, each bad record an
-error row naming the field, split vs unsplit and a rerun byte-identical, a mixed-size shard
-denoised in batches of one shape each, limits refused at submit, cancel mid-denoise."""
+error row naming the field, split vs unsplit within one uint8 level, a mixed-size shard
+denoised in batches of one shape each, limits refused at submit, cancel mid-denoise; images staged
+under _work/ until publish (none in images/ while running, after a failure, or of a stopped
+batch), each staged image checked at publish, a retry after a killed attempt byte-identical,
+progress in denoising steps."""
 
 from __future__ import annotations
 
