@@ -21,7 +21,8 @@ from batchinf.heartbeat import Heartbeat
 from batchinf.ledger import leases
 from batchinf.ledger import splits
 from batchinf.ledger.models import Lease, Shard, ShardResult
-from batchinf.parts import ERROR_SCHEMA, STAGE_ROW_GROUP, PartWriter, error_row, open_parquet, read_table, write_table
+from batchinf.parts import (ERROR_SCHEMA, STAGE_ROW_GROUP, AttemptFiles, PartWriter, error_row, open_parquet, read_table,
+                            write_table)
 from batchinf.planning.shard_names import shard_id
 from batchinf.retry_policy import retrying
 from batchinf.store import get_store, join
@@ -162,9 +163,14 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
     if (starting := getattr(runtime, "begin_shard", None)) is not None:
         starting(job.id)        # a remote engine replays the fixtures at each job's start and every N shards
 
+    steps0 = getattr(runtime, "steps_done", None)     # a runtime that counts steps (diffusion)
+
     def check() -> None:
-        if heartbeat is not None and heartbeat.lost.is_set():
-            raise StaleAttemptError(f"attempt {lease.attempt} of shard {lease.shard_id} lost its lease")
+        if heartbeat is not None:
+            if heartbeat.lost.is_set():
+                raise StaleAttemptError(f"attempt {lease.attempt} of shard {lease.shard_id} lost its lease")
+            if steps0 is not None:      # the task checks after every step: the heartbeat reports them
+                heartbeat.steps_done = runtime.steps_done - steps0
 
     def finished(n: int = 1) -> None:
         """n more records are done (the heartbeat reports them), then `check`."""
@@ -182,6 +188,10 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
     chunk = sizing.split_chunk_work()         # 0: no splitting; else at least a batch a chunk
     chunk = chunk and max(chunk, int(getattr(m.options, "max_batch_tokens", 0) or 0))
     watch = Watch(lease, min(WATCH_POLL_SECONDS, settings().heartbeat_seconds))
+    base = join(job.work_uri, "attempts", lease.shard_id, f"a{lease.attempt}")
+    out_uri, err_uri = join(base, "part.parquet"), join(base, "errors.parquet")
+    staging = {"files": AttemptFiles(out_uri, lease.attempt)} if task.stages_files else {}
+    steps = 0                       # planned steps of the records done (a task that runs steps)
     retrying(leases.computing, lease, True)     # from here a lost worker counts against the records
     try:
         for staged in _staged_chunks(shard.input_uri, task.streams, chunk):
@@ -204,7 +214,7 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
             # stops starting records once a split is wanted (those left come back `deferred`)
             try:
                 run = task.run(c, runtime, m.options, check if task.streams else finished,
-                               watch if chunk else _StopOnly(watch))
+                               watch if chunk else _StopOnly(watch), **staging)
             except JobStopped:          # cancelled inside this batch: it is not done, those before are
                 rest = np.arange(done, shard.num_records)
                 break
@@ -219,6 +229,8 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
             if run.deferred:            # the whole shard was `staged`: positions are the shard's
                 rest = np.asarray(run.deferred, dtype=np.int64)
             done += staged.num_rows - len(run.deferred)
+            steps += task.planned_steps(staged if not run.deferred else staged.filter(
+                pa.array(~np.isin(np.arange(staged.num_rows), run.deferred)))) or 0
             done_tokens += sum(c["n_tokens"]) - sum(c["n_tokens"][i] for i in run.deferred)
         if rest is not None and not done:
             raise AttemptReleased(f"job {job.id} stopped before attempt {lease.attempt} finished a record")
@@ -229,8 +241,6 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
         failures.discard()
         raise
 
-    base = join(job.work_uri, "attempts", lease.shard_id, f"a{lease.attempt}")
-    out_uri, err_uri = join(base, "part.parquet"), join(base, "errors.parquet")
     failpoints.hit("execute.before_write")
     out_sha, out_rows = results.finish(out_uri)
     err_sha, err_rows = failures.finish(err_uri)
@@ -240,7 +250,7 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
         errors_uri=err_uri, errors_sha256=err_sha, error_rows=err_rows,
         tokens_input=tokens["input"], tokens_output=tokens["output"], tokens_real=tokens["real"],
         tokens_padded=tokens["padded"],
-        execute_seconds=time.perf_counter() - t0, errors=error_rows)
+        execute_seconds=time.perf_counter() - t0, errors=error_rows, steps=steps)
     failpoints.hit("execute.before_commit")
     try:
         if rest is None:

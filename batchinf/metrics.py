@@ -48,6 +48,8 @@ RECORDS = Counter("batchinf_worker_records", "Records in shards this process com
 REAL_TOKENS = Counter("batchinf_worker_real_tokens", "Record token positions this process computed", ["bundle_id"])
 PADDED_TOKENS = Counter("batchinf_worker_padded_tokens", "Token positions this process computed, padding "
                         "included (real tokens are part of them)", ["bundle_id"])
+STEPS = Counter("batchinf_worker_denoising_steps", "Denoising steps x images of the records in shards this "
+                "process committed (generate_image)", ["bundle_id"])
 SHARD_SECONDS = Histogram("batchinf_worker_shard_duration_seconds", "Wall time of committed shards",
                           ["bundle_id"], buckets=SHARD_BUCKETS)
 ATTEMPTS_ENDED = Counter("batchinf_worker_attempts_ended", "Shard attempts that ended without "
@@ -79,6 +81,8 @@ def shard_committed(bundle: str, result: Any) -> None:
     RECORDS.labels(b, "failed").inc(result.error_rows)
     REAL_TOKENS.labels(b).inc(result.tokens_real)
     PADDED_TOKENS.labels(b).inc(result.tokens_padded)
+    if result.steps:
+        STEPS.labels(b).inc(result.steps)
     SHARD_SECONDS.labels(b).observe(result.execute_seconds)
 
 

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 from contextlib import contextmanager
 from typing import Any, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from batchinf import failpoints
 from batchinf.digests import sha256_file
-from batchinf.store import get_store, parse_uri
+from batchinf.store import get_store, join, parse_uri
 from batchinf.tasks.embed import embedding_schema  # noqa: F401 -- the result schemas live with their tasks
 from batchinf.tasks.generate import GENERATION_SCHEMA  # noqa: F401
 
@@ -83,6 +85,36 @@ class PartWriter:
         self.writer.close()
         if os.path.exists(self.path):
             os.unlink(self.path)
+
+
+STAGED_FILES = "files"    # under an attempt's prefix: the files it writes besides its parts
+
+
+def staged_file(part_uri: str, key: str) -> str:
+    """Where the attempt that wrote the part at `part_uri` staged the file that publish copies to
+    `key` under the output prefix (generate_image's images): beside the part, under `files/`."""
+    return join(part_uri.rsplit("/", 1)[0], STAGED_FILES, key)
+
+
+class AttemptFiles:
+    """An attempt's files besides its parts, staged under its own prefix (`staged_file`): a losing
+    or failed attempt's are deleted with its prefix, and only the committed attempt's are copied
+    under the output prefix, at publish. `put` may be called from several threads."""
+
+    def __init__(self, part_uri: str, attempt: int) -> None:
+        self.part_uri, self.attempt = part_uri, attempt
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def put(self, key: str, data: bytes) -> None:
+        """Stage `data` for `key` (relative to the output prefix, e.g. `images/<name>.png`)."""
+        uri = staged_file(self.part_uri, key)
+        get_store(uri).put_bytes(uri, data)
+        with self._lock:
+            self.count += 1
+            n = self.count
+        if failpoints.active():     # e.g. execute.file[a1:3]=crash: attempt 1 dies at its third file
+            failpoints.hit(f"execute.file[a{self.attempt}:{n}]")
 
 
 @contextmanager

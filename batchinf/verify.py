@@ -12,6 +12,7 @@ import json
 import os
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -31,7 +32,7 @@ from batchinf.ledger.events import now
 from batchinf.ledger.models import Job, Shard
 from batchinf.ledger.states import SHARD_DONE, JobStatus, ShardStatus
 from batchinf.openai.output import RenderContext, fingerprint, render_not_run, render_to_path
-from batchinf.parts import local_copy
+from batchinf.parts import local_copy, staged_file
 from batchinf.store import get_store, join, normalize_uri
 from batchinf.store.base import transient_os_error
 from batchinf.tasks import get_task
@@ -161,14 +162,17 @@ class Published:
 def _promote_parts(job: Job, rows: list[Shard], coverage: Coverage | None, summarize: bool,
                    ctx: RenderContext | None) -> Published:
     """Read each committed part once: check its digest and rows against the ledger, and (`coverage`)
-    its records; take the task's summary columns (`summarize`) and render its OpenAI lines (`ctx`)
-    from that copy. Only once all parts passed is anything written under the output prefix: each
-    part copied there (server-side on S3), then the renderings uploaded."""
+    its records; take the task's summary columns (`summarize`, or a task that stages files) and
+    render its OpenAI lines (`ctx`) from that copy; check each file the part's rows name against the
+    copy its attempt staged (`StagedFiles`). Only once all passed is anything written under the
+    output prefix: each part and staged file copied there (server-side on S3), then the renderings
+    uploaded."""
     out = job.output_uri
     parts, sources = _committed_parts(rows)
     task = get_task(job.task)
-    wanted = list(task.summary_columns) if summarize else []
+    wanted = list(task.summary_columns) if summarize or task.stages_files else []
     tables: list[pa.Table] = []
+    staged = StagedFiles(out)
     rendered: list[tuple[dict[str, Any], str]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for n, (p, src) in enumerate(zip(parts, sources)):
@@ -181,22 +185,79 @@ def _promote_parts(job: Job, rows: list[Shard], coverage: Coverage | None, summa
                     coverage.add(src, p["kind"], got.table)
                 if wanted and p["kind"] == "results":
                     tables.append(got.table.select(wanted))
+                    if task.stages_files:
+                        staged.add(src, p["shard"], task.output_files(tables[-1:]))
                 if p["kind"] == "results" and task.renders(job.manifest.options):
                     rendered += _task_files(task, job, got.path, p["key"], tmp, n)
                 if ctx is not None:
                     local = os.path.join(tmp, f"openai-{n:05d}.jsonl")
-                    sha, lines = render_to_path(got.path, p["kind"], ctx, local)
+                    sha, lines = render_to_path(got.path, p["kind"], ctx, local, staged.read)
                     rendered.append(({"key": f"openai/part-{n:05d}.jsonl", "kind": "openai", "sha256": sha,
                                       "rows": lines, "from": p["key"]}, local))
         if coverage is not None:
             coverage.check()
+        staged.check()
         store = get_store(out)
         for p, src in zip(parts, sources):
             store.copy(src, join(out, p["key"]))
+        staged.promote()
         for r, local in rendered:
             store.put_file(join(out, r["key"]), local)
-    return Published(parts + [r for r, _ in rendered], task.summarize(tables) if wanted else {},
+    return Published(parts + [r for r, _ in rendered], task.summarize(tables) if summarize else {},
                      task.output_files(tables) if wanted else [])
+
+
+FILE_THREADS = 8    # staged files checked, then copied, this many at a time
+
+
+class StagedFiles:
+    """The files (generate_image's images) that the committed attempts staged beside their parts
+    (`parts.staged_file`), each for a key under the output prefix, with the sha256 its part's row
+    gives: checked (`check`), then copied to their keys (`promote`); what a losing or failed
+    attempt staged is never read."""
+
+    def __init__(self, output_uri: str) -> None:
+        self.out = output_uri
+        self.files: list[tuple[str, dict[str, Any], str]] = []      # (staged URI, entry, shard)
+        self.by_uri: dict[str, str] = {}                             # final URI -> staged URI
+
+    def add(self, part_uri: str, shard: str, entries: list[dict[str, Any]]) -> None:
+        """The files a committed part's rows name (`Task.output_files` entries: key, sha256, record_id)."""
+        for f in entries:
+            src = staged_file(part_uri, f["key"])
+            self.files.append((src, f, shard))
+            self.by_uri[join(self.out, f["key"])] = src
+
+    def read(self, uri: str) -> bytes:
+        """The bytes a row's file URI (under the output) will have: its staged copy's."""
+        src = self.by_uri.get(uri)
+        if src is None:
+            raise VerificationError(f"{uri} is named by a result row but no committed attempt staged it")
+        with _readable(src):
+            return get_store(src).get_bytes(src)
+
+    def _check_one(self, item: tuple[str, dict[str, Any], str]) -> None:
+        src, f, shard = item
+        with _readable(f"{src} ({f['kind']} of record {f.get('record_id')!r}, shard {shard})"):
+            got = hashlib.sha256(get_store(src).get_bytes(src)).hexdigest()
+        if got != f["sha256"]:
+            raise VerificationError(f"{src} ({f['kind']} of record {f.get('record_id')!r}, shard {shard}) has sha256 "
+                                    f"{got[:12]}…; its result row says {f['sha256'][:12]}…: the staged file changed "
+                                    "after its attempt committed; run the job again to a new output")
+
+    def check(self) -> None:
+        self._each(self._check_one)
+
+    def promote(self) -> None:
+        """Copy each staged file to its key (idempotent: publishing again copies the same bytes)."""
+        self._each(lambda item: get_store(self.out).copy(item[0], join(self.out, item[1]["key"])))
+
+    def _each(self, fn: Any) -> None:
+        if not self.files:
+            return
+        with ThreadPoolExecutor(FILE_THREADS, thread_name_prefix="files") as pool:
+            for _ in pool.map(fn, self.files):
+                pass
 
 
 def _task_files(task: Any, job: Job, part_path: str, part_key: str, tmp: str,
@@ -276,7 +337,8 @@ def publish_partial(job: Job) -> dict[str, Any]:
     `_MANIFEST.json` and `_SUCCESS` are never written for such a job."""
     rows = shard_repo.of_job(job.id)
     ctx = _openai_context(job)
-    parts = _promote_parts(job, rows, None, False, ctx).parts
+    published = _promote_parts(job, rows, None, False, ctx)
+    parts = published.parts
     expired = job.deadline_at is not None and job.deadline_at <= now()
     if ctx is not None:     # and an OpenAI error line for each request not run
         parts += _render_not_run(job, rows, "batch_expired" if expired else "batch_cancelled", ctx)
@@ -299,6 +361,8 @@ def publish_partial(job: Job) -> dict[str, Any]:
         "created_at": datetime.now(timezone.utc).isoformat(),
         **_lineage(job),
     }
+    if published.files:     # the done shards' images, copied under the output like their parts
+        partial["files"] = published.files
     if ctx is not None:
         partial["openai"] = ctx.to_dict()
     get_store(job.output_uri).put_bytes(join(job.output_uri, PARTIAL), json.dumps(partial, indent=1).encode())
@@ -418,13 +482,20 @@ def verify_output(output_uri: str) -> dict[str, Any]:
 
 def _no_unlisted_parts(output_uri: str, output_manifest: dict[str, Any]) -> None:
     """Nothing beside the listed parts looks like a part: a `part-*` file, or a file under
-    `errors/` or `openai/`, that the manifest does not list was not published by this job."""
+    `errors/` or `openai/`, that the manifest does not list was not published by this job; nor
+    is a file under a folder of its listed `files` (images/) that they do not list."""
     listed = {p["key"] for p in output_manifest["parts"]}
+    files = {f["key"] for f in output_manifest.get("files", [])}
+    folders = tuple({k.split("/")[0] + "/" for k in files if "/" in k})      # images/
     base = normalize_uri(output_uri).rstrip("/") + "/"
     for pin in get_store(base).list(base):
         key = pin.uri[len(base):] if pin.uri.startswith(base) else pin.uri
-        if key.startswith("_work/") or key in listed:
+        if key.startswith("_work/") or key in listed or key in files:
             continue
+        if folders and key.startswith(folders):
+            raise VerificationError(f"{join(output_uri, key)} is not listed in {MANIFEST} `files`: it was not "
+                                    f"published by job {output_manifest.get('job_id')}; remove it, or re-run the job "
+                                    "to a new output")
         if key.split("/")[-1].startswith("part-") or key.startswith(("errors/", "openai/")):
             raise VerificationError(f"{join(output_uri, key)} is not listed in {MANIFEST}: it was not published by "
                                     f"job {output_manifest.get('job_id')}; remove it, or re-run the job to a new output")

@@ -77,6 +77,7 @@ def main() -> None:
 
     import torch
 
+    from batchinf.parts import AttemptFiles, staged_file
     from batchinf.runtime.bundle import bundle_files
     from batchinf.runtime.diffusion.runtime import DiffusionRuntime
     from batchinf.tasks.diffusion_bundle import build_diffusion_meta
@@ -104,9 +105,10 @@ def main() -> None:
         c.update(record_id=[records[i]["id"] for i in order], source=["bench"] * len(order),
                  ordinal=list(order), error=[None] * len(order), message=[None] * len(order),
                  images_uri=[out_dir.as_uri() + "/"] * len(order))
-        run = task.run(c, rt, opts, lambda: None)
+        part = (out_dir / "part.parquet").as_uri()
+        run = task.run(c, rt, opts, lambda: None, files=AttemptFiles(part, 1))   # images staged as an attempt's
         assert not run.failures, run.failures
-        return {r["record_id"]: (out_dir / r["image_keys"][0].removeprefix("images/")).read_bytes()
+        return {r["record_id"]: Path(staged_file(part, r["image_keys"][0]).removeprefix("file://")).read_bytes()
                 for r in run.table.to_pylist()}
 
     def call(batch: list[dict[str, Any]]) -> np.ndarray:

@@ -38,6 +38,10 @@ class Progress(BaseModel):
     tokens_per_second: float | None
     eta_seconds: float | None = Field(description="remaining records at the rate so far; null when "
                                       "finished or unknown")
+    steps_done: int | None = Field(None, description="denoising steps x images done (generate_image: committed "
+                                   "shards' and running attempts' so far); null for a task without steps")
+    steps_planned: int | None = Field(None, description="denoising steps x images the plan counted; null for a "
+                                      "task without steps")
 
 
 class Cost(BaseModel):

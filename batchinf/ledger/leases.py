@@ -61,7 +61,7 @@ def _take(conn: Connection, shard_id: str, job: Any, worker: str, lease_seconds:
 # CPU to build than to run, and claims, heartbeats and commits are the ledger's hot path.
 _TAKE = (update(shards).where(shards.c.id == bindparam("b_shard"), shards.c.status == ShardStatus.QUEUED.value)
          .values(status=ShardStatus.RUNNING.value, attempt=_next_attempt(bindparam("b_shard")), progress_records=0,
-                 split_requested_at=None)
+                 progress_steps=0, split_requested_at=None)
          .returning(*shards.c))
 _NEW_ATTEMPT = insert(attempts)
 # a worker claims only shards of jobs on the engines it has (b_engines; batchinf/engines)
@@ -175,9 +175,11 @@ def claim_speculative(shard_id: str, worker: str, host: str | None = None,
         return Lease(shard_id, shard.job_id, number, worker, Shard.from_row(shard), Job.from_row(job))
 
 
-def heartbeat(lease: Lease, lease_seconds: float, progress_records: int | None = None) -> bool:
+def heartbeat(lease: Lease, lease_seconds: float, progress_records: int | None = None,
+              progress_steps: int | None = None) -> bool:
     """Extend the lease (and, from the attempt holding the shard, record how many of its records
-    are done: the status counts them before the shard commits); False when the attempt can no
+    are done and how many denoising steps it ran: the status counts them before the shard
+    commits); False when the attempt can no
     longer commit (fenced off, superseded, or its job stopped): the worker then stops working on it."""
     t = now()
     key = {"b_shard": lease.shard_id, "b_number": lease.attempt}
@@ -187,6 +189,8 @@ def heartbeat(lease: Lease, lease_seconds: float, progress_records: int | None =
         extend = {"lease_expires_at": t + lease_seconds}
         if progress_records is not None:
             extend["progress_records"] = progress_records
+        if progress_steps is not None:
+            extend["progress_steps"] = progress_steps
         conn.execute(_BEAT_SHARD, {**key, **extend})     # the holder's lease (a twin holds none)
         return True
 
@@ -229,7 +233,8 @@ def commit_in(conn: Connection, lease: Lease, result: ShardResult, **fields: Any
         "output_sha256": result.output_sha256, "output_rows": result.output_rows, "errors_uri": result.errors_uri,
         "errors_sha256": result.errors_sha256, "error_rows": result.error_rows, "tokens_input": result.tokens_input,
         "tokens_output": result.tokens_output, "tokens_real": result.tokens_real,
-        "tokens_padded": result.tokens_padded, "execute_seconds": result.execute_seconds, **fields})
+        "tokens_padded": result.tokens_padded, "execute_seconds": result.execute_seconds,
+        "progress_steps": result.steps, **fields})
     if won.rowcount != 1:
         raise StaleAttemptError(f"attempt {lease.attempt} of shard {lease.shard_id} lost its lease; "
                                 "another attempt owns the shard")

@@ -29,7 +29,8 @@ from batchinf.ledger.tables import attempts, bundles, job_events, jobs, record_e
 def status(job_id: str, *, tenant: str | None = None) -> dict[str, Any]:
     """The status object of `run/submit/status/jobs --json` and the REST API (one model for all),
     in two statements (the CLI polls it every tick): the job's row with its running aggregates and
-    the jobs that retry it (`_with_aggregates`), and its tallies.
+    the jobs that retry it (`_with_aggregates`), and its tallies; a third for a job whose plan
+    counts denoising steps (`_steps_done`).
 
     With `tenant`, a job of another tenant is reported exactly like a missing one."""
     retry = jobs.alias("retry")
@@ -43,7 +44,8 @@ def status(job_id: str, *, tenant: str | None = None) -> dict[str, Any]:
         if not rows:
             raise LedgerError(f"no job {job_id!r}; see `batchinf jobs`")
         totals = tallies.read(conn, [job_id])
-    return _view(rows[0], totals[job_id], [r.retried_by for r in rows if r.retried_by is not None])
+        steps = _steps_done(conn, rows[:1])
+    return _view(rows[0], totals[job_id], [r.retried_by for r in rows if r.retried_by is not None], steps)
 
 
 def _with_aggregates(q: Any) -> Any:
@@ -73,13 +75,40 @@ def statuses(rows: list[Any]) -> list[dict[str, Any]]:
         for rid, of in conn.execute(select(jobs.c.id, jobs.c.retry_of).where(jobs.c.retry_of.in_(ids))
                                     .order_by(jobs.c.created_at, jobs.c.id)).all():
             retries[of].append(rid)
-    return [_view(r, totals[r.id], retries[r.id]) for r in rows]
+        steps = _steps_done(conn, rows)
+    return [_view(r, totals[r.id], retries[r.id], steps) for r in rows]
 
 
-def _view(row: Any, totals: tallies.JobTallies, retries: list[str]) -> dict[str, Any]:
+def _view(row: Any, totals: tallies.JobTallies, retries: list[str], steps: dict[str, int]) -> dict[str, Any]:
     worker_seconds = totals.worker_seconds + float(row.live_seconds or 0.0)
-    return {**_status(row, totals, worker_seconds, int(row.in_running or 0)),
-            "retry_of": row.retry_of, "retries": retries}
+    view = _status(row, totals, worker_seconds, int(row.in_running or 0))
+    planned = _steps_planned(row)
+    view["progress"].update(steps_planned=planned,
+                            steps_done=None if planned is None else min(planned, steps.get(row.id, 0)))
+    return {**view, "retry_of": row.retry_of, "retries": retries}
+
+
+def _steps_planned(row: Any) -> int | None:
+    """The denoising steps (x images) the job's plan counted; None for a task without steps."""
+    if not row.plan or '"steps"' not in row.plan:
+        return None
+    return json.loads(row.plan).get("steps")
+
+
+STEPS_COUNTED = (ShardStatus.COMMITTED.value, ShardStatus.RUNNING.value)
+
+
+def _steps_done(conn: Connection, rows: list[Any]) -> dict[str, int]:
+    """Denoising steps done per job, for the jobs among `rows` whose plan counts them, in one
+    statement: committed shards' (their records' planned steps) plus running attempts' (their
+    heartbeats'). A running attempt that re-runs a failed batch in halves counts its steps again:
+    the status caps the sum at the plan's."""
+    ids = [r.id for r in rows if _steps_planned(r) is not None]
+    if not ids:
+        return {}
+    return {job_id: int(n) for job_id, n in conn.execute(
+        select(shards.c.job_id, func.coalesce(func.sum(shards.c.progress_steps), 0))
+        .where(shards.c.job_id.in_(ids), shards.c.status.in_(STEPS_COUNTED)).group_by(shards.c.job_id)).all()}
 
 
 def _in_running(conn: Connection, ids: list[str]) -> dict[str, int]:

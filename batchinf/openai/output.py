@@ -20,7 +20,7 @@ import json
 import os
 import tempfile
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from batchinf.digests import sha256_file
@@ -71,12 +71,20 @@ def _hash(ctx: RenderContext, custom_id: str | None, source: str, ordinal: int) 
     return hashlib.sha256(f"{ctx.job_id}\0{custom_id}\0{source}\0{ordinal}".encode()).hexdigest()
 
 
-def result_line(row: dict[str, Any], ctx: RenderContext) -> dict[str, Any]:
-    """A succeeded line: status 200 and the body OpenAI returns for the job's task and the row's kind."""
+Read = Callable[[str], bytes]     # an object's bytes by its URI
+
+
+def read_object(uri: str) -> bytes:
+    return get_store(uri).get_bytes(uri)
+
+
+def result_line(row: dict[str, Any], ctx: RenderContext, read: Read = read_object) -> dict[str, Any]:
+    """A succeeded line: status 200 and the body OpenAI returns for the job's task and the row's
+    kind. `read` reads an image a line returns as base64 (publish reads the staged copy)."""
     h = _hash(ctx, row["record_id"], row["source"], row["ordinal"])
     if "image_uris" in row:         # /v1/images/generations
         return {"id": f"batch_req_{h[:32]}", "custom_id": row["record_id"], "response": {
-            "status_code": 200, "request_id": f"req_{h[32:64]}", "body": image_body(row, ctx)}, "error": None}
+            "status_code": 200, "request_id": f"req_{h[32:64]}", "body": image_body(row, ctx, read)}, "error": None}
     usage = {"prompt_tokens": row["input_tokens"]}
     if row.get("ranks") is not None:     # /v1/rerank: documents best first, the top ones if the line gave top_n
         order = row["top"] if row["top"] is not None else sorted(range(len(row["ranks"])), key=row["ranks"].__getitem__)
@@ -108,11 +116,11 @@ def result_line(row: dict[str, Any], ctx: RenderContext) -> dict[str, Any]:
             "response": {"status_code": 200, "request_id": f"req_{h[32:64]}", "body": body}, "error": None}
 
 
-def image_body(row: dict[str, Any], ctx: RenderContext) -> dict[str, Any]:
+def image_body(row: dict[str, Any], ctx: RenderContext, read: Read = read_object) -> dict[str, Any]:
     """An images response: `created` and one `data` item per image, its URI (response_format url;
-    the output's images/ object) or its PNG as base64 (b64_json, read back from that object)."""
+    the output's images/ object) or its PNG as base64 (b64_json, the bytes `read` gives for that URI)."""
     if row.get("response_format") == "b64_json":
-        data = [{"b64_json": base64.b64encode(get_store(u).get_bytes(u)).decode("ascii")} for u in row["image_uris"]]
+        data = [{"b64_json": base64.b64encode(read(u)).decode("ascii")} for u in row["image_uris"]]
     else:
         data = [{"url": u} for u in row["image_uris"]]
     return {"created": ctx.created, "data": data}
@@ -142,15 +150,15 @@ def _dumps(obj: dict[str, Any]) -> bytes:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
 
 
-def render_to_path(part_uri: str, kind: str, ctx: RenderContext, path: str) -> tuple[str, int]:
+def render_to_path(part_uri: str, kind: str, ctx: RenderContext, path: str,
+                   read: Read = read_object) -> tuple[str, int]:
     """Render one committed Parquet part (results or errors) as response lines into a local file;
-    returns (sha256, lines). Streams row group by row group."""
-    line = result_line if kind == "results" else error_line
+    returns (sha256, lines). Streams row group by row group; `read` as for `result_line`."""
     lines = 0
     with open(path, "wb") as f, open_parquet(part_uri) as pf:
         for rb in pf.iter_batches(batch_size=1024):
             for row in rb.to_pylist():
-                f.write(_dumps(line(row, ctx)))
+                f.write(_dumps(result_line(row, ctx, read) if kind == "results" else error_line(row, ctx)))
                 lines += 1
     return sha256_file(path), lines
 

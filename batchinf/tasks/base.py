@@ -63,6 +63,8 @@ class Task:
     summary_columns: ClassVar[tuple[str, ...]] = ()
     needs: ClassVar[tuple[str, ...]] = ("config.json", "tokenizer.json")   # files a bundle must have
     weights: ClassVar[str] = ".safetensors"     # how the bundle's weight files end
+    stages_files: ClassVar[bool] = False        # `run` stages files besides its rows (`files`), published
+                                                # from the rows' `output_files`
 
     # --- manifest ---------------------------------------------------------------------------
     def input_problem(self, inp: Any) -> str | None:
@@ -97,15 +99,22 @@ class Task:
         raise NotImplementedError
 
     def run(self, c: dict[str, list[Any]], runtime: Any, options: Any, check: Callable[[], None],
-            split: Callable[[], bool] | None = None) -> RunOutput:
+            split: Callable[[], bool] | None = None, files: Any = None) -> RunOutput:
         """Staged columns (`c`, with `source` as strings) of one batch -> RunOutput. Only rows
         whose `error` is None are computed; positions index `c`. `split` says whether the shard
         is to be split: a whole-shard task (`streams` False) then starts no more records and
         returns those it has not started as `deferred`; a streaming task ignores it (execute
         splits its shard between staged chunks). `split.stop()`, where `split` has it
         (`execute.Watch`), says the job was cancelled: a whole-shard task then stops at its next
-        step, and the records it has not finished come back `deferred` too."""
+        step, and the records it has not finished come back `deferred` too. A task that
+        `stages_files` gets `files` (`parts.AttemptFiles`): it stages each file there with
+        `files.put(key, data)`, `key` being where publish copies it under the output prefix."""
         raise NotImplementedError
+
+    def planned_steps(self, staged: pa.Table | pa.RecordBatch) -> int | None:
+        """The denoising steps (x images) the staged rows without an error take: the progress
+        unit of a task that runs steps (generate_image); None for the others."""
+        return None
 
     # --- verify -----------------------------------------------------------------------------
     def renders(self, options: Any) -> tuple[str, ...]:
@@ -121,9 +130,9 @@ class Task:
         return {}
 
     def output_files(self, tables: Iterable[pa.Table]) -> list[dict[str, Any]]:
-        """Files besides the parts the task wrote under the output (generate_image's images), for
-        `_MANIFEST.json`'s `files`: key (relative to the output), kind, sha256; read from the same
-        `summary_columns`."""
+        """Files besides the parts the task staged (`stages_files`; generate_image's images), for
+        `_MANIFEST.json`'s `files` and for publish to copy: key (relative to the output), kind,
+        sha256; read from the same `summary_columns`."""
         return []
 
     # --- bundles ----------------------------------------------------------------------------

@@ -12,10 +12,11 @@ shards by work, and records of one shape (size, steps, guidance) sit together.
 At execute a shard's records are grouped by latent shape and denoised in batches of one shape,
 as many images as `max_batch_images` and the worker's memory budget allow; each record's latents
 come from its own generator (runtime/diffusion/runtime.py), so batching, splitting and retries give
-the same image. Each image is a PNG under `images/` of the output, at a key derived from the
-record id (a retry rewrites the same bytes at the same key), encoded and uploaded on threads while
-the next batch denoises; the result row lists the image URIs and their sha256, and
-`_MANIFEST.json` lists every image."""
+the same image. Each image is a PNG staged under the attempt's prefix (`parts.AttemptFiles`) for
+its key under the output's `images/`, a key derived from the record id (a retry stages the same
+bytes for the same key), encoded and staged on threads while the next batch denoises
+(`ImageWriter`); publish copies the committed attempts' images to `images/`. The result row lists
+the image URIs under the output and their sha256, and `_MANIFEST.json` lists every image."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Annotated, Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pydantic import Field
 
 from batchinf.errors import JobStopped
@@ -162,6 +164,7 @@ class GenerateImage(Task):
     stage_schema = IMAGE_GEN_STAGE_SCHEMA
     summary_columns = ("record_id", "image_keys", "image_sha256")
     needs = ("model_index.json",)
+    stages_files = True
 
     def limits(self, runtime: Any, options: Any) -> tuple[int, bool]:
         return 0, False
@@ -186,21 +189,23 @@ class GenerateImage(Task):
         return IMAGE_GEN_SCHEMA
 
     def run(self, c: dict[str, list[Any]], runtime: Any, options: Any, check: Callable[[], None],
-            split: Callable[[], bool] | None = None) -> RunOutput:
+            split: Callable[[], bool] | None = None, files: Any = None) -> RunOutput:
         from batchinf.config import settings
         from batchinf.runtime.diffusion.runtime import ImageRequest
 
+        if files is None:
+            raise TypeError("generate_image stages its images: run it with files (parts.AttemptFiles)")
         valid = ok_rows(c)
         groups: dict[tuple[int, int, int, float], list[int]] = {}
         for i in valid:
             groups.setdefault((c["height"][i], c["width"][i], c["steps"][i], c["guidance_scale"][i]), []).append(i)
         budget = settings().max_kv_cache_bytes
         failures: dict[int, str] = {}
-        pending: dict[int, Future] = {}
+        written: dict[int, tuple[list[str], list[str], list[str]]] = {}
         digest = runtime.digest
         scheduler = runtime.meta["scheduler"]["class"]
 
-        with ThreadPoolExecutor(2, thread_name_prefix="png") as pool:
+        with ImageWriter(files, written) as writer:
             def run_batch(batch: list[int]) -> None:
                 hit_record_failpoints([c["record_id"][i] for i in batch])
                 check()
@@ -213,7 +218,7 @@ class GenerateImage(Task):
                 at = 0
                 for i in batch:
                     k = c["num_images"][i]
-                    pending[i] = pool.submit(_write_images, c, i, images[at:at + k], digest, scheduler)
+                    writer.submit(i, c, images[at:at + k], digest, scheduler)
                     at += k
 
             for (h, w, steps, g), rows in groups.items():
@@ -228,13 +233,8 @@ class GenerateImage(Task):
                                            f"of {budget >> 20} MiB (BATCHINF_MAX_KV_CACHE_BYTES); lower num_images "
                                            "or the size")
                         continue
-                    isolate(run_batch, batch, done=pending.__contains__, failed=failures.__setitem__)
-            written: dict[int, tuple[list[str], list[str], list[str]]] = {}
-            for i, fut in pending.items():
-                try:
-                    written[i] = fut.result()
-                except Exception as exc:  # noqa: BLE001 -- an image that cannot be stored fails its record
-                    failures[i] = f"image upload failed: {type(exc).__name__}: {exc}"
+                    writer.one_batch_ahead()
+                    isolate(run_batch, batch, done=writer.has, failed=failures.__setitem__)
         ok = [i for i in valid if i in written]
         fmt = c.get("response_format") or [None] * len(c["record_id"])
         table = pa.table({
@@ -246,6 +246,11 @@ class GenerateImage(Task):
         real = sum(c["n_tokens"][i] for i in ok)
         return RunOutput(table, failures, {"input": real, "output": sum(c["num_images"][i] for i in ok),
                                            "real": real, "padded": real})
+
+    def planned_steps(self, staged: pa.Table | pa.RecordBatch) -> int | None:
+        ok = pc.is_null(staged.column("error"))
+        steps = pc.multiply(pc.cast(staged.column("steps"), pa.int64()), pc.cast(staged.column("num_images"), pa.int64()))
+        return int(pc.sum(pc.filter(steps, ok)).as_py() or 0)
 
     def summarize(self, tables: Iterable[pa.Table]) -> dict[str, Any]:
         return {"images": sum(len(k) for t in tables for k in t.column("image_keys").to_pylist())}
@@ -293,11 +298,52 @@ def _step(runtime: Any, images: int, check: Callable[[], None], split: Any = Non
         raise JobStopped("the job was cancelled")
 
 
-def _write_images(c: dict[str, list[Any]], i: int, images: Any, digest: str, scheduler: str
+class ImageWriter:
+    """Encodes and stages records' images on two threads while the next batch denoises, at most
+    one batch behind (`one_batch_ahead`): a slow store holds the device back instead of letting
+    finished images pile up in memory. A write that fails raises out of the batch after it (or out
+    of the `with`), so the attempt fails and is retried: storage, not the record, is at fault."""
+
+    def __init__(self, files: Any, written: dict[int, tuple[list[str], list[str], list[str]]]) -> None:
+        self.files, self.written = files, written
+        self.pool = ThreadPoolExecutor(2, thread_name_prefix="png")
+        self.batches: list[list[tuple[int, Future]]] = [[]]    # oldest first; the last is the batch being formed
+
+    def __enter__(self) -> "ImageWriter":
+        return self
+
+    def submit(self, i: int, c: dict[str, list[Any]], images: Any, digest: str, scheduler: str) -> None:
+        """Encode and stage record `i`'s images (staged position `i`)."""
+        self.batches[-1].append((i, self.pool.submit(_write_images, self.files, c, i, images, digest, scheduler)))
+
+    def has(self, i: int) -> bool:
+        """Whether record `i`'s images were denoised (their writes submitted)."""
+        return i in self.written or any(j == i for b in self.batches for j, _ in b)
+
+    def one_batch_ahead(self) -> None:
+        """Before the next batch denoises: wait for every batch's writes but the last one's."""
+        self._wait(len(self.batches) - 1)
+        self.batches.append([])
+
+    def _wait(self, n: int) -> None:
+        for batch in self.batches[:n]:
+            for i, fut in batch:
+                self.written[i] = fut.result()
+        del self.batches[:n]
+
+    def __exit__(self, exc_type: Any, *rest: Any) -> None:
+        try:
+            if exc_type is None:
+                self._wait(len(self.batches))
+        finally:
+            self.pool.shutdown(wait=True, cancel_futures=exc_type is not None)
+
+
+def _write_images(files: Any, c: dict[str, list[Any]], i: int, images: Any, digest: str, scheduler: str
                   ) -> tuple[list[str], list[str], list[str]]:
-    """Encode a record's images as PNG and put them at their keys: (URIs, keys, sha256s)."""
+    """Encode a record's images as PNG and stage them for their keys: (URIs under the output, keys, sha256s)."""
     from batchinf.runtime.diffusion.png import encode_png
-    from batchinf.store import get_store, join
+    from batchinf.store import join
 
     rid = c["record_id"][i]
     text = {"prompt": c["prompt"][i], "seed": str(c["seed"][i]), "bundle_digest": digest, "record_id": rid,
@@ -308,9 +354,8 @@ def _write_images(c: dict[str, list[Any]], i: int, images: Any, digest: str, sch
     for k, img in enumerate(images):
         data = encode_png(img, {**text, "image_index": str(k)})
         key = image_key(rid, k)
-        uri = join(base, key.removeprefix("images/"))
-        get_store(uri).put_bytes(uri, data)
-        uris.append(uri)
+        files.put(key, data)
+        uris.append(join(base, key.removeprefix("images/")))
         keys.append(key)
         shas.append(hashlib.sha256(data).hexdigest())
     return uris, keys, shas

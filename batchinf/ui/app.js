@@ -318,7 +318,10 @@ async function jobView(id) {
         ["succeeded", fmt(c.records_succeeded), "records_succeeded"], ["failed", fmt(c.records_failed), "records_failed"]]),
       card("Progress", [["progress", progressBar(st)], ["records/s", fmt(p.records_per_second, 1), "records_per_second"],
         ["tokens/s", fmt(p.tokens_per_second, 0), "tokens_per_second"], ["elapsed", dur(p.elapsed_seconds), "elapsed"],
-        ["ETA", active ? dur(p.eta_seconds) : "done", "eta"]]),
+        ["ETA", active ? dur(p.eta_seconds) : "done", "eta"],
+        // a task that runs denoising steps (generate_image): steps x images, done of planned
+        ...(p.steps_planned === null || p.steps_planned === undefined ? []
+          : [["steps", `${fmt(p.steps_done)} / ${fmt(p.steps_planned)}`, "steps"]])]),
       card("Tokens", [["input", fmt(t.input), "tokens_input"], ["real", fmt(t.real), "tokens_real"],
         ["padded", fmt(t.padded), "tokens_padded"],
         ["padding efficiency", t.padding_efficiency === null ? "–" : (t.padding_efficiency * 100).toFixed(1) + "%",

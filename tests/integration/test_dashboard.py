@@ -371,3 +371,39 @@ def test_job_list_filters_and_paging(svc: Service, shots: Path) -> None:
         assert not set(made) & set(b.js(rows))
     finally:
         b.close()
+
+
+def test_an_image_job_page_shows_its_denoising_steps(svc: Service, shots: Path,
+                                                     tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A generate_image job's page shows steps done of planned (denoising steps x images), the
+    numbers of GET /v1/jobs/{id}; an embed job's page has no such line."""
+    from batchinf.bundles import import_bundle
+    from tests.helpers.tiny_diffusion import cached_pipeline
+
+    import_bundle(cached_pipeline(tmp_path_factory.mktemp("tiny-diffusion"), "pndm"), "sd", alias="prod")
+    src = svc.root / "in" / "prompts.jsonl"
+    src.parent.mkdir(parents=True, exist_ok=True)
+    src.write_text("".join(json.dumps({"id": f"p{i}", "prompt": "a cat", "width": 32, "height": 32, "seed": i,
+                                       "num_images": 1 + i % 2}) + "\n" for i in range(3)))
+    m = {"name": "images", "task": "generate_image", "bundle": "sd@prod", "input": {"uri": str(src), "format": "jsonl"},
+         "output": {"uri": str(svc.root / "out" / "images")}, "options": {"steps": 2}}
+    with svc.client("acme") as c:
+        r = c.post("/v1/jobs", json=m)
+    assert r.status_code == 201, r.text
+    job_id = r.json()["job_id"]
+    _drive(job_id, "", 1).join(300)
+    _no_failpoints()
+    progress = _get(svc, f"/v1/jobs/{job_id}")["progress"]
+    planned = 2 * (1 + 2 + 1)
+    assert (progress["steps_done"], progress["steps_planned"]) == (planned, planned)
+    embed = _submit(svc, "no-steps", 3, 10)
+    b = Browser(width=1280, height=800)
+    try:
+        _sign_in(b, svc)
+        _open(b, svc, f"#/jobs/{job_id}", "document.querySelector('[data-field=steps]')")
+        assert b.js("document.querySelector('[data-field=steps]').textContent") == f"{planned} / {planned}"
+        _fits(b, "image job page", shots, "image-job.png")
+        _open(b, svc, f"#/jobs/{embed}", "document.querySelector('[data-field=records_done]')")
+        assert b.js("document.querySelector('[data-field=steps]')") is None
+    finally:
+        b.close()

@@ -181,7 +181,6 @@ STORE_USERS = {
     "batchinf.openai.batches": "the tenant's own space in the files store",
     "batchinf.bundles": "the operator's bundle store",
     "batchinf.limits": "the operator's bundle store",
-    "batchinf.tasks.generate_image": "the job's output (its images/), granted to the job at submit",
     "batchinf.tasks.objects": "image and audio URIs a record names, each passed to the job's Storage check first",
     "batchinf.store": "the stores",
 }
