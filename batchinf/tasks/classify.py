@@ -76,7 +76,7 @@ class Classify(Task):
         return CLASSIFY_SCHEMA
 
     def run(self, c: dict[str, list[Any]], runtime: Any, options: Any, check: Callable[[], None],
-            split: Callable[[], bool] | None = None) -> RunOutput:
+            split: Callable[[], bool] | None = None, files: Any = None) -> RunOutput:
         from batchinf.runtime.classifier import activate
 
         def forward(batch: list[list[int]]) -> tuple[np.ndarray, int]:

@@ -103,7 +103,7 @@ class ClassifyImage(Task):
         return CLASSIFY_IMAGE_SCHEMA
 
     def run(self, c: dict[str, list[Any]], runtime: Any, options: Any, check: Callable[[], None],
-            split: Callable[[], bool] | None = None) -> RunOutput:
+            split: Callable[[], bool] | None = None, files: Any = None) -> RunOutput:
         from batchinf.runtime.classifier import activate
 
         valid = ok_rows(c)

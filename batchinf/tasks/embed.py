@@ -179,7 +179,7 @@ class Embed(Task):
         return embedding_schema(getattr(options, "dimensions", None) or embedding_size(meta))
 
     def run(self, c: dict[str, list[Any]], runtime: Any, options: Any, check: Callable[[], None],
-            split: Callable[[], bool] | None = None) -> RunOutput:
+            split: Callable[[], bool] | None = None, files: Any = None) -> RunOutput:
         """Every input of every valid record is one sequence; a record's vectors are assembled in
         input order, shortened to its dimensions, and a record with a failed input fails whole."""
         schema = self.result_schema(runtime.meta, options)

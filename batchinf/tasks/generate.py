@@ -192,7 +192,7 @@ class Generate(Task):
         return GENERATION_SCHEMA
 
     def run(self, c: dict[str, list[Any]], runtime: Any, options: Any, check: Callable[[], None],
-            split: Callable[[], bool] | None = None) -> RunOutput:
+            split: Callable[[], bool] | None = None, files: Any = None) -> RunOutput:
         """One continuous batch over all of the shard's records in staged order (by prompt
         length), so slots freed by short answers are refilled from the whole shard; rows are
         written in staged order, whatever order sequences finish in. Each record samples with its

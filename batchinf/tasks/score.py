@@ -134,7 +134,7 @@ class Score(Task):
         return SCORE_SCHEMA
 
     def run(self, c: dict[str, list[Any]], runtime: Any, options: Any, check: Callable[[], None],
-            split: Callable[[], bool] | None = None) -> RunOutput:
+            split: Callable[[], bool] | None = None, files: Any = None) -> RunOutput:
         from batchinf.runtime.classifier import activate
 
         valid = ok_rows(c)

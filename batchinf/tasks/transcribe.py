@@ -203,7 +203,7 @@ class Transcribe(Task):
         return TRANSCRIPT_SCHEMA
 
     def run(self, c: dict[str, list[Any]], runtime: Any, options: Any, check: Callable[[], None],
-            split: Callable[[], bool] | None = None) -> RunOutput:
+            split: Callable[[], bool] | None = None, files: Any = None) -> RunOutput:
         valid = ok_rows(c)
         out = transcribe_rows(runtime, options, [c["samples"][i] for i in valid],
                               [list(zip(c["window_starts"][i], c["window_ends"][i])) for i in valid],

@@ -1,6 +1,7 @@
 """A loaded generate bundle: tokenizer and chat template (prompts.py), the model, the bundle's
 fixture checks, request checks, and `generate`, the loop of scheduler (plans a step) and engine
-(runs it)."""
+(runs it). torch is imported where the model is: a planner (`with_model=False`) tokenises without
+it, so a job's driver neither waits for torch nor holds its memory."""
 
 from __future__ import annotations
 
@@ -8,15 +9,11 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from batchinf.config import settings
-from batchinf.runtime.generation.engine import Engine
 from batchinf.runtime.generation.kv import KVManager
 from batchinf.runtime.generation.prompts import Prompts
 from batchinf.runtime.generation.scheduler import Scheduler
 from batchinf.runtime.generation.seq import GenRequest, GenResult, GenStats
-from batchinf.runtime.generation.structured import vocab_of
 
 
 class GenerateRuntime(Prompts):
@@ -33,6 +30,8 @@ class GenerateRuntime(Prompts):
         self.share_prefixes = True      # off only to measure what prefix sharing saves
 
     def load_model(self) -> None:
+        import torch
+
         from batchinf.runtime.llama import load_llama
 
         dtype = "float32" if self.device == "cpu" else self._dtype   # CPUs here lack fast bf16
@@ -47,6 +46,8 @@ class GenerateRuntime(Prompts):
     def teacher_forced_rank(self, prompt_ids: list[int], continuation: list[int]) -> int:
         """The worst rank (0 = top) of each continuation token given everything before it (the
         bundle's fixtures)."""
+        import torch
+
         if self.model is None:
             self.load_model()
         if not continuation:
@@ -98,6 +99,11 @@ class GenerateRuntime(Prompts):
         the sequences in flight finish and those never admitted get no result (a split shard hands
         them on). Once `abort` (asked before each step) says True, decoding stops there: the
         sequences not finished get no result. `scheduler` swaps the policy (benchmarks/static_batching.py)."""
+        import torch
+
+        from batchinf.runtime.generation.engine import Engine
+        from batchinf.runtime.generation.structured import vocab_of
+
         reqs = list(requests)
         self.check(reqs, max_batch_tokens)
         if not reqs:
