@@ -1,6 +1,7 @@
 """Engines: what executes a bundle. `native` is batchinf's own runtime (runtime/), `vllm` runs the
-bundle's pinned files in an in-process `vllm.LLM` (vllm.py), `openai-http` sends its records to an
-existing OpenAI-compatible server the bundle names (openai_http.py).
+bundle's pinned files in an in-process `vllm.LLM` (vllm.py for generate, vllm_pooling.py for embed,
+score and classify), `openai-http` sends its records to an existing OpenAI-compatible server the
+bundle names (openai_http.py).
 
 Whatever the engine, the bundle contract holds: the tokenizer and chat template are the bundle's
 (records are staged at planning as token ids, and those ids are what an engine runs), and the
@@ -28,7 +29,8 @@ from batchinf.errors import BatchinfError, DeviceUnavailableError, ManifestError
 NATIVE = "native"
 ENGINES = (NATIVE, "vllm", "openai-http")
 # the tasks each engine runs (native: every task)
-TASKS: dict[str, tuple[str, ...] | None] = {NATIVE: None, "vllm": ("generate",), "openai-http": ("generate",)}
+TASKS: dict[str, tuple[str, ...] | None] = {NATIVE: None, "vllm": ("generate", "embed", "score", "classify"),
+                                             "openai-http": ("generate",)}
 ANY = "any"                       # a job that runs on whatever device its worker has
 DEVICES = ("cpu", "cuda")
 # the module an engine needs in the worker's environment, and how to get it
@@ -56,6 +58,12 @@ def job_engine(wanted: str | None, meta: dict[str, Any], task: str, ref: str) ->
     if tasks is not None and task not in tasks:
         raise ManifestError(f"engine {engine} runs task {', '.join(tasks)}, not {task}; "
                             "leave engine: out (native) or choose another engine")
+    if engine == "vllm":
+        from batchinf.tasks import get_task
+
+        if (why := get_task(task).vllm_problem(meta)) is not None:
+            raise ManifestError(f"engine vllm cannot run bundle {ref} for task {task}: {why}; leave engine: out "
+                                "(native) or choose another bundle")
     if engine == "openai-http" and declared(meta) != "openai-http":
         raise ManifestError(f"engine openai-http needs a bundle that names its server; bundle {ref} names none. "
                             "Import one with `batchinf bundle import DIR --engine openai-http --base-url URL "
@@ -149,9 +157,7 @@ def open_runtime(engine: str, task: Any, root: Path, meta: dict[str, Any], devic
         from batchinf.engines.openai_http import HttpGenerateRuntime
 
         return HttpGenerateRuntime(root, meta, device=device)
-    from batchinf.engines.vllm import VllmGenerateRuntime
-
-    return VllmGenerateRuntime(root, meta, device=device)
+    return task.vllm_runtime(root, meta, device)
 
 
 def verify_model(task: Any, runtime: Any) -> None:
