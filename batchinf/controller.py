@@ -91,7 +91,9 @@ class Controller:
     """Distributed mode's restartable loop over every active job in the ledger, highest priority
     first: per tick and job (under a controller lease, so two controllers never step one job at
     once), one lifecycle step, with at most `lifecycle.in_flight_cap` shards queued or running
-    across all jobs (fair share): `max_in_flight`, or fewer when the fleet is smaller.
+    across the jobs of each route (engine and device: one fleet, fair share): `max_in_flight`, or
+    fewer when that fleet is smaller, so shards queued for workers that are absent hold no slot
+    of the workers that are there.
 
     Pinning and planning read what a tenant named, as much as it named: with a dispatcher that
     does that work in this process (`Dispatcher.steps_beside_tick`: embedded `serve`) those steps run
@@ -119,11 +121,15 @@ class Controller:
 
     def tick(self) -> bool:
         """One step of every active job; True when one of them changed status."""
-        fleet = self.dispatcher.workers()
-        # a broker's fleet not yet counted gets the margin alone; a dispatcher that counts no
-        # workers and loses no messages (one that runs shards as it sends them) is not bounded
-        cap = in_flight_cap(self.max_in_flight, fleet) if fleet or self.dispatcher.resends_lost else self.max_in_flight
-        shares = share_slots(cap, shard_repo.dispatch_demand(cap=cap))
+        shares: dict[str, int] = {}
+        demand = shard_repo.dispatch_demand(cap=self.max_in_flight)
+        for route in sorted({d.route for d in demand}):   # each engine and device has its own fleet
+            fleet = self.dispatcher.workers(route)
+            # a broker's fleet not yet counted gets the margin alone; a dispatcher that counts no
+            # workers and loses no messages (one that runs shards as it sends them) is not bounded
+            cap = in_flight_cap(self.max_in_flight, fleet) if fleet or self.dispatcher.resends_lost \
+                else self.max_in_flight
+            shares.update(share_slots(cap, [d for d in demand if d.route == route]))
         moved = False
         self._beside = {j: (t, f) for j, (t, f) in self._beside.items() if not f.done()}
         for job_id in job_repo.active_ids():

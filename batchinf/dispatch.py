@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 from batchinf import failpoints, logs, metrics
 from batchinf.config import settings
+from batchinf.engines import ANY, DEVICES, Route
 from batchinf.errors import AttemptReleased
 from batchinf.ledger import leases
 from batchinf.ledger import shards as shard_repo
@@ -85,8 +86,10 @@ class Dispatcher:
         """Lease owners known to be dead (their leases are expired at once)."""
         return []
 
-    def workers(self) -> int | None:
-        """Workers that will run a job planned now (its shards are sized for them); None: unknown."""
+    def workers(self, route: Route | None = None) -> int | None:
+        """Workers that can run a job on `route` (its engine and device: its shards are sized for
+        them when it is planned now, and at most about that many are in flight); every worker for
+        None; None: unknown."""
         return None
 
     def keep_up(self, job: Job, open_shards: int) -> None:
@@ -149,13 +152,17 @@ def run_shard(shard_id: str, device: str = "auto", *, speculative: bool = False,
     `host`: this worker's failure domain (its Celery node). False when the shard's last attempt
     failed or lost its worker on this host and another host may take it (`leases.retry_elsewhere`):
     the caller hands the message back to the queue."""
-    engines = settings().engines
+    from batchinf.engines import worker_devices
+
+    engines, device = settings().engines, pick_device(device)
+    devices = worker_devices(device)
     if speculative:
-        lease = retrying(leases.claim_speculative, shard_id, worker_name(), host, engines)
+        lease = retrying(leases.claim_speculative, shard_id, worker_name(), host, engines, devices)
     else:
         if host and retrying(leases.retry_elsewhere, shard_id, host, RetryPolicy.from_settings()):
             return False
-        lease = retrying(leases.claim_shard, shard_id, worker_name(), settings().lease_seconds, host, engines)
+        lease = retrying(leases.claim_shard, shard_id, worker_name(), settings().lease_seconds, host, engines,
+                         devices)
     if lease is not None:
         run_lease(lease, device)
     return True
@@ -253,12 +260,13 @@ def worker_main(job_ids: list[str] | None, bundle_digest: str | None, device: st
     jobs. It sets `wake` when it ends an attempt or first finds nothing to do, or starts the last
     chunk of its shard, so the driver steps the job at once (dispatch a split's halves, ask a
     running shard to split, verify) instead of at its next tick. It claims only shards of jobs
-    on `engines` (the first one's runtime is the one it loads ahead)."""
+    on `engines` (the first one's runtime is the one it loads ahead) and on its device or any."""
     import signal
 
     import torch
 
     from batchinf.bundles import open_runtime
+    from batchinf.engines import worker_devices
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the driver's to handle
     if settings().log_format == "json":            # `batchinf --log-format json run`: these lines too
@@ -266,6 +274,7 @@ def worker_main(job_ids: list[str] | None, bundle_digest: str | None, device: st
     torch.set_num_threads(threads)
     torch.set_num_interop_threads(1)
     device = pick_device(device)
+    devices = worker_devices(device)
     me = worker_name()
     if bundle_digest is not None:
         try:
@@ -276,10 +285,10 @@ def worker_main(job_ids: list[str] | None, bundle_digest: str | None, device: st
     while os.getppid() == parent_pid and not work.closed():
         seen = work.seen()
         try:
-            lease = retrying(leases.claim_next, job_ids, me, settings().lease_seconds, None, engines)
+            lease = retrying(leases.claim_next, job_ids, me, settings().lease_seconds, None, engines, devices)
             while lease is None:
                 try:
-                    lease = retrying(leases.claim_speculative, twins.get_nowait(), me, None, engines)
+                    lease = retrying(leases.claim_speculative, twins.get_nowait(), me, None, engines, devices)
                 except queue.Empty:
                     break
         except Exception:  # noqa: BLE001 -- the ledger stays unavailable: look again when woken
@@ -318,14 +327,16 @@ class WorkerPool(Dispatcher):
 
     def __init__(self, job: Job | None = None, *, workers: int = 1, device: str = "auto",
                  threads: int | None = None, engines: tuple[str, ...] | None = None) -> None:
-        from batchinf.engines import require
+        from batchinf.engines import pool_device, require
 
         super().__init__()
         self.job_ids = None if job is None else [job.id]
         self.bundle_digest = None if job is None else job.bundle_digest
         # one job's pool has its job's engine; a shared one the engines it is given (default: native)
         self.engines = require(engines or ((job.engine,) if job is not None else settings().engines))
-        self.device, self.n = device, max(1, workers)
+        # one job's pool runs on its job's device, or is refused (DeviceUnavailableError) rather than wait forever
+        self.device = device if job is None else pool_device(job.id, job.device, device)
+        self.n = max(1, workers)
         self.threads = threads or max(1, (os.cpu_count() or 1) // self.n)
         # one job's pool sweeps nothing while the job runs: its zombies die with it, and publishing
         # deletes the whole work prefix anyway (lost attempts stay `lost` in the ledger)
@@ -374,7 +385,10 @@ class WorkerPool(Dispatcher):
                     self.dead.add(owner)
         return sorted(self.dead)
 
-    def workers(self) -> int | None:
+    def workers(self, route: Route | None = None) -> int | None:
+        if route is not None and (route.engine not in self.engines
+                                  or self.device in DEVICES and route.device not in (ANY, self.device)):
+            return None
         return self.n
 
     def keep_up(self, job: Job, open_shards: int) -> None:

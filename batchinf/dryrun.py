@@ -16,6 +16,7 @@ from typing import Any
 
 from batchinf.config import settings
 from batchinf.dispatch import Dispatcher, plan_objects_here
+from batchinf.engines import Route
 from batchinf.errors import LedgerError
 from batchinf.ledger import jobs as job_repo
 from batchinf.ledger.models import Job
@@ -36,7 +37,7 @@ class PlanHere(Dispatcher):
         super().__init__()
         self.processes, self.n = processes, workers
 
-    def workers(self) -> int | None:
+    def workers(self, route: Route | None = None) -> int | None:
         return self.n
 
     def plan(self, job: Job, idxs: list[int]) -> None:

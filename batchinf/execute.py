@@ -157,7 +157,9 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
     t0 = time.perf_counter()
     job, shard = lease.job, lease.shard
     m = job.manifest
-    if m.options.device != "auto":
+    if job.device != "any":          # the job's device (engines.job_device); a claim matched it to this worker's
+        device = job.device
+    elif m.options.device != "auto":
         device = m.options.device
     runtime = open_runtime(job.bundle_digest, device=device, with_model=shard.bucket >= 0, engine=job.engine)
     if (starting := getattr(runtime, "begin_shard", None)) is not None:

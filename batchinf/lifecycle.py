@@ -64,7 +64,7 @@ def _plan(job: Job, d: Dispatcher, slots: int | None) -> None:
     whose `max_attempts` planning attempts all failed (raised, timed out or died) fails the job."""
     objects = job_repo.inputs(job.id)
     if all(o.records is not None for o in objects):
-        planning.finish_plan(job, d.workers())
+        planning.finish_plan(job, d.workers(job.route))
         return
     s, t, policy = settings(), now(), RetryPolicy.from_settings()
     open_ = [o for o in objects if o.records is None]
@@ -126,7 +126,7 @@ def _run(job: Job, d: Dispatcher, slots: int | None) -> None:
         metrics.shards_sent(len(fresh), len(resend))
     for shard_id in shard_repo.stragglers(job.id, s.speculate_factor, s.speculate_min_seconds):
         d.speculate(shard_id)
-    if (workers := d.workers()) and s.split_chunk_tokens:   # idle workers: split the largest
+    if (workers := d.workers(job.route)) and s.split_chunk_tokens:   # idle workers: split the largest
         least, soon = sizing.split_bounds(float(job.plan.get("work_per_token", 1.0)))
         splits.request_split(job.id, workers, least, soon_work=soon)
     d.keep_up(job, shard_repo.open_count(job.id))

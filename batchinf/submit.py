@@ -41,6 +41,7 @@ def submit(manifest: JobManifest, caller: Caller, *, schedule: str | None = None
                             f"{manifest.task}; choose a {manifest.task} bundle or set task: {bundle_task}")
     check_manifest(manifest, digest, tenant)       # every number the tenant set, against its limits
     engine = _engine(manifest, digest)
+    device = _device(manifest, digest, engine)
     _check_max_length(manifest, digest)
     where = "input.uri" if manifest.input.uri else "input.manifest"
     plain = caller.operator
@@ -63,7 +64,7 @@ def submit(manifest: JobManifest, caller: Caller, *, schedule: str | None = None
         "input_uri": input_uri, "output_uri": output_uri, "work_uri": join(output_uri, "_work", job_id) + "/",
         "priority": manifest.priority, "schedule": schedule, "created_at": t, "updated_at": t, "confined": confined,
         "deadline_at": (t + manifest.deadline_seconds) if manifest.deadline_seconds else None,
-        "retry_of": retry_of, "hold": hold, "engine": engine}, selection)
+        "retry_of": retry_of, "hold": hold, "engine": engine, "device": device}, selection)
 
 
 class IdempotencyConflict(LedgerError):
@@ -92,6 +93,14 @@ def _engine(manifest: JobManifest, digest: str) -> str:
     from batchinf.ledger.registry import meta
 
     return job_engine(manifest.engine, meta(digest), manifest.task, manifest.bundle)
+
+
+def _device(manifest: JobManifest, digest: str, engine: str) -> str:
+    """The device the job's shards need: options.device unless auto, else the bundle's, else any."""
+    from batchinf.engines import job_device
+    from batchinf.ledger.registry import meta
+
+    return job_device(getattr(manifest.options, "device", "auto"), meta(digest), engine, manifest.bundle)
 
 
 def _check_max_length(manifest: JobManifest, digest: str) -> None:

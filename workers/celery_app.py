@@ -18,6 +18,7 @@ from celery.worker.request import Request
 
 from batchinf.config import settings
 from batchinf.dispatch import Dispatcher
+from batchinf.engines import Route
 from batchinf.ledger import attempts as attempt_repo
 from batchinf.ledger.models import Job
 
@@ -181,7 +182,7 @@ class CeleryDispatcher(Dispatcher):
     def __init__(self, requeue_seconds: float = 30.0) -> None:
         super().__init__()
         self.requeue_seconds = requeue_seconds
-        self._fleet: tuple[float, int] = (float("-inf"), 0)    # (when counted, worker processes up)
+        self._fleet: dict[str, tuple[float, int]] = {}         # queue -> (when counted, worker processes up)
         self._pinning: dict[str, float] = {}                   # job -> when its pinning task was sent
 
     def pin(self, job: Job) -> None:
@@ -198,7 +199,8 @@ class CeleryDispatcher(Dispatcher):
                                     time_limit=limit + 30)
 
     def send(self, shard_ids: list[str]) -> None:
-        """Each shard to the queue of its job's engine (engines.queue_of), read only by workers that have it."""
+        """Each shard to the queue of its job's engine and device (engines.queue_of), read only by
+        workers that have them."""
         for shard_id, queue in _queues(shard_ids).items():
             execute_shard.apply_async(args=[shard_id], queue=queue)
 
@@ -206,15 +208,20 @@ class CeleryDispatcher(Dispatcher):
         for shard_id, queue in _queues([shard_id]).items():
             execute_shard.apply_async(args=[shard_id], kwargs={"speculative": True}, queue=queue)
 
-    def workers(self) -> int | None:
-        """The live fleet on this queue: pool processes of the workers that consume it (asked every
-        FLEET_REFRESH_SECONDS; workers of other queues on the same broker do not count), or those
-        that ran attempts lately if more; None when neither knows of any (a cold fleet): a job is
-        then cut by its caps unless its manifest names `shards.target_workers`."""
-        asked, up = self._fleet
+    def workers(self, route: Route | None = None) -> int | None:
+        """The live fleet on `route`: pool processes of the workers that consume its queue (its
+        engine and device; every worker for None: they all read the planning queue), asked every
+        FLEET_REFRESH_SECONDS, or the workers that ran attempts of jobs on it lately if more; None
+        when neither knows of any (a cold fleet): a job is then cut by its caps unless its manifest
+        names `shards.target_workers`."""
+        from batchinf.engines import queue_of
+
+        queue = plan_queue() if route is None else queue_of(settings().queue, *route)
+        asked, up = self._fleet.get(queue, (float("-inf"), 0))
         if time.monotonic() - asked > (FLEET_REFRESH_SECONDS if up else FLEET_RETRY_SECONDS):
-            up = max(processes_up(settings().queue), attempt_repo.recent_workers(RECENT_WORKER_SECONDS))
-            self._fleet = (time.monotonic(), up)
+            ran = attempt_repo.recent_workers(RECENT_WORKER_SECONDS, route)
+            up = max(processes_up(queue), ran)
+            self._fleet[queue] = (time.monotonic(), up)
         return up or None
 
 
@@ -224,15 +231,15 @@ def _queues(shard_ids: list[str]) -> dict[str, str]:
 
     if not shard_ids:
         return {}
-    engines = shard_repo.engines_of(shard_ids)
-    return {s: queue_of(settings().queue, engines.get(s, "native")) for s in shard_ids}
+    routes = shard_repo.routes_of(shard_ids)
+    return {s: queue_of(settings().queue, *routes.get(s, Route())) for s in shard_ids}
 
 
-def engine_queues(engines: tuple[str, ...]) -> list[str]:
-    """The shard queues a worker with these engines reads."""
-    from batchinf.engines import queue_of
+def engine_queues(engines: tuple[str, ...], device: str) -> list[str]:
+    """The shard queues a worker with these engines on `device` (cpu or cuda) reads."""
+    from batchinf.engines import worker_queues
 
-    return [queue_of(settings().queue, e) for e in engines]
+    return worker_queues(settings().queue, engines, device)
 
 
 def processes_up(queue: str) -> int:

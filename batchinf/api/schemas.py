@@ -66,8 +66,9 @@ class JobView(BaseModel):
     bundle: str = Field(description="the bundle reference as submitted")
     bundle_digest: str = Field(description="what the job runs, resolved at submit")
     engine: str = Field("native", description="what executes the bundle (native, vllm, openai-http), resolved at submit")
+    device: str = Field("any", description="the device its shards need (any, cpu, cuda), resolved at submit")
     waiting: str | None = Field(None, description="while shards are queued and none runs: what they wait for (a "
-                                "worker with the job's engine)")
+                                "worker with the job's engine and device)")
     schedule: str | None
     idempotency_key: str | None
     priority: int

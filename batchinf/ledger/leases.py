@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterable
 
-from sqlalchemy import Connection, bindparam, func, insert, select, update
+from sqlalchemy import Connection, and_, bindparam, func, insert, select, update
 
 from batchinf.config import settings
 from batchinf.errors import StaleAttemptError
@@ -64,8 +64,10 @@ _TAKE = (update(shards).where(shards.c.id == bindparam("b_shard"), shards.c.stat
                  progress_steps=0, split_requested_at=None)
          .returning(*shards.c))
 _NEW_ATTEMPT = insert(attempts)
-# a worker claims only shards of jobs on the engines it has (b_engines; batchinf/engines)
-_ON_ENGINES = jobs.c.engine.in_(bindparam("b_engines", expanding=True))
+# a worker claims only shards of jobs on the engines it has (b_engines) and on its device or any
+# (b_devices; batchinf/engines)
+_ON_ENGINES = and_(jobs.c.engine.in_(bindparam("b_engines", expanding=True)),
+                   jobs.c.device.in_(bindparam("b_devices", expanding=True)))
 _RUNNING_JOBS = select(jobs.c.id).where(jobs.c.status == JobStatus.RUNNING.value, _ON_ENGINES) \
     .order_by(jobs.c.priority.desc(), jobs.c.created_at, jobs.c.id)
 # a worker of named jobs (one, embedded) reads their rows in the same statement: the lease carries its job
@@ -73,6 +75,7 @@ _RUNNING_OF = select(jobs).where(jobs.c.status == JobStatus.RUNNING.value, _ON_E
                                  jobs.c.id.in_(bindparam("b_jobs", expanding=True))) \
     .order_by(jobs.c.priority.desc(), jobs.c.created_at, jobs.c.id)
 NATIVE_ONLY = ("native",)     # a worker that names no engines has batchinf's own runtime only
+CPU_ONLY = ("any", "cpu")     # a worker that names no device claims no job that needs cuda
 _JOB_ROW = select(jobs).where(jobs.c.id == bindparam("b_job"))
 _NEXT_QUEUED = (select(shards.c.id).where(shards.c.job_id == bindparam("b_job"),
                                           shards.c.status == ShardStatus.QUEUED.value)
@@ -80,12 +83,16 @@ _NEXT_QUEUED = (select(shards.c.id).where(shards.c.job_id == bindparam("b_job"),
 _NEXT_QUEUED_PG = _NEXT_QUEUED.with_for_update(skip_locked=True)
 
 
+def _on(engines: Iterable[str], devices: Iterable[str]) -> dict[str, list[str]]:
+    return {"b_engines": list(engines), "b_devices": list(devices)}
+
+
 def _claim(q: Any, worker: str, lease_seconds: float, host: str | None,
-           engines: Iterable[str] = NATIVE_ONLY) -> Lease | None:
+           engines: Iterable[str] = NATIVE_ONLY, devices: Iterable[str] = CPU_ONLY) -> Lease | None:
     with tx() as conn:
         if conn.dialect.name == "postgresql":
             q = q.with_for_update(of=shards, skip_locked=True)
-        row = conn.execute(q, {"b_engines": list(engines)}).first()
+        row = conn.execute(q, _on(engines, devices)).first()
         if row is None:
             return None
         return _take(conn, row.id, conn.execute(_JOB_ROW, {"b_job": row.job_id}).one(), worker, lease_seconds, host)
@@ -97,12 +104,13 @@ def _queued_of_running_jobs() -> Any:
 
 
 def claim_next(job_ids: Iterable[str] | None, worker: str, lease_seconds: float,
-               host: str | None = None, engines: Iterable[str] = NATIVE_ONLY) -> Lease | None:
+               host: str | None = None, engines: Iterable[str] = NATIVE_ONLY,
+               devices: Iterable[str] = CPU_ONLY) -> Lease | None:
     """Lease the next queued shard (of the given jobs, or any running job) whose job runs on one
-    of `engines`, highest priority job first, then in the job's dispatch order: one probe of the
+    of `engines` and on one of `devices`, highest priority job first, then in the job's dispatch order: one probe of the
     dispatch-order index per running job, not a sort of every queued shard. The lease carries the
     shard and its job."""
-    on = {"b_engines": list(engines)}
+    on = _on(engines, devices)
     with tx() as conn:
         probe = _NEXT_QUEUED_PG if conn.dialect.name == "postgresql" else _NEXT_QUEUED
         if job_ids is not None:
@@ -118,11 +126,13 @@ def claim_next(job_ids: Iterable[str] | None, worker: str, lease_seconds: float,
 
 
 def claim_shard(shard_id: str, worker: str, lease_seconds: float, host: str | None = None,
-                engines: Iterable[str] = NATIVE_ONLY) -> Lease | None:
+                engines: Iterable[str] = NATIVE_ONLY, devices: Iterable[str] = CPU_ONLY) -> Lease | None:
     """Lease one named shard; None when it is not queued (duplicate delivery, already leased or
-    committed), its job is not running, or runs on an engine not among `engines` (a message on
-    the wrong queue). `host`: the worker's failure domain (default: its machine)."""
-    return _claim(_queued_of_running_jobs().where(shards.c.id == shard_id), worker, lease_seconds, host, engines)
+    committed), its job is not running, or runs on an engine not among `engines` or a device not
+    among `devices` (a message on the wrong queue). `host`: the worker's failure domain (default:
+    its machine)."""
+    return _claim(_queued_of_running_jobs().where(shards.c.id == shard_id), worker, lease_seconds, host, engines,
+                  devices)
 
 
 def retry_elsewhere(shard_id: str, host: str, policy: RetryPolicy) -> bool:
@@ -148,17 +158,17 @@ def computing(lease: Lease, on: bool) -> None:
 
 
 def claim_speculative(shard_id: str, worker: str, host: str | None = None,
-                      engines: Iterable[str] = NATIVE_ONLY) -> Lease | None:
+                      engines: Iterable[str] = NATIVE_ONLY, devices: Iterable[str] = CPU_ONLY) -> Lease | None:
     """Start a speculative attempt beside the running one, on another worker; None when the
     shard is not running, already has a twin, `worker` is the one running it, or its job runs on
-    an engine not among `engines`."""
+    an engine not among `engines` or a device not among `devices`."""
     with tx() as conn:
         q = (select(shards).join(jobs, jobs.c.id == shards.c.job_id)
              .where(shards.c.id == shard_id, shards.c.status == ShardStatus.RUNNING.value,
                     jobs.c.status == JobStatus.RUNNING.value, _ON_ENGINES))
         if conn.dialect.name == "postgresql":
             q = q.with_for_update(of=shards)
-        shard = conn.execute(q, {"b_engines": list(engines)}).first()
+        shard = conn.execute(q, _on(engines, devices)).first()
         if shard is None:
             return None
         live = conn.execute(select(attempts.c.worker).where(

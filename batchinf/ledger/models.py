@@ -10,6 +10,7 @@ from functools import lru_cache
 from typing import Any
 
 from batchinf.checks import clip
+from batchinf.engines import Route
 from batchinf.manifest import JobManifest, manifest_from_dict
 from batchinf.store import ObjectPin
 
@@ -50,6 +51,11 @@ class Job:
     retry_of: str | None              # the job this one retries (`batchinf retry`)
     hold: bool = False                # a dry run's job: planning ends `planned`, not `running`
     engine: str = "native"            # what executes its shards (batchinf/engines): native | vllm | openai-http
+    device: str = "any"               # the device its shards need: any | cpu | cuda (engines.job_device)
+
+    @property
+    def route(self) -> Route:
+        return Route(self.engine, self.device)
 
     @property
     def manifest(self) -> JobManifest:
@@ -160,6 +166,7 @@ class Demand:
     created_at: float
     in_flight: int        # queued or running shards
     ready: int            # shards that could be queued now
+    route: Route = Route()  # the workers that can run them (its engine and device)
 
 
 @dataclass(frozen=True)

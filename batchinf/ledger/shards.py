@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, func, insert, select, update
 
+from batchinf.engines import Route
 from batchinf.errors import LedgerError
 from batchinf.ledger import events, tallies
 from batchinf.ledger.db import tx
@@ -44,12 +45,12 @@ def get(shard_id: str) -> Shard:
     return Shard.from_row(row)
 
 
-def engines_of(shard_ids: list[str]) -> dict[str, str]:
-    """shard id -> the engine its job runs on (the queue a broker sends it to)."""
+def routes_of(shard_ids: list[str]) -> dict[str, Route]:
+    """shard id -> the engine and device its job runs on (the queue a broker sends it to)."""
     with tx() as conn:
-        rows = conn.execute(select(shards.c.id, jobs.c.engine).join(jobs, jobs.c.id == shards.c.job_id)
+        rows = conn.execute(select(shards.c.id, jobs.c.engine, jobs.c.device).join(jobs, jobs.c.id == shards.c.job_id)
                             .where(shards.c.id.in_(shard_ids))).all()
-    return {r.id: r.engine for r in rows}
+    return {r.id: Route(r.engine, r.device) for r in rows}
 
 
 def of_job(job_id: str) -> list[Shard]:
@@ -103,7 +104,8 @@ def dispatch_demand(cap: int = 1 << 16) -> list[Demand]:
     t = now()
     with tx() as conn:
         rows = conn.execute(
-            select(jobs.c.id, jobs.c.status, jobs.c.priority, jobs.c.deadline_at, jobs.c.created_at, jobs.c.hold)
+            select(jobs.c.id, jobs.c.status, jobs.c.priority, jobs.c.deadline_at, jobs.c.created_at, jobs.c.hold,
+                   jobs.c.engine, jobs.c.device)
             .where(jobs.c.status.in_([JobStatus.RUNNING.value, *planning]))).all()
         out = []
         for r in rows:
@@ -115,7 +117,7 @@ def dispatch_demand(cap: int = 1 << 16) -> list[Demand]:
                 shards.c.status == ShardStatus.RETRYING.value, func.coalesce(shards.c.not_before, 0) <= t)
             planned_later = r.status in planning and not r.hold          # a dry run will not dispatch
             out.append(Demand(r.id, r.priority, r.deadline_at, r.created_at, in_flight,
-                              UNPLANNED_DEMAND if planned_later else min(ready, cap)))
+                              UNPLANNED_DEMAND if planned_later else min(ready, cap), Route(r.engine, r.device)))
     return out
 
 

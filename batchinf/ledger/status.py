@@ -120,13 +120,18 @@ def _in_running(conn: Connection, ids: list[str]) -> dict[str, int]:
 
 
 def _waiting(row: Any, counts: dict[str, int]) -> str | None:
-    """Why a running job's queued shards do not run: none is taken, so no worker with its engine is free."""
+    """Why a running job's queued shards do not run: none is taken, so no worker with its engine
+    (and device, when it needs one) is free."""
     queued = counts.get(ShardStatus.QUEUED, 0)
     if row.status != JobStatus.RUNNING or not queued or counts.get(ShardStatus.RUNNING, 0):
         return None
-    return (f"{queued} shard(s) queued for engine {row.engine}, none running: they wait for a free worker with "
-            f"engine {row.engine} (`batchinf worker --engine {row.engine}`, or `batchinf serve --engine "
-            f"{row.engine}`)")
+    if row.device == "any":
+        return (f"{queued} shard(s) queued for engine {row.engine}, none running: they wait for a free worker with "
+                f"engine {row.engine} (`batchinf worker --engine {row.engine}`, or `batchinf serve --engine "
+                f"{row.engine}`)")
+    return (f"{queued} shard(s) queued for engine {row.engine} on device {row.device}, none running: they wait "
+            f"for a free worker with engine {row.engine} and device {row.device} (`batchinf worker --engine "
+            f"{row.engine} --device {row.device}`, or `batchinf serve --engine {row.engine} --device {row.device}`)")
 
 
 def _status(row: Any, totals: tallies.JobTallies, worker_seconds: float, in_running: int = 0) -> dict[str, Any]:
@@ -152,7 +157,7 @@ def _status(row: Any, totals: tallies.JobTallies, worker_seconds: float, in_runn
         "job_id": row.id, "name": row.name, "status": row.status, "tenant": row.tenant,
         "task": row.task, "output_uri": row.output_uri, "input_uri": row.input_uri,
         "bundle": row.bundle_ref, "bundle_digest": row.bundle_digest,
-        "engine": row.engine, "waiting": _waiting(row, counts),
+        "engine": row.engine, "device": row.device, "waiting": _waiting(row, counts),
         "schedule": row.schedule, "idempotency_key": row.idempotency_key, "priority": row.priority,
         "shards": {"total": total,
                    "done": sum(counts.get(s.value, 0) for s in SHARD_DONE),

@@ -64,6 +64,7 @@ jobs = Table(
     Column("summary", Text, nullable=True),    # the task's summary of its published results (JSON)
     Column("hold", Boolean, nullable=False, default=False),          # a dry run: planned, then held (`batchinf plan`)
     Column("engine", String(32), nullable=False, default="native", server_default="native"),  # what executes it
+    Column("device", String(16), nullable=False, default="any", server_default="any"),  # any | cpu | cuda: where
     Column("error_records", BigInteger, nullable=False, default=0),  # failed records so far: validation errors
                                                                      # at planning, then error rows as shards commit
     UniqueConstraint("tenant", "idempotency_key", name="uq_jobs_tenant_idempotency"),

@@ -151,6 +151,15 @@ class Task:
     def open_runtime(self, root: Path, meta: dict[str, Any], device: str) -> Any:
         raise NotImplementedError
 
+    def vllm_problem(self, meta: dict[str, Any]) -> str | None:
+        """Why the vllm engine cannot run this bundle of this task as native does (None: it can),
+        from bundle.json alone: asked when a job on vllm is created (engines.job_engine)."""
+        return None
+
+    def vllm_runtime(self, root: Path, meta: dict[str, Any], device: str) -> Any:
+        """This task's runtime executed by vLLM (batchinf/engines); only tasks in engines.TASKS["vllm"] have one."""
+        raise NotImplementedError(f"engine vllm does not run task {self.name}")
+
     def verify_inputs(self, runtime: Any) -> None:
         """Check the bundle's input fixtures (tokenizer or preprocessor drift); BundleError if any drifts."""
         from batchinf.runtime.bundle import verify_tokenizer_fixtures

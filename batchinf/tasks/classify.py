@@ -119,6 +119,16 @@ class Classify(Task):
 
         return ClassifierRuntime(root, meta, device=device)
 
+    def vllm_problem(self, meta: dict[str, Any]) -> str | None:
+        from batchinf.engines.vllm_pooling import classifier_problem
+
+        return classifier_problem(meta)
+
+    def vllm_runtime(self, root: Path, meta: dict[str, Any], device: str) -> Any:
+        from batchinf.engines.vllm_pooling import VllmClassifierRuntime
+
+        return VllmClassifierRuntime(root, meta, device=device)
+
     def verify_model(self, runtime: Any) -> None:
         from batchinf.runtime.classifier import verify_logit_fixtures
 

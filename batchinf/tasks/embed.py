@@ -237,6 +237,16 @@ class Embed(Task):
 
         return EmbedRuntime(root, meta, device=device)
 
+    def vllm_problem(self, meta: dict[str, Any]) -> str | None:
+        from batchinf.engines.vllm_pooling import embed_problem
+
+        return embed_problem(meta)
+
+    def vllm_runtime(self, root: Path, meta: dict[str, Any], device: str) -> Any:
+        from batchinf.engines.vllm_pooling import VllmEmbedRuntime
+
+        return VllmEmbedRuntime(root, meta, device=device)
+
     def verify_model(self, runtime: Any) -> None:
         from batchinf.runtime import bundle as rb
 

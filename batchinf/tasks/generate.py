@@ -255,6 +255,11 @@ class Generate(Task):
 
         return GenerateRuntime(root, meta, device=device)
 
+    def vllm_runtime(self, root: Path, meta: dict[str, Any], device: str) -> Any:
+        from batchinf.engines.vllm import VllmGenerateRuntime
+
+        return VllmGenerateRuntime(root, meta, device=device)
+
     def verify_model(self, runtime: Any) -> None:
         from batchinf.runtime import bundle as rb
 

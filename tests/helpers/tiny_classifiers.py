@@ -28,15 +28,17 @@ def _xlmr_tokenizer(words: list[str]) -> Tokenizer:
 
 
 def make_tiny_classifier(dir: Path, *, family: str = "bert", num_labels: int = 1, multi_label: bool = False,
-                         cross_encoder: bool = False, seed: int = 0, max_position: int = 128) -> Path:
-    """Write a tiny sequence classifier into `dir` (config.json, model.safetensors, tokenizer)."""
+                         cross_encoder: bool = False, seed: int = 0, max_position: int = 128, hidden: int = 32,
+                         heads: int = 4) -> Path:
+    """Write a tiny sequence classifier into `dir` (config.json, model.safetensors, tokenizer);
+    `hidden` / `heads` is the head size (vLLM's CPU attention takes 32, 64, ...)."""
     from transformers import (BertConfig, BertForSequenceClassification, XLMRobertaConfig,
                               XLMRobertaForSequenceClassification)
 
     dir = Path(dir)
     dir.mkdir(parents=True, exist_ok=True)
     labels = {i: f"label_{chr(97 + i)}" for i in range(num_labels)}
-    common = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+    common = dict(hidden_size=hidden, num_hidden_layers=2, num_attention_heads=heads, intermediate_size=2 * hidden,
                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, initializer_range=0.3,
                   num_labels=num_labels, id2label=labels, label2id={v: k for k, v in labels.items()})
     if multi_label:

@@ -84,10 +84,22 @@ def test_the_engine_is_checked_at_job_creation(tiny_llama: str, tmp_path: Path) 
     assert jobs.get(_job(tmp_path, "default", None)).engine == "native"
 
 
-def test_an_embed_job_on_vllm_is_refused(bi_home: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
-    import_bundle(tiny_model_dir, "tinyllama", alias="prod")      # an embedding model
-    with pytest.raises(ManifestError, match="engine vllm runs task generate, not embed"):
-        _job(tmp_path, "embed", "vllm", task="embed")
+def test_a_pooling_job_on_vllm_is_checked_against_what_its_pooler_does(bi_home: Path, tmp_path: Path) -> None:
+    """vLLM's pooling runner pools by CLS, mean or last token: a bundle that pools otherwise, or has
+    Dense layers after pooling, is refused on vllm when the job is created, naming why; one it can
+    run as native does is accepted."""
+    from tests.helpers.tiny_st import make_st_bert
+
+    for name, modes, kw in (("maxpool", ["max"], {}), ("twomodes", ["cls", "mean"], {}),
+                            ("dense", ["mean"], {"dense_out": 16})):
+        import_bundle(make_st_bert(tmp_path / name, modes, **kw), "tinyllama", alias="prod")
+        why = "Dense layers" if name == "dense" else "vLLM's pooler pools by cls, mean, lasttoken only"
+        with pytest.raises(ManifestError, match=f"engine vllm cannot run bundle tinyllama@prod for task embed: .*{why}"):
+            _job(tmp_path, f"embed-{name}", "vllm", task="embed")
+    import_bundle(make_st_bert(tmp_path / "meanpool", ["mean"]), "tinyllama", alias="prod")
+    assert jobs.get(_job(tmp_path, "embed-mean", "vllm", task="embed")).engine == "vllm"
+    with pytest.raises(ManifestError, match="engine openai-http runs task generate, not embed"):
+        _job(tmp_path, "embed-http", "openai-http", task="embed")
 
 
 def test_a_worker_refuses_an_engine_whose_package_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -142,7 +142,7 @@ def test_a_split_generate_shard_gives_every_record_the_unsplit_answer(tmp_path: 
 class Idle(Dispatcher):
     """Two workers, both idle as far as the lifecycle knows: the test plays the one that runs."""
 
-    def workers(self) -> int | None:
+    def workers(self, route: object = None) -> int | None:
         return 2
 
 

@@ -146,7 +146,7 @@ class Pool(InProcess):
         super().__init__()
         self.n = n
 
-    def workers(self) -> int | None:
+    def workers(self, route: object = None) -> int | None:
         return self.n
 
 

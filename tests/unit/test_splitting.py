@@ -32,7 +32,7 @@ RECORDS = 60
 class Idle(Dispatcher):
     """Two workers, both idle as far as the lifecycle knows: the test plays the one that runs."""
 
-    def workers(self) -> int | None:
+    def workers(self, route: object = None) -> int | None:
         return 2
 
     def plan(self, job: Job, idxs: list[int]) -> None:
