@@ -1,18 +1,15 @@
 """steps: the denoising steps (x images) of a shard, reported by its running attempt's heartbeats
 and set to its records' planned steps when it commits (generate_image progress at step granularity)
 
-(0018 revises 0016: 0017 is taken by the engines branch's devices; whichever merges second chains
-its revision after the other's.)
-
 Revision ID: 0018
-Revises: 0016
+Revises: 0017
 Create Date: 2026-12-06
 """
 from alembic import op
 import sqlalchemy as sa
 
 revision = '0018'
-down_revision = '0016'
+down_revision = '0017'
 branch_labels = None
 depends_on = None
 
