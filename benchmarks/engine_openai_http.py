@@ -8,10 +8,14 @@ the repetitions alternating (A B C A B C ...):
       rows): the engine's own per-request overhead;
   (C) a whole `batchinf` job on the engine (submit, plan, a worker process that replays the fixtures,
       commits its shards, verification and publish): what durability costs end to end.
-Reported: medians of wall seconds and completions/s, each contender's overhead against (A), and
-whether B's and C's answers equal A's (the server is greedy and deterministic per slot).
+Reported: medians of wall seconds and completions/s, each contender's overhead against (A) as the
+ratio of medians and as the median of each repetition's own ratio against the (A) run just before it
+(paired: on a shared, noisy machine the load drifts between repetitions far more than within one),
+and whether B's and C's answers equal A's (the server is greedy and deterministic per slot). Also the
+client's own CPU seconds per request (this process and its worker processes, not the server's): what
+each contender costs on the client whatever the load, which wall time on a shared machine cannot show.
 
-    python benchmarks/engine_openai_http.py [--prompts 128] [--max-tokens 32] [--reps 3] [--json]
+    python benchmarks/engine_openai_http.py [--prompts 128] [--max-tokens 32] [--reps 3] [--no-job] [--json]
     python benchmarks/engine_openai_http.py --short --json      # CI: 16 prompts, one repetition each
 """
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import resource
 import statistics
 import sys
 import tempfile
@@ -49,6 +54,12 @@ async def plain(base_url: str, model: str, prompts: list[list[int]], max_tokens:
         return list(await asyncio.gather(*(one(p) for p in prompts)))
 
 
+def _cpu_seconds() -> float:
+    """User and system CPU of this process and of its children that ended (a job's worker processes)."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=128)
@@ -57,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slots", type=int, default=4, help="llama-server's parallel slots")
     ap.add_argument("--threads", type=int, default=2, help="llama-server's threads")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--no-job", action="store_true", help="leave out (C), the whole job: A and B alternate")
     ap.add_argument("--short", action="store_true")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
@@ -119,14 +131,18 @@ def main(argv: list[str] | None = None) -> int:
 
         contenders = {"plain asyncio client": lambda rep: run_plain(), "openai-http engine (in process)":
                       lambda rep: run_engine(), "batchinf job on openai-http (end to end)": run_job}
+        if a.no_job:
+            del contenders["batchinf job on openai-http (end to end)"]
         seconds: dict[str, list[float]] = {k: [] for k in contenders}
+        cpu: dict[str, list[float]] = {k: [] for k in contenders}
         answers: dict[str, list[str]] = {}
         order = ""
         for rep in range(a.reps):
             for k, fn in contenders.items():
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), _cpu_seconds()
                 answers[k] = fn(rep)
                 seconds[k].append(time.perf_counter() - t0)
+                cpu[k].append(_cpu_seconds() - c0)
                 order += k[0].upper() + " "
     finally:
         server.stop()
@@ -139,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         "seconds_each": seconds,
         "completions_per_s": {k: a.prompts / statistics.median(v) for k, v in seconds.items()},
         "overhead_vs_plain": {k: statistics.median(v) / base - 1 for k, v in seconds.items() if k != "plain asyncio client"},
+        "client_cpu_ms_per_request": {k: 1000 * statistics.median(v) / a.prompts for k, v in cpu.items()},
+        "overhead_paired": {k: statistics.median(x / y - 1 for x, y in zip(v, seconds["plain asyncio client"]))
+                            for k, v in seconds.items() if k != "plain asyncio client"},
         "same_answers_as_plain": {k: sum(x == y for x, y in zip(v, answers["plain asyncio client"]))
                                   for k, v in answers.items() if k != "plain asyncio client"},
     }
@@ -146,8 +165,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(report, indent=1))
     else:
         for k, s in report["seconds"].items():
-            extra = f"  overhead {report['overhead_vs_plain'][k]:+.1%}" if k in report["overhead_vs_plain"] else ""
+            extra = (f"  overhead {report['overhead_vs_plain'][k]:+.1%} (paired median {report['overhead_paired'][k]:+.1%})"
+                     if k in report["overhead_vs_plain"] else "")
             print(f"{k:45s} {s:8.2f} s  {report['completions_per_s'][k]:7.2f} completions/s{extra}")
+        print("client CPU ms per request:", {k: round(v, 2) for k, v in report["client_cpu_ms_per_request"].items()})
         print("same answers as the plain client:", report["same_answers_as_plain"])
     return 0
 

@@ -247,12 +247,14 @@ class HttpGenerateRuntime(GenerateRuntime):
                         results.put(("no_answer", r.key, str(exc)))
 
             tasks = [asyncio.create_task(one(r)) for r in reqs]
-            while not all(t.done() for t in tasks):
+            # one future for them all: each wait below is O(1), not a callback on every task of the shard
+            everything = asyncio.gather(*tasks, return_exceptions=True)
+            while not everything.done():
                 if stop.is_set():           # the consumer went away: cancel what is in flight
                     for t in tasks:
                         t.cancel()
                     break
-                await asyncio.wait(tasks, timeout=0.1)
+                await asyncio.wait([everything], timeout=0.1)
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _complete(self, client: Any, r: GenRequest) -> GenResult:
