@@ -5,8 +5,10 @@ once, before timing, as a user would), greedy, the same `max_tokens`, EOS honour
   (a) batchinf: `python -m batchinf run MANIFEST` as a subprocess, its default layout (or
       `--workers/--threads`), from process start to exit (planning, workers' start, bundle load,
       publish);
-  (b) llama-server with `--threads` threads and one slot per prompt (up to 64), from process start
-      until every answer came back and the server exited; the prompts are sent all at once.
+  (b) llama-server with `--threads` threads and one slot per prompt (up to 64), each slot's context
+      256 tokens (a prompt and max_tokens fit; a bigger context is KV-cache memory only), from
+      process start until every answer came back and the server exited; the prompts are sent all
+      at once.
 Alternated A B A B ..., medians. Output tokens/s = output tokens (batchinf's `output_tokens`,
 llama-server's `usage.completion_tokens`) / wall seconds. Peak memory: the largest sum, over the
 process and its children, of proportional set size (PSS: a page shared by two processes counts
@@ -114,6 +116,9 @@ async def _ask_all(base_url: str, messages: list[list[dict]], max_tokens: int) -
         return await asyncio.gather(*(one(m) for m in messages))
 
 
+CONTEXT_PER_SLOT = 256   # each slot's KV cache: a prompt here (< 100 tokens) and max_tokens fit; more is memory only
+
+
 def run_llama_server(gguf: Path, messages: list[list[dict]], max_tokens: int, threads: int, log: Path) -> dict[str, Any]:
     import httpx
 
@@ -124,7 +129,7 @@ def run_llama_server(gguf: Path, messages: list[list[dict]], max_tokens: int, th
     t0 = time.perf_counter()
     with open(log, "ab") as f:
         proc = subprocess.Popen([str(llama_server()), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
-                                 "--alias", "smollm2", "-np", str(slots), "-c", str(1024 * slots), "-t", str(threads),
+                                 "--alias", "smollm2", "-np", str(slots), "-c", str(max(CONTEXT_PER_SLOT, max_tokens + 192) * slots), "-t", str(threads),
                                  "--no-webui", "--seed", "0"], stdout=f, stderr=subprocess.STDOUT)
     peak = PeakMemory(proc.pid)
     try:
