@@ -105,10 +105,12 @@ def run_batchinf(manifest: Path, out: Path, env: dict[str, str], layout: list[st
 async def _ask_all(base_url: str, messages: list[list[dict]], max_tokens: int) -> list[tuple[str, int]]:
     import httpx
 
+    from tests.helpers.llama_server import MODEL
+
     async with httpx.AsyncClient(base_url=base_url, timeout=600) as client:
         async def one(msgs: list[dict]) -> tuple[str, int]:
             r = await client.post("/chat/completions", json={
-                "model": "smollm2", "messages": msgs, "max_tokens": max_tokens, "temperature": 0, "seed": 0})
+                "model": MODEL, "messages": msgs, "max_tokens": max_tokens, "temperature": 0, "seed": 0})
             r.raise_for_status()
             body = r.json()
             return body["choices"][0]["message"]["content"], body["usage"]["completion_tokens"]
@@ -120,31 +122,17 @@ CONTEXT_PER_SLOT = 256   # each slot's KV cache: a prompt here (< 100 tokens) an
 
 
 def run_llama_server(gguf: Path, messages: list[list[dict]], max_tokens: int, threads: int, log: Path) -> dict[str, Any]:
-    import httpx
+    from tests.helpers.llama_server import MODEL, LlamaServer
 
-    from tests.helpers.llama_quantize import llama_server
-    from tests.helpers.services import free_port, stop_process
-
-    slots, port = min(64, len(messages)), free_port()
+    server = LlamaServer(gguf, log, slots=min(64, len(messages)), threads=threads, alias=MODEL,
+                         context=max(CONTEXT_PER_SLOT, max_tokens + 192))
     t0 = time.perf_counter()
-    with open(log, "ab") as f:
-        proc = subprocess.Popen([str(llama_server()), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
-                                 "--alias", "smollm2", "-np", str(slots), "-c", str(max(CONTEXT_PER_SLOT, max_tokens + 192) * slots), "-t", str(threads),
-                                 "--no-webui", "--seed", "0"], stdout=f, stderr=subprocess.STDOUT)
-    peak = PeakMemory(proc.pid)
+    server.start()
+    peak = PeakMemory(server.proc.pid)      # from the model loaded: its peak is while it decodes
     try:
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None:
-                raise SystemExit(f"llama-server did not start: {log.read_text()[-2000:]}")
-            time.sleep(0.05)
-        answers = asyncio.run(_ask_all(f"http://127.0.0.1:{port}/v1", messages, max_tokens))
+        answers = asyncio.run(_ask_all(server.base_url, messages, max_tokens))
     finally:
-        stop_process(proc)
+        server.stop()
         seconds = time.perf_counter() - t0
         peak.stop()
     return {"seconds": seconds, "tokens": sum(n for _, n in answers), "pss": peak.pss, "rss": peak.rss,

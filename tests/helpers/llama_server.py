@@ -25,6 +25,7 @@ class LlamaServer:
     port: int = field(default_factory=free_port)
     slots: int = 1
     threads: int = 2
+    context: int = 2048     # each slot's context (KV cache) in tokens
     alias: str = MODEL
     proc: subprocess.Popen | None = None
 
@@ -37,7 +38,7 @@ class LlamaServer:
         import httpx
 
         cmd = [str(llama_server()), "-m", str(self.gguf), "--host", "127.0.0.1", "--port", str(self.port),
-               "--alias", self.alias, "-np", str(self.slots), "-c", str(2048 * self.slots), "-t", str(self.threads),
+               "--alias", self.alias, "-np", str(self.slots), "-c", str(self.context * self.slots), "-t", str(self.threads),
                "--no-webui", "--seed", "0",
                # no prompt cache: a request's answer and time then do not depend on the requests before it
                "--no-cache-prompt", "--cache-ram", "0"]
@@ -53,7 +54,7 @@ class LlamaServer:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 unavailable(f"llama-server did not start: {self.log.read_text()[-2000:]}")
-            time.sleep(0.2)
+            time.sleep(0.05)
 
     def kill(self) -> None:
         if self.proc is not None:
