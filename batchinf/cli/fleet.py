@@ -45,10 +45,7 @@ def worker(concurrency: int, device: str, threads: int | None, engines: tuple[st
     from batchinf.config import settings
 
     require_device(device)      # a worker without CUDA never starts as a cuda worker
-    from batchinf.dispatch import pick_device
     from batchinf.engines import require
-
-    device = pick_device(device)  # resolved now: it names the queues this worker reads
 
     engines = require(engines)  # a worker without vllm never starts as a vllm worker
     refuse_embedded("worker")
@@ -62,6 +59,9 @@ def worker(concurrency: int, device: str, threads: int | None, engines: tuple[st
         from batchinf import metrics
 
         metrics.serve(metrics_port)
+    from batchinf.dispatch import pick_device       # after the metrics' setup: it imports prometheus_client
+
+    device = pick_device(device)  # resolved now: it names the queues this worker reads
     os.environ["BATCHINF_DEVICE"] = device
     os.environ["BATCHINF_ENGINES"] = ",".join(engines)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads or max(1, (os.cpu_count() or 1) // concurrency)))

@@ -79,3 +79,16 @@ def test_log_mel_equals_faster_whisper() -> None:
     samples, _ = _speechlike([0.5, 1.0, 0.7], 0.2, seed=3)
     want = pad_or_trim(fe.FeatureExtractor()(samples)[..., :-1])
     np.testing.assert_allclose(log_mel(samples, FeatureSpec()), want, atol=1e-5)
+
+
+def test_words_split_as_faster_whisper_splits_them() -> None:
+    """Tokens grouped into words as faster-whisper groups them: a word at a leading space, trailing
+    punctuation kept with its word (and counted apart, it takes no time), and text right after
+    punctuation a word of its own that starts with it ("brother" "-in" "-work")."""
+    from batchinf.runtime.speech.words import word_groups
+
+    pieces = [" My", " brother", "-", "in", "-", "work", " such", " a", " bank", ",", " in", " the", " U", ".", "S", "."]
+    groups = word_groups(list(range(len(pieces))), lambda ids: "".join(pieces[i] for i in ids))
+    words = ["".join(pieces[i] for i in g) for g, _ in groups]
+    assert words == [" My", " brother", "-in", "-work", " such", " a", " bank,", " in", " the", " U", ".S."]
+    assert [core for _, core in groups] == [1, 1, 2, 2, 1, 1, 1, 1, 1, 1, 2]

@@ -16,8 +16,9 @@ PUNCTUATION = set("\"'“¿([{-.,!?:;)]}、。，！？：”")
 
 def word_groups(tokens: list[int], decode: Any) -> list[tuple[list[int], int]]:
     """Text tokens -> (the tokens of each word, how many of them precede its trailing
-    punctuation): a new word at a leading space; punctuation joins the word before it; a token
-    that does not decode to whole characters joins the next one."""
+    punctuation): a new word at a leading space; punctuation joins the word before it, unless text
+    follows it without a space: then the punctuation starts that word; a token that does not decode
+    to whole characters joins the next one."""
     groups: list[tuple[list[int], int]] = []
     pending: list[int] = []
     for t in tokens:
@@ -31,6 +32,13 @@ def word_groups(tokens: list[int], decode: Any) -> list[tuple[list[int], int]]:
             groups.append((pending, len(pending)))
         elif punct:
             groups[-1][0].extend(pending)
+        elif groups[-1][1] < len(groups[-1][0]):
+            # text right after punctuation starts a word with that punctuation ("brother" "-in"
+            # "-work", "U" ".S."), as faster-whisper splits at a punctuation token
+            prev, core = groups[-1]
+            groups[-1] = (prev[:core], core)
+            word = prev[core:] + pending
+            groups.append((word, len(word)))
         else:
             groups[-1][0].extend(pending)
             groups[-1] = (groups[-1][0], len(groups[-1][0]))
