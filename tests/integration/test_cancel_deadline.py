@@ -158,7 +158,7 @@ def test_ctrl_c_gives_the_leases_back_and_the_next_run_starts_at_once(
     time.sleep(1.0)
     # Ctrl-C, and again (as a user would) if the run still goes on 10 s later: in two CI runs (3 test
     # processes, load ~4) the first one was not acted on and the job ran on to success; the cause is
-    # not found (the 2026-12-06 closing note), and no run has shown it standalone
+    # not found (the 2026-12-06 closing note); alone under load it showed once in about ten runs
     for _ in range(3):
         proc.send_signal(signal.SIGINT)
         try:
