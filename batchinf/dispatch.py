@@ -229,22 +229,20 @@ class Wake:
 
     def __init__(self, ctx: Any) -> None:
         self._r, self._w = ctx.Pipe(duplex=False)
+        for end in (self._r, self._w):      # the flag is the pipe's: the workers' copies of the end share it
+            os.set_blocking(end.fileno(), False)
 
     def set(self) -> None:
-        fd = self._w.fileno()
-        os.set_blocking(fd, False)
         try:
-            os.write(fd, b"!")
+            os.write(self._w.fileno(), b"!")
         except (BlockingIOError, BrokenPipeError):
             pass
 
     def wait(self, timeout: float) -> bool:
         """Up to `timeout` seconds for a wake; True if one came. Clears it."""
         woken = self._r.poll(timeout)
-        fd = self._r.fileno()
-        os.set_blocking(fd, False)
         try:
-            while os.read(fd, 4096):
+            while os.read(self._r.fileno(), 4096):
                 pass
         except BlockingIOError:
             pass
