@@ -31,6 +31,7 @@ from batchinf.manifest_rules import BOOLEAN, STRING, Rule, Section, choice, null
 from batchinf.tasks.base import (FIELD_TASKS, INPUT_DEFAULTS, INPUT_FIELDS, RECORD_FIELDS, STAGE_FIELDS, RunOutput,
                                  StagedRows, Task, ok_rows, record_columns, usable_records)
 from batchinf.tasks.batching import hit_record_failpoints, isolate
+from batchinf.runtime.speech.packing import GAP_SECONDS
 from batchinf.tasks.embed import DEVICES
 
 SPEECH_STAGE_SCHEMA = pa.schema(STAGE_FIELDS + [
@@ -87,6 +88,10 @@ class TranscribeOptions(Section):
     vad: Annotated[bool, BOOLEAN] = Field(
         True, description="cut long files into windows at silence; false: at every 30 s whatever is said")
     max_batch_windows: Annotated[int, positive(256)] = Field(16, description="30-second windows per model batch")
+    pack: Annotated[bool, BOOLEAN] = Field(
+        True, description="lay short files end to end, 1 s of silence apart, in shared 30-second windows (one "
+                          "encoder pass for several clips; each segment goes back to its file, and a file the "
+                          "split is unsure of is decoded alone); false: every file in windows of its own")
     seed: Annotated[int, positive(1 << 62)] = Field(1, description="seed of the fallback's sampling")
     formats: Annotated[tuple[str, ...], FORMATS] = Field(
         (), description="subtitle files besides the Parquet rows: srt and/or vtt, one per input file under "
@@ -207,7 +212,8 @@ class Transcribe(Task):
         valid = ok_rows(c)
         out = transcribe_rows(runtime, options, [c["samples"][i] for i in valid],
                               [list(zip(c["window_starts"][i], c["window_ends"][i])) for i in valid],
-                              [c["record_id"][i] for i in valid], _checking_stop(check, split))
+                              [c["record_id"][i] for i in valid], _checking_stop(check, split),
+                              packable=[True] * len(valid))      # every staged row is a whole file
         failures = {valid[u]: f"audio file {c['source'][valid[u]]} {msg}" for u, msg in out.failures.items()}
         done = [u for u in range(len(valid)) if u in out.results]
         ok = [valid[u] for u in done]
@@ -309,63 +315,113 @@ def _checking_stop(check: Callable[[], None], split: Any) -> Callable[[], None]:
 
 
 def transcribe_rows(runtime: Any, options: Any, samples: list[bytes], windows: list[list[tuple[int, int]]],
-                    record_ids: list[str], check: Callable[[], None]) -> SpeechOutcome:
-    """Files (int16 samples, windows) -> transcripts: every file's windows in batches of
-    `max_batch_windows`, whatever file they come from; a failing batch is run again in halves
-    until only the failing windows fail, and a failed window fails its file with the reason."""
-    from batchinf.runtime.speech.features import batch_features
-    from batchinf.runtime.speech.segments import stitch, window_segments
+                    record_ids: list[str], check: Callable[[], None],
+                    packable: list[bool] | None = None) -> SpeechOutcome:
+    """Files (int16 samples, windows) -> transcripts. Short files (`packable`: whole files of one
+    window; `options.pack`) are first laid end to end in shared windows (runtime/speech/packing.py);
+    then every window left, whatever file it comes from, in batches of `max_batch_windows`. A
+    failing batch is run again in halves until only the failing windows fail (a failing pack's
+    files are decoded alone), and a failed window fails its file with the reason."""
+    from batchinf.runtime.speech.packing import as_one_segment, pack_files, pack_samples, split_pack
+    from batchinf.runtime.speech.segments import stitch
     from batchinf.runtime.speech.windows import is_silent
-    from batchinf.runtime.speech.words import attach_words
 
     engine, spec = runtime.engine, runtime.spec
     d = decoding_for(runtime, options)
+    rate, gap = spec.sample_rate, int(GAP_SECONDS * spec.sample_rate)
     pcm = [np.frombuffer(s, dtype="<i2") for s in samples]
-    units = [(f, k) for f, wins in enumerate(windows) for k in range(len(wins))]
-    got: dict[tuple[int, int], tuple[Any, str | None]] = {}
-    words: dict[tuple[int, int], list[dict[str, Any]]] = {}
-    failed: dict[tuple[int, int], str] = {}
     out = SpeechOutcome()
+    step = options.max_batch_windows
+    # each window's (segments with times in its file, decoding fields, language, output tokens)
+    done: dict[tuple[int, int], tuple[list[dict[str, Any]], dict[str, Any], str | None, int]] = {}
+    failed: dict[tuple[int, int], str] = {}
+
+    alone = list(range(len(pcm)))
+    if options.pack and packable is not None:
+        ok = [p and len(w) == 1 and w[0] == (0, pcm[f].size) for f, (p, w) in enumerate(zip(packable, windows))]
+        packs, alone = pack_files([x.size for x in pcm], ok, spec.chunk_samples, gap)
+        decoded: dict[int, tuple[list[dict[str, Any]], dict[str, Any], str | None, int]] = {}
+        d_pack = replace(d, timestamps=True)       # packs are split by their timestamps
+
+        def run_packs(batch: list[int]) -> None:
+            check()
+            hit_record_failpoints(sorted({record_ids[f] for k in batch for f in packs[k].files}))
+            wins = [pack_samples(packs[k], pcm) for k in batch]
+            decoded.update(zip(batch, _decode(runtime, d_pack, options, wins, [(0, w.size) for w in wins])))
+            out.padded_seconds += len(batch) * spec.chunk_seconds
+
+        unpacked: set[int] = set()
+        order = list(range(len(packs)))
+        for i in range(0, len(order), step):
+            isolate(run_packs, order[i:i + step], done=decoded.__contains__,
+                    failed=lambda k, _: unpacked.update(packs[k].files))
+        for k, (segs, fields, lang, _) in decoded.items():
+            pack = packs[k]
+            mine, unsure = split_pack(pack, segs, rate, gap)
+            unpacked.update(unsure)
+            for f, fsegs in mine.items():
+                if not fsegs and not is_silent(pcm[f].astype(np.float32) / 32768.0, rate):
+                    unpacked.add(f)          # skipped in the pack: decoded alone
+                    continue
+                if not d.timestamps:
+                    fsegs = as_one_segment(fsegs, pcm[f].size / rate)
+                done[(f, 0)] = (fsegs, fields, lang, sum(len(s["tokens"]) + 2 for s in fsegs))
+        alone = sorted(set(alone) | unpacked)
+
+    units = [(f, k) for f in alone for k in range(len(windows[f]))]
 
     def run(batch: list[tuple[int, int]]) -> None:
         check()
         hit_record_failpoints(sorted({record_ids[f] for f, _ in batch}))
-        feats = batch_features([pcm[f][slice(*windows[f][k])].astype(np.float32) / 32768.0 for f, k in batch], spec)
-        results, langs = engine.generate(feats, d)
-        if options.timestamps == "word":
-            frames = [(windows[f][k][1] - windows[f][k][0]) // spec.hop for f, k in batch]
-            words.update(zip(batch, engine.words(feats, results, frames, langs, d.task)))
-        got.update(zip(batch, zip(results, langs)))
+        got = _decode(runtime, d, options, [pcm[f][slice(*windows[f][k])].astype(np.float32) / 32768.0
+                                            for f, k in batch], [windows[f][k] for f, k in batch])
+        done.update((u, (segs, fields, lang, n)) for u, (segs, fields, lang, n) in zip(batch, got))
         out.padded_seconds += len(batch) * spec.chunk_seconds
 
-    step = options.max_batch_windows
     for i in range(0, len(units), step):
-        isolate(run, units[i:i + step], done=got.__contains__, failed=failed.__setitem__)
-    rate = spec.sample_rate
+        isolate(run, units[i:i + step], done=done.__contains__, failed=failed.__setitem__)
     for f, wins in enumerate(windows):
         bad = next(((k, failed[(f, k)]) for k in range(len(wins)) if (f, k) in failed), None)
         if bad is not None:
             a, b = wins[bad[0]]
             out.failures[f] = f"failed at window {bad[0]} ({a / rate:.2f}-{b / rate:.2f} s): {bad[1]}"
             continue
-        stitched = []
-        for k, (a, b) in enumerate(wins):
-            r, _ = got[(f, k)]
-            silent = r.no_speech_prob > d.no_speech_threshold and r.avg_logprob < d.logprob_threshold
-            segs = [] if silent else window_segments(r.tokens, engine.eot, engine.timestamp_begin, a / rate, b / rate,
-                                                     engine.decode_text)
-            if (f, k) in words:
-                attach_words(segs, words[(f, k)], a / rate)
-            stitched.append((a / rate, segs, {"temperature": r.temperature, "avg_logprob": r.avg_logprob,
-                                              "compression_ratio": r.compression_ratio,
-                                              "no_speech_prob": r.no_speech_prob}))
-        text, segments = stitch(stitched)
+        parts = [done[(f, k)] for k in range(len(wins))]
+        text, segments = stitch([(a / rate, segs, fields) for (a, _), (segs, fields, _, _) in zip(wins, parts)])
         if not text and not is_silent(pcm[f].astype(np.float32) / 32768.0, rate):
             out.failures[f] = ("is not silent yet gives no speech: noise, music, or a damaged file that decodes as "
                                "noise; check that the file plays")
             out.codes[f] = "no_speech_found"
             continue
-        langs = [got[(f, k)][1] for k in range(len(wins))]
+        langs = [lang for _, _, lang, _ in parts]
         out.results[f] = {"text": text, "segments": segments, "language": max(set(langs), key=langs.count) or "en",
-                          "output_tokens": sum(len(got[(f, k)][0].tokens) for k in range(len(wins)))}
+                          "output_tokens": sum(n for *_, n in parts)}
+    return out
+
+
+def _decode(runtime: Any, d: Any, options: Any, audio: list[np.ndarray],
+            spans: list[tuple[int, int]]) -> list[tuple[list[dict[str, Any]], dict[str, Any], str | None, int]]:
+    """Windows' samples (float32), each starting at `spans[i][0]` in its file -> each window's
+    (segments, times in the file; decoding fields; language; output tokens)."""
+    from batchinf.runtime.speech.features import batch_features
+    from batchinf.runtime.speech.segments import window_segments
+    from batchinf.runtime.speech.words import attach_words
+
+    engine, spec = runtime.engine, runtime.spec
+    rate = spec.sample_rate
+    feats = batch_features(audio, spec)
+    results, langs = engine.generate(feats, d)
+    words: list[Any] = [None] * len(audio)
+    if options.timestamps == "word":
+        words = engine.words(feats, results, [w.size // spec.hop for w in audio], langs, d.task)
+    out = []
+    for r, lang, ws, (a, b) in zip(results, langs, words, spans):
+        silent = r.no_speech_prob > d.no_speech_threshold and r.avg_logprob < d.logprob_threshold
+        segs = [] if silent else window_segments(r.tokens, engine.eot, engine.timestamp_begin, a / rate, b / rate,
+                                                 engine.decode_text)
+        if ws is not None:
+            attach_words(segs, ws, a / rate)
+        out.append((segs, {"temperature": r.temperature, "avg_logprob": r.avg_logprob,
+                           "compression_ratio": r.compression_ratio, "no_speech_prob": r.no_speech_prob},
+                    lang, len(r.tokens)))
     return out

@@ -92,3 +92,35 @@ def test_words_split_as_faster_whisper_splits_them() -> None:
     words = ["".join(pieces[i] for i in g) for g, _ in groups]
     assert words == [" My", " brother", "-in", "-work", " such", " a", " bank,", " in", " the", " U", ".S."]
     assert [core for _, core in groups] == [1, 1, 2, 2, 1, 1, 1, 1, 1, 1, 2]
+
+
+def test_short_files_are_packed_in_order_up_to_one_window_with_gaps() -> None:
+    from batchinf.runtime.speech.packing import pack_files
+
+    window, gap = 30 * RATE, RATE
+    sizes = [4 * RATE, 5 * RATE, 30 * RATE, 12 * RATE, 12 * RATE, 3 * RATE, 0, 2 * RATE]
+    packable = [True, True, True, True, True, False, True, True]
+    packs, alone = pack_files(sizes, packable, window, gap)
+    assert [p.files for p in packs] == [(0, 1, 3), (4, 7)]
+    assert packs[0].offsets == (0, 5 * RATE, 11 * RATE) and packs[0].samples <= window
+    assert alone == [2, 5, 6]         # a full window, one not packable, an empty one
+    assert sorted([f for p in packs for f in p.files] + alone) == list(range(len(sizes)))
+
+
+def test_a_packs_segments_go_back_to_their_files_in_their_own_time() -> None:
+    from batchinf.runtime.speech.packing import Pack, split_pack
+
+    pack = Pack(files=(7, 9), offsets=(0, 5 * RATE), sizes=(4 * RATE, 3 * RATE))
+
+    def seg(a: float, b: float, text: str) -> dict:
+        return {"start": a, "end": b, "text": text, "tokens": [1], "words": [{"word": text, "start": a + 0.1,
+                                                                               "end": b, "probability": 1.0}]}
+    mine, unsure = split_pack(pack, [seg(0.0, 3.9, " one"), seg(5.2, 7.0, " two"), seg(7.0, 8.2, " three")],
+                              RATE, RATE)
+    assert unsure == []
+    assert [s["text"] for s in mine[7]] == [" one"] and [s["text"] for s in mine[9]] == [" two", " three"]
+    assert (mine[9][0]["start"], mine[9][0]["end"], mine[9][1]["end"]) == (0.2, 2.0, 3.0)   # clamped to 3 s
+    assert mine[9][0]["words"][0]["start"] == 0.3
+    # a segment running across the gap: both files are decoded alone
+    mine, unsure = split_pack(pack, [seg(0.0, 6.5, " one two")], RATE, RATE)
+    assert unsure == [7, 9] and mine == {}

@@ -1,0 +1,113 @@
+"""Short files packed into shared windows: Whisper's encoder always reads 30 s, so a 4-second clip
+alone pays for 30 s of encoding. Clips that fit are laid end to end, `GAP_SECONDS` of silence
+apart, in one window; the window is decoded with timestamps, and each segment goes back to the
+clip it falls in, its times made the clip's own. A segment that runs across the gap between two
+clips, or a clip that is not silent yet gets no segment, leaves the clip to be decoded alone
+(`split_pack` returns it as unplaced), so packing never costs a word.
+
+Plain functions: `pack_files` chooses the packs (in the order given, so the same rows give the
+same packs and a retry the same bytes), `pack_samples` builds a pack's window, `split_pack` hands
+its segments back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+GAP_SECONDS = 1.0       # silence between packed clips: Whisper ends a segment at such a pause
+SPILL_SECONDS = 0.3     # how far a segment may reach past the middle of a gap and still be its clip's
+
+
+@dataclass(frozen=True)
+class Pack:
+    """Files laid end to end in one window: `files` (positions), each starting at `offsets` (samples)."""
+    files: tuple[int, ...]
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+
+    @property
+    def samples(self) -> int:
+        return self.offsets[-1] + self.sizes[-1]
+
+
+def pack_files(sizes: list[int], packable: list[bool], window: int, gap: int) -> tuple[list[Pack], list[int]]:
+    """Files (sample counts) -> (packs of two or more files, each at most `window` samples with
+    `gap` between files, filled in the order given; files left alone). A file is packable when it
+    is one whole window of its own (`packable`)."""
+    packs: list[Pack] = []
+    alone: list[int] = []
+    cur: list[int] = []
+
+    def close() -> None:
+        if len(cur) > 1:
+            offsets, at = [], 0
+            for f in cur:
+                offsets.append(at)
+                at += sizes[f] + gap
+            packs.append(Pack(tuple(cur), tuple(offsets), tuple(sizes[f] for f in cur)))
+        else:
+            alone.extend(cur)
+        cur.clear()
+
+    used = 0
+    for f, (n, ok) in enumerate(zip(sizes, packable)):
+        if not ok or n == 0 or n + gap > window:
+            alone.append(f)
+            continue
+        if cur and used + gap + n > window:
+            close()
+            used = 0
+        used += (gap if cur else 0) + n
+        cur.append(f)
+    close()
+    return packs, sorted(alone)
+
+
+def pack_samples(pack: Pack, pcm: list[np.ndarray]) -> np.ndarray:
+    """The pack's window: its files' samples (float32) at their offsets, silence between."""
+    out = np.zeros(pack.samples, np.float32)
+    for f, at, n in zip(pack.files, pack.offsets, pack.sizes):
+        out[at:at + n] = pcm[f][:n].astype(np.float32) / 32768.0
+    return out
+
+
+def split_pack(pack: Pack, segments: list[dict[str, Any]], rate: int,
+               gap: int) -> tuple[dict[int, list[dict[str, Any]]], list[int]]:
+    """A pack's segments (times in the pack) -> ({file: its segments, times its own}, files to
+    decode alone). A segment belongs to the file its middle falls in (a file's span reaching half
+    a gap either side); one reaching further than SPILL_SECONDS past that span covers two files,
+    and both are decoded alone."""
+    spans = [((at - gap / 2) / rate, (at + n + gap / 2) / rate) for at, n in zip(pack.offsets, pack.sizes)]
+    mine: dict[int, list[dict[str, Any]]] = {f: [] for f in pack.files}
+    unsure: set[int] = set()
+    for s in segments:
+        mid = (s["start"] + s["end"]) / 2
+        k = next((i for i, (a, b) in enumerate(spans) if mid < b), len(spans) - 1)
+        a, b = spans[k]
+        if s["start"] < a - SPILL_SECONDS or s["end"] > b + SPILL_SECONDS:
+            unsure.update(pack.files[i] for i, (x, y) in enumerate(spans) if x < s["end"] and y > s["start"])
+            continue
+        offset, length = pack.offsets[k] / rate, pack.sizes[k] / rate
+        mine[pack.files[k]].append(_shifted(s, offset, length))
+    return {f: segs for f, segs in mine.items() if f not in unsure}, sorted(unsure)
+
+
+def _shifted(s: dict[str, Any], offset: float, length: float) -> dict[str, Any]:
+    """A segment (and its words) moved to its file's time, inside [0, length]."""
+    def at(t: float) -> float:
+        return round(min(max(t - offset, 0.0), length), 3)
+
+    out = {**s, "start": at(s["start"]), "end": at(s["end"])}
+    if s.get("words") is not None:
+        out["words"] = [{**w, "start": at(w["start"]), "end": at(w["end"])} for w in s["words"]]
+    return out
+
+
+def as_one_segment(segments: list[dict[str, Any]], length: float) -> list[dict[str, Any]]:
+    """A file's segments as the one segment of a window decoded without timestamps."""
+    if not segments:
+        return []
+    return [{"start": 0.0, "end": round(length, 3), "text": "".join(s["text"] for s in segments),
+             "tokens": [t for s in segments for t in s["tokens"]]}]
