@@ -15,6 +15,7 @@ from batchinf.ledger import registry
 from batchinf.ledger.models import BundleInfo
 from batchinf.runtime import bundle as rb
 from batchinf.runtime.malloc import keep_freed_memory, release_freed_memory
+from batchinf.runtime.threads import use_torch_threads
 from batchinf.store import get_store, join, parse_uri
 from batchinf.tasks import build_meta, get_task, prepared
 from batchinf.tasks.embed_request import check_matryoshka_dims
@@ -170,6 +171,8 @@ def _load(key: tuple[str, str, bool, str]) -> Any:
     task.verify_inputs(runtime)
     if with_model:
         keep_freed_memory(settings().malloc_keep_bytes)
+        if task.uses_torch:
+            use_torch_threads()
         runtime.load_model()
         engines.verify_model(task, runtime)
         release_freed_memory()

@@ -26,11 +26,13 @@ from batchinf import failpoints, logs, metrics
 from batchinf.config import settings
 from batchinf.engines import ANY, DEVICES, Route
 from batchinf.errors import AttemptReleased
+from batchinf.ledger import jobs as job_repo
 from batchinf.ledger import leases
 from batchinf.ledger import shards as shard_repo
 from batchinf.ledger.events import now
 from batchinf.ledger.models import Job, Lease
 from batchinf.retry_policy import Action, RetryPolicy, retrying
+from batchinf.runtime.threads import cuda_possible, set_worker_threads
 
 log = logging.getLogger("batchinf.dispatch")
 
@@ -42,6 +44,8 @@ def worker_name(pid: int | None = None) -> str:
 def pick_device(device: str) -> str:
     if device != "auto":
         return device
+    if not cuda_possible():
+        return "cpu"
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
@@ -176,6 +180,7 @@ def plan_objects_here(job: Job, idxs: list[int], processes: int) -> None:
     planning.plan_objects(job, idxs, processes)
 
 
+PLAN_HERE_BYTES = 16 << 20   # a job's driver stages less input than this itself (no planning pool)
 IDLE_RECHECK_SECONDS = 1.0   # an idle worker looks again this often unwoken (a driver that died, a missed wake)
 POLL_SECONDS = 0.01          # how often a sleeping worker reads the signal's words
 
@@ -261,16 +266,13 @@ def worker_main(job_ids: list[str] | None, bundle_digest: str | None, device: st
     on `engines` (the first one's runtime is the one it loads ahead) and on its device or any."""
     import signal
 
-    import torch
-
     from batchinf.bundles import open_runtime
     from batchinf.engines import worker_devices
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the driver's to handle
     if settings().log_format == "json":            # `batchinf --log-format json run`: these lines too
         logs.configure()
-    torch.set_num_threads(threads)
-    torch.set_num_interop_threads(1)
+    set_worker_threads(threads)         # PyTorch gets them when a bundle that needs it loads
     device = pick_device(device)
     devices = worker_devices(device)
     me = worker_name()
@@ -357,8 +359,15 @@ class WorkerPool(Dispatcher):
             self.procs.append(p)
 
     def plan(self, job: Job, idxs: list[int]) -> None:
-        # one job's driver plans with every core; a server plans each job in one process, beside its tick
-        plan_objects_here(job, idxs, (os.cpu_count() or 1) if self.job_ids else 1)
+        # one job's driver plans with every core, unless its input is so small that starting a pool
+        # of planning processes costs more than staging it here; a server plans each job in one
+        # process, beside its tick
+        processes = (os.cpu_count() or 1) if self.job_ids else 1
+        if processes > 1:
+            sizes = {o.idx: o.pin.size for o in job_repo.inputs(job.id)}
+            if sum(sizes.get(i, 0) for i in idxs) < PLAN_HERE_BYTES:
+                processes = 1
+        plan_objects_here(job, idxs, processes)
 
     def send(self, shard_ids: list[str]) -> None:
         self.work.notify()

@@ -63,6 +63,7 @@ class Task:
     summary_columns: ClassVar[tuple[str, ...]] = ()
     needs: ClassVar[tuple[str, ...]] = ("config.json", "tokenizer.json")   # files a bundle must have
     weights: ClassVar[str] = ".safetensors"     # how the bundle's weight files end
+    uses_torch: ClassVar[bool] = True           # its native runtime computes with PyTorch
     stages_files: ClassVar[bool] = False        # `run` stages files besides its rows (`files`), published
                                                 # from the rows' `output_files`
 

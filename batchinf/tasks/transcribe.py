@@ -18,7 +18,8 @@ silent yet gives no text: noise, or a damaged file that decodes as noise)."""
 from __future__ import annotations
 
 import hashlib
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from dataclasses import field as dc_field
 from pathlib import Path
 from typing import Annotated, Any, Callable, Iterable, Iterator
 
@@ -139,6 +140,7 @@ class Transcribe(Task):
     summary_columns = ("duration_seconds",)
     needs = ("config.json", "tokenizer.json")
     weights = ".ct2"
+    uses_torch = False          # CTranslate2
 
     def input_problem(self, inp: Any) -> str | None:
         if inp.format not in ("audio", "jsonl", "parquet"):
@@ -314,114 +316,208 @@ def _checking_stop(check: Callable[[], None], split: Any) -> Callable[[], None]:
     return checked
 
 
+@dataclass
+class Clip:
+    """Samples [a, b) of file `f` decoded as one window: a window of the file, or the unfinished
+    end of one; `packable`: it may share a window with others (runtime/speech/packing.py)."""
+    f: int
+    a: int
+    b: int
+    packable: bool
+
+
+@dataclass
+class Decoded:
+    """A clip's decoding: its complete segments (times in its file), decoding fields, language and
+    output tokens; `tail`: where in the file its unfinished last segment (`rest`) starts, when
+    Whisper stopped before the clip's end (else None)."""
+    segments: list[dict[str, Any]]
+    fields: dict[str, Any]
+    language: str | None
+    tokens: int
+    tail: int | None = None
+    rest: list[dict[str, Any]] = dc_field(default_factory=list)
+
+
 def transcribe_rows(runtime: Any, options: Any, samples: list[bytes], windows: list[list[tuple[int, int]]],
                     record_ids: list[str], check: Callable[[], None],
                     packable: list[bool] | None = None) -> SpeechOutcome:
-    """Files (int16 samples, windows) -> transcripts. Short files (`packable`: whole files of one
-    window; `options.pack`) are first laid end to end in shared windows (runtime/speech/packing.py);
-    then every window left, whatever file it comes from, in batches of `max_batch_windows`. A
-    failing batch is run again in halves until only the failing windows fail (a failing pack's
-    files are decoded alone), and a failed window fails its file with the reason."""
-    from batchinf.runtime.speech.packing import as_one_segment, pack_files, pack_samples, split_pack
+    """Files (int16 samples, windows) -> transcripts. Every window is a clip; short files
+    (`packable`: whole files of one window, `options.pack`) share windows (runtime/speech/packing.py),
+    the rest run in batches of `max_batch_windows`, whatever file they come from. Where Whisper
+    stops before a window's end (its last segment unfinished), the rest of the window is decoded
+    again as a clip of its own, as Whisper's own loop seeks to its last timestamp, but without
+    waiting on the window before: a window's text never depends on its neighbours or its shard.
+    A failing batch is run again in halves until only the failing clips fail; a failed clip fails
+    its file with the reason."""
     from batchinf.runtime.speech.segments import stitch
     from batchinf.runtime.speech.windows import is_silent
 
-    engine, spec = runtime.engine, runtime.spec
+    spec, rate = runtime.spec, runtime.spec.sample_rate
     d = decoding_for(runtime, options)
-    rate, gap = spec.sample_rate, int(GAP_SECONDS * spec.sample_rate)
     pcm = [np.frombuffer(s, dtype="<i2") for s in samples]
     out = SpeechOutcome()
-    step = options.max_batch_windows
-    # each window's (segments with times in its file, decoding fields, language, output tokens)
-    done: dict[tuple[int, int], tuple[list[dict[str, Any]], dict[str, Any], str | None, int]] = {}
-    failed: dict[tuple[int, int], str] = {}
-
-    alone = list(range(len(pcm)))
-    if options.pack and packable is not None:
-        ok = [p and len(w) == 1 and w[0] == (0, pcm[f].size) for f, (p, w) in enumerate(zip(packable, windows))]
-        packs, alone = pack_files([x.size for x in pcm], ok, spec.chunk_samples, gap)
-        decoded: dict[int, tuple[list[dict[str, Any]], dict[str, Any], str | None, int]] = {}
-        d_pack = replace(d, timestamps=True)       # packs are split by their timestamps
-
-        def run_packs(batch: list[int]) -> None:
-            check()
-            hit_record_failpoints(sorted({record_ids[f] for k in batch for f in packs[k].files}))
-            wins = [pack_samples(packs[k], pcm) for k in batch]
-            decoded.update(zip(batch, _decode(runtime, d_pack, options, wins, [(0, w.size) for w in wins])))
-            out.padded_seconds += len(batch) * spec.chunk_seconds
-
-        unpacked: set[int] = set()
-        order = list(range(len(packs)))
-        for i in range(0, len(order), step):
-            isolate(run_packs, order[i:i + step], done=decoded.__contains__,
-                    failed=lambda k, _: unpacked.update(packs[k].files))
-        for k, (segs, fields, lang, _) in decoded.items():
-            pack = packs[k]
-            mine, unsure = split_pack(pack, segs, rate, gap)
-            unpacked.update(unsure)
-            for f, fsegs in mine.items():
-                if not fsegs and not is_silent(pcm[f].astype(np.float32) / 32768.0, rate):
-                    unpacked.add(f)          # skipped in the pack: decoded alone
-                    continue
-                if not d.timestamps:
-                    fsegs = as_one_segment(fsegs, pcm[f].size / rate)
-                done[(f, 0)] = (fsegs, fields, lang, sum(len(s["tokens"]) + 2 for s in fsegs))
-        alone = sorted(set(alone) | unpacked)
-
-    units = [(f, k) for f in alone for k in range(len(windows[f]))]
-
-    def run(batch: list[tuple[int, int]]) -> None:
-        check()
-        hit_record_failpoints(sorted({record_ids[f] for f, _ in batch}))
-        got = _decode(runtime, d, options, [pcm[f][slice(*windows[f][k])].astype(np.float32) / 32768.0
-                                            for f, k in batch], [windows[f][k] for f, k in batch])
-        done.update((u, (segs, fields, lang, n)) for u, (segs, fields, lang, n) in zip(batch, got))
-        out.padded_seconds += len(batch) * spec.chunk_seconds
-
-    for i in range(0, len(units), step):
-        isolate(run, units[i:i + step], done=done.__contains__, failed=failed.__setitem__)
-    for f, wins in enumerate(windows):
-        bad = next(((k, failed[(f, k)]) for k in range(len(wins)) if (f, k) in failed), None)
-        if bad is not None:
-            a, b = wins[bad[0]]
-            out.failures[f] = f"failed at window {bad[0]} ({a / rate:.2f}-{b / rate:.2f} s): {bad[1]}"
+    whole = [packable is not None and packable[f] and len(w) == 1 and w[0] == (0, pcm[f].size)
+             for f, w in enumerate(windows)]
+    clips = [Clip(f, a, b, options.pack and whole[f]) for f, wins in enumerate(windows) for a, b in wins]
+    done, failed = _decode_clips(runtime, d, options, clips, pcm, record_ids, check, out)
+    tails = [(i, Clip(clips[i].f, r.tail, clips[i].b, options.pack)) for i, r in done.items() if r.tail is not None]
+    tail_done, tail_failed = _decode_clips(runtime, d, options, [c for _, c in tails], pcm, record_ids, check, out)
+    for j, (i, _) in enumerate(tails):
+        if j in tail_failed:
+            failed[i] = tail_failed[j]
             continue
-        parts = [done[(f, k)] for k in range(len(wins))]
-        text, segments = stitch([(a / rate, segs, fields) for (a, _), (segs, fields, _, _) in zip(wins, parts)])
+        got = tail_done[j]
+        more = got.segments + got.rest
+        done[i].segments += more if more else done[i].rest     # nothing decoded again: keep what was cut
+        done[i].tokens += got.tokens
+    k = 0
+    for f, wins in enumerate(windows):
+        ids = range(k, k + len(wins))
+        k += len(wins)
+        bad = next((i for i in ids if i in failed), None)
+        if bad is not None:
+            c = clips[bad]
+            out.failures[f] = f"failed at window {bad - ids[0]} ({c.a / rate:.2f}-{c.b / rate:.2f} s): {failed[bad]}"
+            continue
+        text, segments = stitch([(clips[i].a / rate, done[i].segments + ([] if done[i].tail is not None else
+                                                                         done[i].rest), done[i].fields) for i in ids])
         if not text and not is_silent(pcm[f].astype(np.float32) / 32768.0, rate):
             out.failures[f] = ("is not silent yet gives no speech: noise, music, or a damaged file that decodes as "
                                "noise; check that the file plays")
             out.codes[f] = "no_speech_found"
             continue
-        langs = [lang for _, _, lang, _ in parts]
+        langs = [done[i].language for i in ids]
         out.results[f] = {"text": text, "segments": segments, "language": max(set(langs), key=langs.count) or "en",
-                          "output_tokens": sum(n for *_, n in parts)}
+                          "output_tokens": sum(done[i].tokens for i in ids)}
     return out
 
 
-def _decode(runtime: Any, d: Any, options: Any, audio: list[np.ndarray],
-            spans: list[tuple[int, int]]) -> list[tuple[list[dict[str, Any]], dict[str, Any], str | None, int]]:
-    """Windows' samples (float32), each starting at `spans[i][0]` in its file -> each window's
-    (segments, times in the file; decoding fields; language; output tokens)."""
+MIN_TAIL_SECONDS = 0.3      # an unfinished end shorter than this is kept as decoded
+
+
+PACK_ROUNDS = 2     # the clips a pack's decoding stopped short of are packed again, once
+
+
+def _decode_clips(runtime: Any, d: Any, options: Any, clips: list[Clip], pcm: list[np.ndarray],
+                  record_ids: list[str], check: Callable[[], None],
+                  out: SpeechOutcome) -> tuple[dict[int, Decoded], dict[int, str]]:
+    """Clips -> ({clip: Decoded}, {clip: why it failed}): packable ones laid end to end in shared
+    windows first (`_decode_packs`), then every clip left alone, in batches of `max_batch_windows`."""
+    spec = runtime.spec
+    audio = [pcm[c.f][c.a:c.b] for c in clips]
+    done: dict[int, Decoded] = {}
+    failed: dict[int, str] = {}
+    packable = [c.packable for c in clips]
+    for _ in range(PACK_ROUNDS):
+        if not any(packable):
+            break
+        packable = _decode_packs(runtime, d, options, clips, audio, packable, done, record_ids, check, out)
+    alone = [i for i in range(len(clips)) if i not in done]
+
+    def run(batch: list[int]) -> None:
+        check()
+        hit_record_failpoints(sorted({record_ids[clips[i].f] for i in batch}))
+        got = _decode(runtime, d, options, [audio[i] for i in batch], [clips[i].a for i in batch])
+        done.update(zip(batch, got))
+        out.padded_seconds += len(batch) * spec.chunk_seconds
+
+    step = options.max_batch_windows
+    for i in range(0, len(alone), step):
+        isolate(run, alone[i:i + step], done=done.__contains__, failed=failed.__setitem__)
+    for i, r in done.items():       # a tail too short to decode again keeps its text
+        if r.tail is not None and (clips[i].b - r.tail) < MIN_TAIL_SECONDS * spec.sample_rate:
+            r.segments, r.rest, r.tail = r.segments + r.rest, [], None
+    return done, failed
+
+
+def _decode_packs(runtime: Any, d: Any, options: Any, clips: list[Clip], audio: list[np.ndarray],
+                  packable: list[bool], done: dict[int, Decoded], record_ids: list[str],
+                  check: Callable[[], None], out: SpeechOutcome) -> list[bool]:
+    """Decode the packable clips in packs (runtime/speech/packing.py) and add what each pack gives
+    its clips to `done`. Returns the clips to pack again: those after where a pack's decoding
+    stopped, and a packable clip left without a pack. A clip whose pack failed, whose split was unsure, or whose pack left a clip with
+    sound without text (its decoding is not trusted) is left to be decoded alone."""
+    from batchinf.runtime.speech.packing import as_one_segment, pack_files, pack_samples, split_pack
+    from batchinf.runtime.speech.windows import is_silent
+
+    spec, rate = runtime.spec, runtime.spec.sample_rate
+    gap = int(GAP_SECONDS * rate)
+    packs, alone = pack_files([x.size for x in audio], packable, spec.chunk_samples, gap)
+    decoded: dict[int, Decoded] = {}
+    d_pack = replace(d, timestamps=True)       # packs are split by their timestamps
+
+    def run(batch: list[int]) -> None:
+        check()
+        hit_record_failpoints(sorted({record_ids[clips[i].f] for k in batch for i in packs[k].files}))
+        wins = [pack_samples(packs[k], audio) for k in batch]
+        decoded.update(zip(batch, _decode(runtime, d_pack, options, wins, [0] * len(wins))))
+        out.padded_seconds += len(batch) * spec.chunk_seconds
+
+    step = options.max_batch_windows
+    for i in range(0, len(packs), step):
+        isolate(run, list(range(i, min(i + step, len(packs)))), done=decoded.__contains__, failed=lambda k, _: None)
+    again = [False] * len(clips)
+    if decoded:     # a packable clip no pack took (the last, alone) joins those packed again
+        for i in alone:
+            again[i] = packable[i]
+    for k, r in decoded.items():
+        pack = packs[k]
+        ends = {i: at + n for i, at, n in zip(pack.files, pack.offsets, pack.sizes)}
+        later = {i for i in pack.files if r.tail is not None and ends[i] > r.tail}
+        mine, unsure = split_pack(pack, r.segments, rate, gap)
+        if any(not segs and i not in later and not is_silent(audio[i].astype(np.float32) / 32768.0, rate)
+               for i, segs in mine.items()):
+            continue
+        for i in later - set(unsure):
+            again[i] = True
+        for i, segs in mine.items():
+            if i in later:
+                continue
+            if not d.timestamps:
+                segs = as_one_segment(segs, audio[i].size / rate)
+            at = clips[i].a / rate
+            done[i] = Decoded([_moved(s, at) for s in segs], r.fields, r.language, sum(len(s["tokens"]) + 2 for s in segs))
+    return again
+
+
+def _moved(s: dict[str, Any], by: float) -> dict[str, Any]:
+    if not by:
+        return s
+    out = {**s, "start": round(s["start"] + by, 3), "end": round(s["end"] + by, 3)}
+    if s.get("words") is not None:
+        out["words"] = [{**w, "start": round(w["start"] + by, 3), "end": round(w["end"] + by, 3)} for w in s["words"]]
+    return out
+
+
+def _decode(runtime: Any, d: Any, options: Any, audio: list[np.ndarray], starts: list[int]) -> list[Decoded]:
+    """Windows' int16 samples, each starting at sample `starts[i]` of its file -> each one's
+    Decoded (times in the file)."""
     from batchinf.runtime.speech.features import batch_features
-    from batchinf.runtime.speech.segments import window_segments
+    from batchinf.runtime.speech.segments import unfinished_at, window_segments
     from batchinf.runtime.speech.words import attach_words
 
     engine, spec = runtime.engine, runtime.spec
     rate = spec.sample_rate
-    feats = batch_features(audio, spec)
+    feats = batch_features([a.astype(np.float32) / 32768.0 for a in audio], spec)
     results, langs = engine.generate(feats, d)
     words: list[Any] = [None] * len(audio)
     if options.timestamps == "word":
-        words = engine.words(feats, results, [w.size // spec.hop for w in audio], langs, d.task)
+        words = engine.words(feats, results, [a.size // spec.hop for a in audio], langs, d.task)
     out = []
-    for r, lang, ws, (a, b) in zip(results, langs, words, spans):
+    for r, lang, ws, a, x in zip(results, langs, words, starts, audio):
         silent = r.no_speech_prob > d.no_speech_threshold and r.avg_logprob < d.logprob_threshold
-        segs = [] if silent else window_segments(r.tokens, engine.eot, engine.timestamp_begin, a / rate, b / rate,
-                                                 engine.decode_text)
+        segs = [] if silent else window_segments(r.tokens, engine.eot, engine.timestamp_begin, a / rate,
+                                                 (a + x.size) / rate, engine.decode_text)
         if ws is not None:
             attach_words(segs, ws, a / rate)
-        out.append((segs, {"temperature": r.temperature, "avg_logprob": r.avg_logprob,
-                           "compression_ratio": r.compression_ratio, "no_speech_prob": r.no_speech_prob},
-                    lang, len(r.tokens)))
+        fields = {"temperature": r.temperature, "avg_logprob": r.avg_logprob,
+                  "compression_ratio": r.compression_ratio, "no_speech_prob": r.no_speech_prob}
+        cut = None if silent else unfinished_at(r.tokens, engine.eot, engine.timestamp_begin)
+        if cut is None:
+            out.append(Decoded(segs, fields, lang, len(r.tokens)))
+            continue
+        tail = a + int(round(cut * rate))
+        done = [s for s in segs if s["start"] < a / rate + cut - 1e-6]
+        out.append(Decoded(done, fields, lang, len(r.tokens), tail, segs[len(done):]))
     return out

@@ -17,6 +17,7 @@ import pytest
 
 from batchinf.bundles import import_bundle, local_dir
 from batchinf.controller import drive
+from batchinf.config import settings
 from batchinf.errors import BundleError
 from batchinf.ledger.states import JobStatus
 from batchinf.manifest import parse_manifest
@@ -147,7 +148,12 @@ def test_bad_audio_is_an_error_row_beside_good_files(tiny_en: str, tmp_path: Pat
         "claims-hours.wav": _wav_header(16000, 16000 * 2 * 3 * 3600) + speech[:1600].tobytes(),
         "too-long.wav": wav_bytes(np.tile(speech, int(130 * rate / len(speech)) + 1), rate),
     }
-    res, errs, manifest = _run(tmp_path, files, "bad")
+    settings.cache_clear()          # read once per process: the driver plans here
+    try:
+        res, errs, manifest = _run(tmp_path, files, "bad")
+    finally:
+        monkeypatch.delenv("BATCHINF_MAX_AUDIO_SECONDS")
+        settings.cache_clear()
     codes = {e["record_id"]: e["error"] for e in errs}
     assert codes == {"empty.wav": "empty_audio", "notes.wav": "not_audio", "truncated.wav": "truncated_audio",
                      "noise.wav": "no_speech_found", "claims-hours.wav": "audio_too_long", "too-long.wav": "audio_too_long"}

@@ -2,8 +2,9 @@
 alone pays for 30 s of encoding. Clips that fit are laid end to end, `GAP_SECONDS` of silence
 apart, in one window; the window is decoded with timestamps, and each segment goes back to the
 clip it falls in, its times made the clip's own. A segment that runs across the gap between two
-clips, or a clip that is not silent yet gets no segment, leaves the clip to be decoded alone
-(`split_pack` returns it as unplaced), so packing never costs a word.
+clips leaves both to be decoded alone (`split_pack` returns them as unsure), and a pack where a
+clip with sound gets no text is decoded clip by clip (tasks/transcribe.py), so packing never
+costs a word.
 
 Plain functions: `pack_files` chooses the packs (in the order given, so the same rows give the
 same packs and a retry the same bytes), `pack_samples` builds a pack's window, `split_pack` hands
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 
 GAP_SECONDS = 1.0       # silence between packed clips: Whisper ends a segment at such a pause
-SPILL_SECONDS = 0.3     # how far a segment may reach past the middle of a gap and still be its clip's
+SPILL_SECONDS = 0.5     # how much of another clip's sound a segment may cover and still be one clip's
 
 
 @dataclass(frozen=True)
@@ -66,10 +67,10 @@ def pack_files(sizes: list[int], packable: list[bool], window: int, gap: int) ->
 
 
 def pack_samples(pack: Pack, pcm: list[np.ndarray]) -> np.ndarray:
-    """The pack's window: its files' samples (float32) at their offsets, silence between."""
-    out = np.zeros(pack.samples, np.float32)
+    """The pack's window: its files' samples (int16) at their offsets, silence between."""
+    out = np.zeros(pack.samples, "<i2")
     for f, at, n in zip(pack.files, pack.offsets, pack.sizes):
-        out[at:at + n] = pcm[f][:n].astype(np.float32) / 32768.0
+        out[at:at + n] = pcm[f][:n]
     return out
 
 
@@ -77,20 +78,22 @@ def split_pack(pack: Pack, segments: list[dict[str, Any]], rate: int,
                gap: int) -> tuple[dict[int, list[dict[str, Any]]], list[int]]:
     """A pack's segments (times in the pack) -> ({file: its segments, times its own}, files to
     decode alone). A segment belongs to the file its middle falls in (a file's span reaching half
-    a gap either side); one reaching further than SPILL_SECONDS past that span covers two files,
-    and both are decoded alone."""
+    a gap either side); one that also covers more than SPILL_SECONDS of another file's sound holds
+    words of both, and both are decoded alone. (Timestamps are coarse: a segment may reach into
+    the gaps.)"""
     spans = [((at - gap / 2) / rate, (at + n + gap / 2) / rate) for at, n in zip(pack.offsets, pack.sizes)]
+    sound = [(at / rate, (at + n) / rate) for at, n in zip(pack.offsets, pack.sizes)]
     mine: dict[int, list[dict[str, Any]]] = {f: [] for f in pack.files}
     unsure: set[int] = set()
     for s in segments:
         mid = (s["start"] + s["end"]) / 2
-        k = next((i for i, (a, b) in enumerate(spans) if mid < b), len(spans) - 1)
-        a, b = spans[k]
-        if s["start"] < a - SPILL_SECONDS or s["end"] > b + SPILL_SECONDS:
-            unsure.update(pack.files[i] for i, (x, y) in enumerate(spans) if x < s["end"] and y > s["start"])
+        k = next((i for i, (_, b) in enumerate(spans) if mid < b), len(spans) - 1)
+        others = [i for i, (a, b) in enumerate(sound)
+                  if i != k and min(b, s["end"]) - max(a, s["start"]) > SPILL_SECONDS]
+        if others:
+            unsure.update(pack.files[i] for i in [k, *others])
             continue
-        offset, length = pack.offsets[k] / rate, pack.sizes[k] / rate
-        mine[pack.files[k]].append(_shifted(s, offset, length))
+        mine[pack.files[k]].append(_shifted(s, pack.offsets[k] / rate, pack.sizes[k] / rate))
     return {f: segs for f, segs in mine.items() if f not in unsure}, sorted(unsure)
 
 

@@ -20,12 +20,8 @@ class SpeechRuntime:
         self.engine: Any = None
 
     def load_model(self, threads: int | None = None) -> None:
-        """Load the engine with `threads` intra-op threads (default: what torch was given in this
-        worker process: cores / workers)."""
+        """Load the engine with `threads` intra-op threads (default: the worker's, cores / workers)."""
         from batchinf.runtime.speech.whisper import WhisperEngine
+        from batchinf.runtime.threads import worker_threads
 
-        if threads is None:
-            import torch
-
-            threads = torch.get_num_threads()
-        self.engine = WhisperEngine(self.root, self.meta, self.device, threads)
+        self.engine = WhisperEngine(self.root, self.meta, self.device, threads or worker_threads())
