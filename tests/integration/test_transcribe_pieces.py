@@ -18,6 +18,7 @@ from batchinf import failpoints
 from batchinf.bundles import import_bundle
 from batchinf.controller import cancel, drive
 from batchinf.dispatch import run_shard
+from batchinf.ledger import retry_records
 from batchinf.ledger import shards as shard_repo
 from batchinf.ledger.jobs import get as job_row
 from batchinf.ledger.states import JobStatus
@@ -160,6 +161,8 @@ def test_a_failed_piece_fails_its_file_with_the_reason_and_the_others_succeed(
     assert st["errors"] == {"records": 1, "by_code": {"inference_error": 1}}
     page, _ = page_errors(job_id)
     assert [(r["record_id"], r["error"]) for r in page] == [(LONG, "inference_error")]
+    # so `batchinf retry --errors inference_error` selects the file (all its pieces are planned again)
+    assert retry_records.error_records(job_id, ["inference_error"]) == [(f"file://{tmp_path / 'in' / LONG}", 0)]
     assert verify_output(str(tmp_path / "out"))["ok"]
 
 
