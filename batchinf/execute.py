@@ -1,7 +1,10 @@
 """Execute: run one leased shard and checkpoint it under its fencing token.
 
 Outputs go to attempt-scoped keys (`<work>/attempts/<shard>/a<N>/...`); only the committed
-attempt's keys are recorded in the ledger, and only those are promoted at publish.
+attempt's keys are recorded in the ledger, and only those are promoted at publish. Rows that are
+pieces of a record (a long audio file staged in several rows) give piece outputs, written beside
+the part (`pieces.parquet`, named in the part's footer: parts.pieces_footer) and assembled into
+their records' rows at publish.
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ from batchinf.heartbeat import Heartbeat
 from batchinf.ledger import leases
 from batchinf.ledger import splits
 from batchinf.ledger.models import Lease, Shard, ShardResult
-from batchinf.parts import (ERROR_SCHEMA, STAGE_ROW_GROUP, AttemptFiles, PartWriter, error_row, open_parquet, read_table,
-                            write_table)
+from batchinf.parts import (ERROR_SCHEMA, PIECES_FILE, STAGE_ROW_GROUP, AttemptFiles, PartWriter, error_row,
+                            open_parquet, pieces_footer, read_table, write_table)
 from batchinf.planning.shard_names import shard_id
 from batchinf.retry_policy import retrying
 from batchinf.store import get_store, join
@@ -136,6 +139,14 @@ def _split_children(job_work_uri: str, shard: Shard, lease: Lease, rest: np.ndar
     return children
 
 
+def _attempt_of(pieces: pa.Table, attempt: int) -> pa.Table:
+    """Piece outputs with the attempt that computed a failed piece (`attempts`, as its error row will
+    have it); a piece that succeeded names none, so a retry writes the same bytes."""
+    failed = pieces.column("error").is_valid().to_pylist()
+    return pieces.set_column(pieces.schema.get_field_index("attempts"), "attempts",
+                             pa.array([attempt if f else None for f in failed], pa.int32()))
+
+
 def _columns(staged: pa.Table | pa.RecordBatch) -> dict[str, list[Any]]:
     c = {name: staged.column(name).to_pylist() for name in staged.schema.names if name != "source"}
     c["source"] = staged.column("source").cast(pa.string()).to_pylist()
@@ -185,6 +196,7 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
     tokens = {"input": 0, "output": 0, "real": 0, "padded": 0}
     results = PartWriter(task.result_schema(runtime.meta, m.options))
     failures = PartWriter(ERROR_SCHEMA)
+    pieces = PartWriter(task.piece_schema) if task.piece_schema is not None else None
     done = done_tokens = 0          # records (and their staged tokens) computed so far
     rest: np.ndarray | None = None  # when splitting: staged positions of the records left to children
     chunk = sizing.split_chunk_work()         # 0: no splitting; else at least a batch a chunk
@@ -223,6 +235,8 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
             errors = _staged_errors(c, lease.attempt) + _inference_errors(c, run.failures, lease.attempt, run.codes)
             results.write(run.table)
             failures.write(pa.Table.from_pylist(errors, schema=ERROR_SCHEMA))
+            if run.pieces is not None and pieces is not None:
+                pieces.write(_attempt_of(run.pieces, lease.attempt))
             error_rows += errors
             for k in tokens:
                 tokens[k] += run.tokens.get(k, 0)
@@ -241,10 +255,17 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
     except BaseException:
         results.discard()
         failures.discard()
+        if pieces is not None:
+            pieces.discard()
         raise
 
     failpoints.hit("execute.before_write")
-    out_sha, out_rows = results.finish(out_uri)
+    footer = None
+    if pieces is not None and pieces.rows:
+        footer = pieces_footer(*pieces.finish(join(base, PIECES_FILE)))
+    elif pieces is not None:
+        pieces.discard()
+    out_sha, out_rows = results.finish(out_uri, footer)
     err_sha, err_rows = failures.finish(err_uri)
     failpoints.hit("execute.after_write")
     result = ShardResult(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import threading
@@ -72,7 +73,10 @@ class PartWriter:
             self.writer.write_table(table)
             self.rows += table.num_rows
 
-    def finish(self, uri: str) -> tuple[str, int]:
+    def finish(self, uri: str, metadata: dict[str, str] | None = None) -> tuple[str, int]:
+        """Close the file (with `metadata` in its footer), upload it; its (sha256, rows)."""
+        if metadata:
+            self.writer.add_key_value_metadata(metadata)
         self.writer.close()
         try:
             digest = sha256_file(self.path)
@@ -85,6 +89,29 @@ class PartWriter:
         self.writer.close()
         if os.path.exists(self.path):
             os.unlink(self.path)
+
+
+# An attempt whose task returned piece outputs (`RunOutput.pieces`: pieces of records staged in
+# several rows) writes them beside its part, and names them in its part's footer under PIECES_KEY
+# with their sha256 and rows, so the part's digest in the ledger vouches for them too.
+PIECES_FILE = "pieces.parquet"
+PIECES_KEY = "batchinf.pieces"
+
+
+def pieces_footer(sha256: str, rows: int) -> dict[str, str]:
+    """The part footer entry naming the attempt's piece outputs (beside the part, PIECES_FILE)."""
+    return {PIECES_KEY: json.dumps({"key": PIECES_FILE, "sha256": sha256, "rows": rows})}
+
+
+def pieces_of(part_uri: str, part_path: str) -> dict[str, Any] | None:
+    """The piece outputs a part's footer names (uri, sha256, rows), read from its local copy; None
+    when it names none."""
+    meta = pq.read_metadata(part_path).metadata or {}
+    raw = meta.get(PIECES_KEY.encode())
+    if raw is None:
+        return None
+    ref = json.loads(raw)
+    return {"uri": join(part_uri.rsplit("/", 1)[0], ref["key"]), "sha256": ref["sha256"], "rows": int(ref["rows"])}
 
 
 STAGED_FILES = "files"    # under an attempt's prefix: the files it writes besides its parts

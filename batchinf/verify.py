@@ -3,6 +3,7 @@ write `_MANIFEST.json` and, last, `_SUCCESS`. Nothing else writes those two file
 
 Coverage: every pinned input record, identified by (source object, ordinal), appears exactly
 once across result and error parts, and no record id succeeds twice.
+Records staged in pieces are read with the parts and published as parts of their own (assembly.py).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from batchinf.ledger.events import now
 from batchinf.ledger.models import Job, Shard
 from batchinf.ledger.states import SHARD_DONE, JobStatus, ShardStatus
 from batchinf.openai.output import RenderContext, fingerprint, render_not_run, render_to_path
+from batchinf.assembly import Pieces, assembled_parts
 from batchinf.parts import local_copy, staged_file
 from batchinf.store import get_store, join, normalize_uri
 from batchinf.store.base import transient_os_error
@@ -155,8 +157,15 @@ def _committed_parts(rows: list[Shard]) -> tuple[list[dict[str, Any]], list[str]
 class Published:
     """What the output documents need from the parts, read once each."""
     parts: list[dict[str, Any]]          # the promoted parts, then their OpenAI renderings
-    summary: dict[str, Any]              # the task's counts (`Task.summarize`) when asked for
+    summary: dict[str, Any]              # the task's counts (`Task.summarize`) when asked for; `pieces`: assembly.py
     files: list[dict[str, Any]] = field(default_factory=list)   # the task's other files (`Task.output_files`)
+    errors: list[dict[str, Any]] = field(default_factory=list)  # assembled error rows, for the ledger's record errors
+
+    @property
+    def assembled(self) -> tuple[int, int]:
+        """(succeeded, failed): the records assembled from pieces, which no shard's rows count."""
+        c = self.summary.get("pieces") or {}
+        return int(c.get("succeeded", 0)), int(c.get("failed", 0))
 
 
 def _promote_parts(job: Job, rows: list[Shard], coverage: Coverage | None, summarize: bool,
@@ -174,15 +183,19 @@ def _promote_parts(job: Job, rows: list[Shard], coverage: Coverage | None, summa
     tables: list[pa.Table] = []
     staged = StagedFiles(out)
     rendered: list[tuple[dict[str, Any], str]] = []
+    pieces = Pieces(task, read_part) if task.piece_schema is not None else None
     with tempfile.TemporaryDirectory() as tmp:
         for n, (p, src) in enumerate(zip(parts, sources)):
-            columns = (COVERAGE_COLUMNS if coverage else []) + (wanted if p["kind"] == "results" else [])
+            covered = coverage is not None or (pieces is not None and p["kind"] == "errors")
+            columns = (COVERAGE_COLUMNS if covered else []) + (wanted if p["kind"] == "results" else [])
             with read_part(src, columns or None) as got:
                 if (got.sha256, got.rows) != (p["sha256"], p["rows"]):
                     raise VerificationError(f"{src} (shard {p['shard']}) has sha256 {got.sha256[:12]}… and {got.rows} "
                                             f"rows; the ledger committed {p['sha256'][:12]}… and {p['rows']}")
                 if coverage is not None:
                     coverage.add(src, p["kind"], got.table)
+                if pieces is not None:
+                    pieces.add_part(p["kind"], src, p["shard"], got)
                 if wanted and p["kind"] == "results":
                     tables.append(got.table.select(wanted))
                     if task.stages_files:
@@ -194,17 +207,37 @@ def _promote_parts(job: Job, rows: list[Shard], coverage: Coverage | None, summa
                     sha, lines = render_to_path(got.path, p["kind"], ctx, local, staged.read)
                     rendered.append(({"key": f"openai/part-{n:05d}.jsonl", "kind": "openai", "sha256": sha,
                                       "rows": lines, "from": p["key"]}, local))
+        assembled, counts, errors = [], {}, []
+        if pieces is not None:
+            pieces.add_empty_parts(rows)
+            got_pieces, counts = pieces.assemble(complete=coverage is not None)
+            if got_pieces is not None:
+                assembled = assembled_parts(got_pieces, parts, pieces.shards, tmp)
+                errors = pieces.ledger_rows(got_pieces.errors)
+            for n, (p, local, table) in enumerate(assembled, len(parts)):
+                if coverage is not None:
+                    coverage.add(local, p["kind"], table.select(COVERAGE_COLUMNS))
+                if p["kind"] == "results":
+                    if wanted:
+                        tables.append(table.select(wanted))
+                    if task.renders(job.manifest.options):     # subtitles from the stitched rows
+                        rendered += _task_files(task, job, local, p["key"], tmp, n)
         if coverage is not None:
             coverage.check()
         staged.check()
         store = get_store(out)
         for p, src in zip(parts, sources):
             store.copy(src, join(out, p["key"]))
+        for p, local, _ in assembled:
+            store.put_file(join(out, p["key"]), local)
         staged.promote()
         for r, local in rendered:
             store.put_file(join(out, r["key"]), local)
-    return Published(parts + [r for r, _ in rendered], task.summarize(tables) if summarize else {},
-                     task.output_files(tables) if wanted else [])
+    summary = task.summarize(tables) if summarize else {}
+    if counts:
+        summary["pieces"] = counts
+    return Published(parts + [p for p, _, _ in assembled] + [r for r, _ in rendered], summary,
+                     task.output_files(tables) if wanted else [], errors)
 
 
 FILE_THREADS = 8    # staged files checked, then copied, this many at a time
@@ -343,18 +376,26 @@ def publish_partial(job: Job) -> dict[str, Any]:
     if ctx is not None:     # and an OpenAI error line for each request not run
         parts += _render_not_run(job, rows, "batch_expired" if expired else "batch_cancelled", ctx)
     done = [r for r in rows if r.status == ShardStatus.COMMITTED]
+    counts = {"records_total": job.records_total,
+              "records_done": sum(r.num_records for r in done),
+              "records_succeeded": sum(r.output_rows or 0 for r in done),
+              "records_failed": sum(r.error_rows or 0 for r in done),
+              "records_not_done": sum(r.num_records for r in rows if r.status != ShardStatus.COMMITTED)}
+    if job.plan.get("pieces"):      # a shard's records are rows; a record staged in pieces is published whole
+        ok, failed = published.assembled
+        counts["records_succeeded"] += ok
+        counts["records_failed"] += failed
+        counts["records_done"] = counts["records_succeeded"] + counts["records_failed"]
+        counts["records_not_done"] = (job.records_total or 0) - counts["records_done"]
     partial = {
         "job_id": job.id, "status": (JobStatus.EXPIRED if expired else JobStatus.CANCELLED).value, "reason": job.error,
         "bundle_digest": job.bundle_digest, "precision": _precision(job), "output_uri": job.output_uri,
         "inputs": _inputs(job),
         "parts": parts,
-        "counts": {"records_total": job.records_total,
-                   "records_done": sum(r.num_records for r in done),
-                   "records_succeeded": sum(r.output_rows or 0 for r in done),
-                   "records_failed": sum(r.error_rows or 0 for r in done),
-                   "records_not_done": sum(r.num_records for r in rows if r.status != ShardStatus.COMMITTED)},
-        # records of a done shard are exactly the rows of its parts; a not-done shard's records
-        # are listed (source, ordinal, record_id) in its staged file until the work prefix is removed
+        "counts": counts,
+        # records of a done shard are exactly the rows of its parts (and, staged in pieces, of the
+        # assembled parts); a not-done shard's records are listed (source, ordinal, record_id) in
+        # its staged file until the work prefix is removed
         "shards_done": [{"shard": r.id, "records": r.num_records} for r in done],
         "shards_not_done": [{"shard": r.id, "status": r.status, "records": r.num_records,
                              "staged_records": r.input_uri} for r in rows if r.status != ShardStatus.COMMITTED],
@@ -367,7 +408,8 @@ def publish_partial(job: Job) -> dict[str, Any]:
         partial["openai"] = ctx.to_dict()
     get_store(job.output_uri).put_bytes(join(job.output_uri, PARTIAL), json.dumps(partial, indent=1).encode())
     job_repo.move(job.id, JobStatus.EXPIRED if expired else JobStatus.CANCELLED, detail={"parts": len(parts)},
-                  finished_at=now())
+                  finished_at=now(), errors=published.errors,
+                  **({"summary": json.dumps(published.summary)} if published.summary else {}))
     return partial
 
 
@@ -383,9 +425,9 @@ def _output_manifest(job: Job, rows: list[Shard], inputs: list[dict[str, Any]], 
         "bundle_digest": job.bundle_digest, "implementation": _implementation(job.bundle_digest),
         "precision": _precision(job),
         "input_uri": job.input_uri, "output_uri": job.output_uri, "inputs": inputs, "parts": published.parts,
-        "counts": {"records_total": job.records_total, "records_succeeded": sums["output_rows"],
-                   "records_failed": sums["error_rows"], "records_truncated": plan.get("truncated", 0),
-                   **published.summary},
+        "counts": {"records_total": job.records_total, "records_succeeded": sums["output_rows"] + published.assembled[0],
+                   "records_failed": sums["error_rows"] + published.assembled[1],
+                   "records_truncated": plan.get("truncated", 0), **published.summary},
         "tokens": {"input": sums["tokens_input"], "output": sums["tokens_output"],
                    "real": sums["tokens_real"], "padded": sums["tokens_padded"]},
         "shards": {"total": len(rows), "bucket_bounds": plan.get("bucket_bounds", [])},
@@ -427,6 +469,7 @@ def publish(job: Job) -> dict[str, Any]:
     store.put_bytes(join(out, MANIFEST), json.dumps(output_manifest, indent=1).encode())
     store.put_bytes(join(out, SUCCESS), b"")
     job_repo.move(job_id, JobStatus.SUCCEEDED, detail={"parts": len(output_manifest["parts"])}, finished_at=now(),
+                  errors=published.errors,
                   verify_seconds=output_manifest["timings"]["verify"],
                   summary=json.dumps(published.summary) if published.summary else None)
     store.delete_prefix(job.work_uri)

@@ -81,7 +81,9 @@ class JobView(BaseModel):
     errors: ErrorSummary
     summary: dict[str, Any] | None = Field(description="once published, the task's summary of its results, as in "
                                            "_MANIFEST.json counts: `labels` (classify, classify_image: records "
-                                           "per label), `score_histogram` and `scores` (score)")
+                                           "per label), `score_histogram` and `scores` (score), `audio_seconds` "
+                                           "and `pieces` (transcribe: files stitched from pieces, counted in "
+                                           "`counts` once published)")
     error: str | None = Field(description="why the job failed or stopped")
     deadline_at: float | None = Field(description="UNIX seconds, like every timestamp here")
     created_at: float

@@ -13,9 +13,9 @@ from batchinf.errors import LedgerError
 from batchinf.ledger import events
 from batchinf.ledger.db import tx
 from batchinf.ledger.events import now
-from batchinf.ledger.models import InputObject, Job
+from batchinf.ledger.models import InputObject, Job, bounded_error
 from batchinf.ledger.states import JOB_ACTIVE, SHARD_DONE, JobStatus, job_sources, values
-from batchinf.ledger.tables import job_events, job_inputs, jobs, retry_records, shards
+from batchinf.ledger.tables import job_events, job_inputs, jobs, record_errors, retry_records, shards
 from batchinf.store import ObjectPin
 
 
@@ -34,9 +34,16 @@ def transition(conn: Connection, job_id: str, to: JobStatus, *, detail: Any = No
     return True
 
 
-def move(job_id: str, to: JobStatus, *, detail: Any = None, **fields: Any) -> bool:
+def move(job_id: str, to: JobStatus, *, detail: Any = None, errors: list[dict[str, Any]] | None = None,
+         **fields: Any) -> bool:
+    """`transition` in a transaction of its own; when it moves the job, `errors` (error rows with
+    their `shard_id`: those publish assembled for records staged in pieces, which no shard
+    committed as rows) join the job's record errors in the same transaction, so once."""
     with tx() as conn:
-        return transition(conn, job_id, to, detail=detail, **fields)
+        moved = transition(conn, job_id, to, detail=detail, **fields)
+        if moved and errors:
+            conn.execute(insert(record_errors), [bounded_error(dict(e, job_id=job_id)) for e in errors])
+        return moved
 
 
 def fail(job_id: str, reason: str) -> bool:

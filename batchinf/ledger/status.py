@@ -134,13 +134,30 @@ def _waiting(row: Any, counts: dict[str, int]) -> str | None:
             f"{row.engine} --device {row.device}`, or `batchinf serve --engine {row.engine} --device {row.device}`)")
 
 
+def _pieces_planned(row: Any) -> int:
+    """The staged rows of the job's plan that continue a record staged in pieces (a long audio
+    file in several rows): shards count rows, the job's counts records."""
+    if not row.plan or '"pieces"' not in row.plan:
+        return 0
+    return int(json.loads(row.plan).get("pieces") or 0)
+
+
 def _status(row: Any, totals: tallies.JobTallies, worker_seconds: float, in_running: int = 0) -> dict[str, Any]:
     """`counts.records_done` is the committed shards' records plus those the running shards'
-    heartbeats report done (a generate shard shows progress before it commits)."""
+    heartbeats report done (a generate shard shows progress before it commits). A job with records
+    staged in pieces counts rows there: its records done are its rows done scaled to its records
+    (never past them), and a record staged in pieces counts as succeeded or failed once it is
+    published (its rows are no shard's output or error rows; the job's summary `pieces` counts it)."""
     done_sums = totals.shard_sums(ShardStatus.COMMITTED.value)
     ok, failed, tok_in, tok_real, tok_padded = (done_sums.output_rows, done_sums.error_rows, done_sums.tokens_input,
                                                 done_sums.tokens_real, done_sums.tokens_padded)
     done = done_sums.records + in_running
+    if (pieces := _pieces_planned(row)) and row.records_total is not None:
+        done = min(row.records_total, done * row.records_total // (row.records_total + pieces))
+    summary = json.loads(row.summary) if row.summary else None
+    if summary and isinstance(summary.get("pieces"), dict):
+        ok += int(summary["pieces"].get("succeeded", 0))
+        failed += int(summary["pieces"].get("failed", 0))
     counts = {st: t.n for st, t in totals.shards.items() if t.n}
     by_code = totals.errors_by_code
     total = sum(counts.values())
@@ -179,7 +196,7 @@ def _status(row: Any, totals: tallies.JobTallies, worker_seconds: float, in_runn
             "price_per_worker_hour": price, "total": cost,
             "per_1000_records": cost / done * 1000 if done else None},
         "errors": {"records": sum(by_code.values()), "by_code": by_code},
-        "summary": json.loads(row.summary) if row.summary else None,
+        "summary": summary,
         "error": row.error, "deadline_at": row.deadline_at, "created_at": row.created_at,
         "updated_at": row.updated_at, "started_at": row.started_at, "finished_at": row.finished_at,
     }

@@ -41,7 +41,9 @@ class StagedMismatch(BatchinfError):
     """A staged object disagrees with its own summary (changed or truncated after planning)."""
 
 
-Dups = dict[int, dict[int, tuple[int, str]]]        # object -> ordinal -> (n_tokens, message)
+# object -> ordinal -> (the token lengths of the record's staged rows: one, or one per piece of a
+# record staged in pieces (tasks/base.py PIECE), shortest first; message)
+Dups = dict[int, dict[int, tuple[list[int], str]]]
 Slice = tuple[int, int, int]                        # (object, token length, records)
 
 
@@ -109,9 +111,13 @@ def _duplicates_in(t: pa.Table, uris: list[str], out: Dups) -> None:
     n_tokens = t.column("n_tokens").to_numpy()
     for p, rid in zip(dup.tolist(), ids.take(pa.array(dup)).to_pylist()):
         f = first[p]
-        out.setdefault(int(obj[p]), {})[int(ordinal[p])] = (
-            int(n_tokens[p]), f"{uris[obj[p]]} record {ordinal[p]}: id {rid!r} duplicates the record at "
-                              f"{uris[obj[f]]} record {ordinal[f]}; ids must be unique in a job")
+        if (obj[p], ordinal[p]) == (obj[f], ordinal[f]):
+            continue        # another piece of the first record (a record staged in pieces has one id in each)
+        mine = out.setdefault(int(obj[p]), {})
+        lengths = mine.get(int(ordinal[p]), ([], ""))[0]
+        mine[int(ordinal[p])] = (sorted(lengths + [int(n_tokens[p])]),
+                                 f"{uris[obj[p]]} record {ordinal[p]}: id {rid!r} duplicates the record at "
+                                 f"{uris[obj[f]]} record {ordinal[f]}; ids must be unique in a job")
 
 
 def bounds_from_histogram(hist: dict[int, int], max_records: int, max_buckets: int = 32) -> list[int]:
@@ -267,7 +273,8 @@ def cursors(paths: list[str], keeps: list[set[int] | None], dups: Dups, *, inval
             windows: list[tuple[int, int] | None] | None = None, shared: SharedFiles | None = None,
             rows: list[int] | None = None) -> list[Cursor]:
     """One cursor per object over its kept valid rows (duplicates aside) or its kept invalid ones
-    (duplicates included, with their error and message); `shifts` renumber each one's rows first
+    (duplicates included, with their error and message: of a duplicate staged in pieces, its first
+    row in stage order, its shortest, alone); `shifts` renumber each one's rows first
     (a part of an object, planning/ranges.py); `windows`: a group member's rows in its group's
     file (read through `shared`; `rows`: how many each cursor will take, none: never read)."""
     out = []
@@ -279,14 +286,23 @@ def cursors(paths: list[str], keeps: list[set[int] | None], dups: Dups, *, inval
         dup_ordinals = np.fromiter(mine, dtype=np.int64, count=len(mine))
         keep = None if keeps[o] is None else np.fromiter(keeps[o], dtype=np.int64, count=len(keeps[o]))
 
-        def accept(t: pa.Table, dup_ordinals: np.ndarray = dup_ordinals, keep: np.ndarray | None = keep) -> np.ndarray:
+        seen: set[int] = set()      # duplicates given out (a duplicate's other pieces are dropped)
+
+        def accept(t: pa.Table, dup_ordinals: np.ndarray = dup_ordinals, keep: np.ndarray | None = keep,
+                   seen: set[int] = seen) -> np.ndarray:
             ordinal = t.column("ordinal").to_numpy()
             bad = t.column("error").is_null().to_numpy(zero_copy_only=False) == False  # noqa: E712
-            bad |= np.isin(ordinal, dup_ordinals)
+            dup = np.isin(ordinal, dup_ordinals)
+            bad |= dup
             ok = bad if invalid else ~bad
+            if invalid and dup.any():
+                for i in np.flatnonzero(dup):
+                    if int(ordinal[i]) in seen:
+                        ok[i] = False
+                    seen.add(int(ordinal[i]))
             return ok if keep is None else ok & np.isin(ordinal, keep)
 
-        def fix(t: pa.Table, mine: dict[int, tuple[int, str]] = mine) -> pa.Table:
+        def fix(t: pa.Table, mine: dict[int, tuple[list[int], str]] = mine) -> pa.Table:
             if not mine:
                 return t
             ords = t.column("ordinal").to_pylist()
@@ -342,17 +358,19 @@ def shard_table(shard: PlannedShard, readers: list[PartsCursor], source_uris: pa
 def merge(summaries: list[dict[str, Any]], keeps: list[set[int] | None], dups: Dups
           ) -> tuple[list[dict[int, int]], list[dict[int, int]], Counter[str]]:
     """Per-object valid and invalid length histograms and invalid counts by code, with the kept
-    duplicates moved from valid to invalid."""
+    duplicates moved from valid to invalid (a duplicate staged in pieces: all its rows leave the
+    valid ones, its shortest alone is its invalid row, `cursors`)."""
     valid = [{int(L): int(c) for L, c in s["valid"]} for s in summaries]
     invalid = [{int(L): int(c) for L, c in s["invalid"]} for s in summaries]
     by_code: Counter[str] = Counter()
     for s in summaries:
         by_code.update(s["invalid_by_code"])
     for o, mine in dups.items():
-        for ordinal, (length, _) in mine.items():
+        for ordinal, (lengths, _) in mine.items():
             if keeps[o] is None or ordinal in keeps[o]:
-                valid[o][length] -= 1
-                invalid[o][length] = invalid[o].get(length, 0) + 1
+                for length in lengths:
+                    valid[o][length] -= 1
+                invalid[o][lengths[0]] = invalid[o].get(lengths[0], 0) + 1
                 by_code["duplicate_id"] += 1
     return valid, invalid, by_code
 

@@ -43,6 +43,8 @@ class ObjectTask:
     splittable: bool = True     # False: planned whole whatever its size (a retry job plans chosen ordinals)
     part: Range | None = None    # the part of the object this task plans (planning/ranges.py); None: all of it
     output_uri: str = ""         # the job's output prefix (generate_image stages where its images go)
+    shard_work: int = 0          # the manifest's shards.max_tokens: the most work a shard holds (a task that
+                                 # stages a long record in pieces keeps each piece within it)
 
 
 def stage_uri(work_uri: str, idx: int) -> str:
@@ -111,7 +113,7 @@ class Planning:
         return ObjectTask(obj.idx, obj.pin, m.input.format, m.input.id_field, self.field, job.bundle_digest,
                           self.max_length, self.truncate, stage_uri(job.work_uri, obj.idx), task=m.task,
                           kind=self.kind, options=m.options, input=m.input, may_read=self.may_read,
-                          splittable=not job.retry_of, output_uri=job.output_uri)
+                          splittable=not job.retry_of, output_uri=job.output_uri, shard_work=m.shards.max_tokens)
 
     def object_tasks(self) -> list[ObjectTask]:
         """Every object's task, in pinned order (the global step's: one ledger read)."""

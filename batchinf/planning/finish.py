@@ -110,8 +110,10 @@ def finish_plan(job: Job, workers: int | None = None) -> None:
                 "updated_at": now()})
 
     records = sum(s["records"] for s in summaries)
+    # rows that continue a record staged in pieces (tasks/base.py PIECE): shards count rows, the job records
+    pieces = sum(r["num_records"] for r in shard_rows) - records
     plan_info = {"bucket_bounds": bounds, "max_length": planning.max_length if tasks else None, "objects": len(uris),
-                 "records": records, "invalid": sum(by_code.values()),
+                 "records": records, **({"pieces": pieces} if pieces > 0 else {}), "invalid": sum(by_code.values()),
                  "truncated": sum(s["truncated"] for s in summaries),
                  "tokens": sum(s["tokens"] for s in summaries), "padded_tokens": padded,
                  "workers": workers, "shard_work": target,

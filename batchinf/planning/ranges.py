@@ -140,7 +140,8 @@ def combined(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     added up; the id samples stay per part (the duplicate check reads the parts' ids files)."""
     if len(summaries) == 1:
         return summaries[0]
-    out: dict[str, Any] = {k: sum(s[k] for s in summaries) for k in ("rows", "records", "tokens", "truncated", "ids")}
+    out: dict[str, Any] = {k: sum(s.get(k, 0) for s in summaries)
+                           for k in ("rows", "records", "continued", "tokens", "truncated", "ids")}
     for key in ("valid", "invalid", "valid_extra"):
         total: Counter[int] = Counter()
         for s in summaries:

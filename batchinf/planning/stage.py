@@ -29,8 +29,8 @@ from batchinf.ledger.states import JobStatus
 from batchinf.parts import STAGE_ROW_GROUP, write_scratch_table
 from batchinf.planning.context import ObjectTask, Planning, group_uri, object_groups, part_count
 from batchinf.planning.ranges import part_records
-from batchinf.planning.summary import (IDS_ROW_GROUP, has_ids_file, ids_uri, in_stage_order, read_summary, summarize,
-                                       valid_ids, with_summary)
+from batchinf.planning.summary import (IDS_ROW_GROUP, has_ids_file, ids_uri, in_stage_order, read_summary,
+                                       record_count, summarize, valid_ids, with_summary)
 from batchinf.store import get_store
 
 
@@ -43,7 +43,7 @@ def stage_part(planning: Planning, task: ObjectTask, keep: set[int] | None = Non
     # last, its summary in its footer: the part is staged (a torn one has no footer). Row groups
     # of STAGE_ROW_GROUP: the global step's cursors hold one at a time, not the whole part
     write_scratch_table(task.stage_uri, with_summary(table, summary), row_group_size=STAGE_ROW_GROUP)
-    return table.num_rows
+    return record_count(summary)
 
 
 def stage_group(planning: Planning, tasks: list[ObjectTask], keeps: list[set[int] | None], uri: str) -> list[int]:
@@ -61,7 +61,7 @@ def stage_group(planning: Planning, tasks: list[ObjectTask], keeps: list[set[int
         members.append(summary)
     write_scratch_table(uri, with_summary(pa.concat_tables(tables), {"group": members}),
                         row_group_size=STAGE_ROW_GROUP)
-    return [t.num_rows for t in tables]
+    return [record_count(s) for s in members]
 
 
 def _staged_table(planning: Planning, task: ObjectTask, keep: set[int] | None) -> tuple[pa.Table, dict[str, Any]]:
@@ -168,7 +168,7 @@ def _staged_records(tasks: list[ObjectTask]) -> int | None:
     at first: while parts are still planning, one look tells)."""
     if not all(_staged(t) for t in reversed(tasks)):
         return None
-    return sum(read_summary(t.stage_uri)["rows"] for t in tasks)
+    return sum(record_count(read_summary(t.stage_uri)) for t in tasks)
 
 
 def plan_objects(job: Job, idxs: list[int], processes: int) -> None:

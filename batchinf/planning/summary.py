@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from batchinf.store import get_store, parse_uri
 from batchinf.store.base import missing_error
+from batchinf.tasks.base import PIECE
 
 ID_SAMPLES = 128          # ids sampled per object: the global step splits the id space with them
 IDS_ROW_GROUP = 8192      # rows per row group of an ids file: reading one id range skips the others
@@ -37,8 +38,22 @@ def ids_uri(stage_uri: str) -> str:
 
 def in_stage_order(table: pa.Table) -> pa.Table:
     """Staged rows sorted by (token length, ordinal): the records of one length are one row range,
-    in the order the global step cuts them into shards."""
-    return table.sort_by([("n_tokens", "ascending"), ("ordinal", "ascending")])
+    in the order the global step cuts them into shards (a record's pieces of one length, by piece)."""
+    keys = [("n_tokens", "ascending"), ("ordinal", "ascending")]
+    return table.sort_by(keys + ([(PIECE, "ascending")] if PIECE in table.schema.names else []))
+
+
+def continued(table: pa.Table | pa.RecordBatch) -> np.ndarray:
+    """Rows that continue a record staged in pieces (tasks/base.py PIECE): work, not records."""
+    if PIECE not in table.schema.names:
+        return np.zeros(table.num_rows, dtype=bool)
+    return pc.fill_null(table.column(PIECE), 0).to_numpy(zero_copy_only=False) > 0
+
+
+def record_count(summary: dict[str, Any]) -> int:
+    """The records of a staged object (part), from its summary: its rows, less those that continue
+    a record staged in pieces."""
+    return int(summary["rows"]) - int(summary.get("continued", 0))
 
 
 def kept_mask(table: pa.Table, keep: set[int] | None) -> np.ndarray:
@@ -76,6 +91,7 @@ def summarize(table: pa.Table, keep: set[int] | None, ids: pa.Table) -> dict[str
     counts (records, tokens, truncated, invalid by code), and an evenly spaced sample of its
     sorted valid ids with the number of ids each stands for."""
     kept = kept_mask(table, keep)
+    more = continued(table)
     n_tokens = table.column("n_tokens").to_numpy().astype(np.int64)
     errors = table.column("error")
     valid = errors.is_null().to_numpy(zero_copy_only=False)
@@ -83,7 +99,9 @@ def summarize(table: pa.Table, keep: set[int] | None, ids: pa.Table) -> dict[str
     step = max(1, -(-ids.num_rows // ID_SAMPLES))
     bad = errors.filter(pa.array(kept & ~valid)).value_counts()
     return {
-        "rows": table.num_rows, "records": int(kept.sum()), "tokens": int(n_tokens[kept].sum()),
+        # rows: staged rows; records: kept records (a record staged in pieces once: `continued` rows aside)
+        "rows": table.num_rows, "records": int((kept & ~more).sum()), "continued": int(more.sum()),
+        "tokens": int(n_tokens[kept].sum()),
         "truncated": int(truncated[kept].sum()),
         "valid": _histogram(n_tokens[kept & valid]), "invalid": _histogram(n_tokens[kept & ~valid]),
         "invalid_by_code": {str(v["values"]): int(v["counts"]) for v in bad.to_pylist()},

@@ -9,6 +9,9 @@ A task
   own length measure in the staged `n_tokens` column (what buckets and shards are cut by),
 - runs a staged batch on a runtime (`run`) into rows of its result schema (`result_schema`),
 - summarises its results for `_MANIFEST.json` (`summary_columns` + `summarize`),
+- may stage one long record as several consecutive rows (`PIECE`: transcribe's long files), run
+  them on any shards and workers, and assemble their outputs into the record's one row at
+  publish (`piece_schema`, `RunOutput.pieces`, `assemble`),
 - detects its models at bundle import (`detects`), builds their bundle.json with fixtures
   (`build_meta`), and opens and checks a runtime for them (`open_runtime`).
 """
@@ -29,6 +32,11 @@ STAGE_FIELDS = [
 ]
 STAGE_SCHEMA = pa.schema(STAGE_FIELDS + [("input_ids", pa.list_(pa.int32()))])
 RECORD_FIELDS = [("record_id", pa.string()), ("source", pa.string()), ("ordinal", pa.int64())]
+# A staged column of a task that stages a long record as several rows ("pieces", each a share of
+# its work, run on any shard): the piece's number, 0 for the first (or only) row of a record.
+# Rows of a number above 0 continue a record: planning counts them as work (rows of shards),
+# never as records; the record is its first row's (duplicate ids, error rows, counts).
+PIECE = "piece"
 
 # Input fields each task may read; a field of another task is refused by name.
 INPUT_FIELDS = ("text_field", "prompt_field", "messages_field", "query_field", "document_field",
@@ -50,6 +58,20 @@ class RunOutput:
     tokens: dict[str, int] = field(default_factory=lambda: {"input": 0, "output": 0, "real": 0, "padded": 0})
     deferred: list[int] = field(default_factory=list)
     codes: dict[int, str] = field(default_factory=dict)     # error codes of failures other than inference_error
+    pieces: pa.Table | None = None  # rows of the task's `piece_schema`: the outputs of staged rows that are pieces
+                                    # of a record (neither result nor error rows: `Task.assemble` makes those)
+
+
+@dataclass
+class Assembled:
+    """`Task.assemble`'s answer: one result row (of the result schema) or one error row per record
+    whose pieces were all given; the records some of whose pieces are missing (`incomplete`:
+    (source, ordinal) -> what is missing); and the piece rows it used."""
+    results: pa.Table
+    errors: list[dict[str, Any]]            # record_id, source, ordinal, error, message, attempts, and the
+                                            # piece (its number) the error is charged to
+    incomplete: dict[tuple[str, int], str]
+    rows: int
 
 
 class Task:
@@ -66,6 +88,8 @@ class Task:
     uses_torch: ClassVar[bool] = True           # its native runtime computes with PyTorch
     stages_files: ClassVar[bool] = False        # `run` stages files besides its rows (`files`), published
                                                 # from the rows' `output_files`
+    piece_schema: ClassVar[pa.Schema | None] = None     # a task staging long records in pieces (`PIECE`):
+                                                        # the rows of its `RunOutput.pieces`
 
     # --- manifest ---------------------------------------------------------------------------
     def input_problem(self, inp: Any) -> str | None:
@@ -129,6 +153,13 @@ class Task:
     def summarize(self, tables: Iterable[pa.Table]) -> dict[str, Any]:
         """Extra `_MANIFEST.json` counts from the result parts' `summary_columns`."""
         return {}
+
+    def assemble(self, pieces: pa.Table, failed: set[tuple[str, int]]) -> Assembled:
+        """Piece outputs (rows of `piece_schema` from every committed attempt that ran pieces) ->
+        one result or error row per record whose pieces are all there, in (source, ordinal) order;
+        the records in `failed` (a committed error row names them already: a poison piece) are
+        left out. Called at publish (verify.py) for a task with a `piece_schema`."""
+        raise NotImplementedError
 
     def output_files(self, tables: Iterable[pa.Table]) -> list[dict[str, Any]]:
         """Files besides the parts the task staged (`stages_files`; generate_image's images), for

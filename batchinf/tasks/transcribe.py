@@ -7,9 +7,15 @@ confined job, like an image URI: tasks/objects.py). At plan time each file's hea
 checked against BATCHINF_MAX_AUDIO_SECONDS before it is decoded (bounded in samples and time),
 downmixed to mono, resampled to the bundle's rate, and cut into windows of at most 30 s at
 silence (runtime/speech/windows.py); the staged row holds the 16-bit samples and the windows.
-Length measure: the file's duration in seconds. At execute, windows of every file of the batch
+A file whose windows span more than a piece (`piece_seconds`: a model batch of windows, at most
+the manifest's `shards.max_tokens`) is staged as several rows, its pieces: consecutive runs of
+the one window plan, each with its own samples and its windows' places in the file, bucketed
+and sharded like any row, so a long file runs on many shards and workers at once.
+Length measure: the row's duration in seconds. At execute, windows of every file of the batch
 are packed into batches of `max_batch_windows` (a 5 s clip shares its batch with 15 others) and
-each file's transcript is stitched from its windows (segments in order, absolute times).
+each file's transcript is stitched from its windows (segments in order, absolute times); a
+piece's transcript is a row of PIECE_SCHEMA, and its file's one row (or error row) is stitched
+from all its pieces at publish (`assemble`, runtime/speech/pieces.py).
 
 Bad audio is an error row naming the file: empty_audio, not_audio, bad_audio, truncated_audio,
 audio_too_long, audio_too_large, audio_decode_timeout, and no_speech_found (a file that is not
@@ -27,18 +33,22 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field
 
+from batchinf import failpoints
 from batchinf.errors import InputError, JobStopped, ManifestError
-from batchinf.manifest_rules import BOOLEAN, STRING, Rule, Section, choice, nullable, number, positive
-from batchinf.tasks.base import (FIELD_TASKS, INPUT_DEFAULTS, INPUT_FIELDS, RECORD_FIELDS, STAGE_FIELDS, RunOutput,
-                                 StagedRows, Task, ok_rows, record_columns, usable_records)
-from batchinf.tasks.batching import hit_record_failpoints, isolate
 from batchinf.runtime.speech.packing import GAP_SECONDS
+from batchinf.manifest_rules import BOOLEAN, STRING, Rule, Section, choice, nullable, number, positive
+from batchinf.tasks.base import (FIELD_TASKS, INPUT_DEFAULTS, INPUT_FIELDS, PIECE, RECORD_FIELDS, STAGE_FIELDS,
+                                 Assembled, RunOutput, StagedRows, Task, ok_rows, record_columns, usable_records)
+from batchinf.tasks.batching import hit_record_failpoints, isolate
 from batchinf.tasks.embed import DEVICES
 
 SPEECH_STAGE_SCHEMA = pa.schema(STAGE_FIELDS + [
     ("samples", pa.large_binary()),                 # int16 little-endian, mono, at the bundle's rate
     ("window_starts", pa.list_(pa.int64())), ("window_ends", pa.list_(pa.int64())),   # in samples
-    ("duration_seconds", pa.float64()), ("audio_sha256", pa.string()),
+    ("duration_seconds", pa.float64()), ("audio_sha256", pa.string()),      # the whole file's
+    # a file staged in pieces: this row's number (PIECE) and their count (1: the file is one row),
+    # its first window's number in the file; and (pieces only) whether the whole file is silent
+    (PIECE, pa.int32()), ("pieces", pa.int32()), ("first_window", pa.int32()), ("silent", pa.bool_()),
 ])
 WORD = pa.struct([("word", pa.string()), ("start", pa.float64()), ("end", pa.float64()), ("probability", pa.float64())])
 SEGMENT = pa.struct([
@@ -50,6 +60,14 @@ SEGMENT = pa.struct([
 TRANSCRIPT_SCHEMA = pa.schema(RECORD_FIELDS + [
     ("text", pa.string()), ("language", pa.string()), ("duration_seconds", pa.float64()),
     ("segments", pa.list_(SEGMENT)), ("output_tokens", pa.int32()), ("audio_sha256", pa.string()),
+])
+# A piece's transcript (`RunOutput.pieces`), stitched with its file's other pieces at publish:
+# segments with times in the file, each window's language, or the piece's error (code, message
+# naming the record, the file and the window's times; `attempts` set by execute)
+PIECE_SCHEMA = pa.schema(RECORD_FIELDS + [
+    (PIECE, pa.int32()), ("pieces", pa.int32()), ("segments", pa.list_(SEGMENT)), ("languages", pa.list_(pa.string())),
+    ("output_tokens", pa.int32()), ("duration_seconds", pa.float64()), ("audio_sha256", pa.string()),
+    ("silent", pa.bool_()), ("error", pa.string()), ("message", pa.string()), ("attempts", pa.int32()),
 ])
 MAX_STAGED_BYTES = 2 << 30      # an object's staged samples (32 KB per second of audio) at most
 TIMESTAMPS = ("segment", "word", "none")
@@ -132,6 +150,15 @@ def _input_prefix(obj: Any) -> str | None:
     return normalize_uri(uri) if uri else None
 
 
+def piece_seconds(options: Any, chunk_seconds: float, shard_work: int = 0) -> float:
+    """The most audio one staged row holds (a longer file is staged in pieces): the windows of a
+    model batch (`max_batch_windows` x 30 s), and never more than a shard holds (`shards.max_tokens`,
+    in seconds for this task), so that a file longer than a shard spreads over shards; a piece
+    holds one window at least."""
+    batch = options.max_batch_windows * chunk_seconds
+    return float(min(batch, shard_work) if shard_work else batch)
+
+
 class Transcribe(Task):
     name = "transcribe"
     options = TranscribeOptions
@@ -141,6 +168,7 @@ class Transcribe(Task):
     needs = ("config.json", "tokenizer.json")
     weights = ".ct2"
     uses_torch = False          # CTranslate2
+    piece_schema = PIECE_SCHEMA
 
     def input_problem(self, inp: Any) -> str | None:
         if inp.format not in ("audio", "jsonl", "parquet"):
@@ -164,10 +192,12 @@ class Transcribe(Task):
         from batchinf.config import settings
         from batchinf.formats.audio import MAX_AUDIO_BYTES
         from batchinf.runtime.speech.audio import AudioProblem, decode
-        from batchinf.runtime.speech.windows import plan_windows
+        from batchinf.runtime.speech.pieces import piece_runs
+        from batchinf.runtime.speech.windows import is_silent, plan_windows
         from batchinf.tasks.objects import RecordObjectProblem, record_object
 
         spec, max_seconds = runtime.spec, settings().max_audio_seconds
+        piece = piece_seconds(obj.options, spec.chunk_seconds, obj.shard_work)
         window = spec.chunk_seconds if obj.options.vad else None
         prefix = _input_prefix(obj)
         rows = StagedRows(SPEECH_STAGE_SCHEMA)
@@ -200,10 +230,18 @@ class Transcribe(Task):
                 wins = [(a, min(a + step, pcm.size)) for a in range(0, pcm.size, step)]
             else:
                 wins = plan_windows(pcm.astype(np.float32) / 32768.0, spec.sample_rate, window)
-            seconds = pcm.size / spec.sample_rate
-            row.update(samples=pcm.tobytes(), window_starts=[a for a, _ in wins], window_ends=[b for _, b in wins],
-                       duration_seconds=seconds, audio_sha256=hashlib.sha256(data).hexdigest(),
-                       n_tokens=max(1, int(np.ceil(seconds))))
+            runs = piece_runs(wins, int(piece * spec.sample_rate))
+            whole = {"duration_seconds": pcm.size / spec.sample_rate, "audio_sha256": hashlib.sha256(data).hexdigest(),
+                     "pieces": len(runs), "silent": None if len(runs) == 1 else
+                     is_silent(pcm.astype(np.float32) / 32768.0, spec.sample_rate)}
+            for k, (i, j) in enumerate(runs):    # one row, or a row per piece: its samples, its windows' places
+                a, b = wins[i][0], wins[j - 1][1]
+                mine = row if k == 0 else dict(row)
+                mine.update(samples=pcm[a:b].tobytes(), window_starts=[x for x, _ in wins[i:j]],
+                            window_ends=[y for _, y in wins[i:j]], n_tokens=max(1, int(np.ceil((b - a) / spec.sample_rate))),
+                            first_window=i, **{PIECE: k}, **whole)
+                if k:
+                    rows.append(mine)
         return rows.table()
 
     def result_schema(self, meta: dict[str, Any], options: Any = None) -> pa.Schema:
@@ -212,23 +250,70 @@ class Transcribe(Task):
     def run(self, c: dict[str, list[Any]], runtime: Any, options: Any, check: Callable[[], None],
             split: Callable[[], bool] | None = None, files: Any = None) -> RunOutput:
         valid = ok_rows(c)
-        out = transcribe_rows(runtime, options, [c["samples"][i] for i in valid],
-                              [list(zip(c["window_starts"][i], c["window_ends"][i])) for i in valid],
-                              [c["record_id"][i] for i in valid], _checking_stop(check, split),
-                              packable=[True] * len(valid))      # every staged row is a whole file
-        failures = {valid[u]: f"audio file {c['source'][valid[u]]} {msg}" for u, msg in out.failures.items()}
-        done = [u for u in range(len(valid)) if u in out.results]
+        counts = c.get("pieces") or [1] * len(c["error"])      # staged before pieces existed: every file whole
+        rate = runtime.spec.sample_rate
+        windows = [list(zip(c["window_starts"][i], c["window_ends"][i])) for i in valid]
+        # a piece's samples start at its first window: its windows are run relative to them, and
+        # its segments timed (and windows numbered) in its file
+        places = {u: (c["first_window"][i], windows[u][0][0]) for u, i in enumerate(valid) if (counts[i] or 1) > 1}
+        for u, (_, at) in places.items():
+            windows[u] = [(a - at, b - at) for a, b in windows[u]]
+        stopped = {u: msg for u, (first, at) in places.items()
+                   if (msg := _piece_failpoint(c["record_id"][valid[u]], c[PIECE][valid[u]], first, at, windows[u], rate))}
+        todo = [u for u in range(len(valid)) if u not in stopped]
+        out = transcribe_rows(runtime, options, [c["samples"][valid[u]] for u in todo], [windows[u] for u in todo],
+                              [c["record_id"][valid[u]] for u in todo], _checking_stop(check, split),
+                              packable=[u not in places for u in todo],
+                              pieces={n: places[u] for n, u in enumerate(todo) if u in places})
+        results = {todo[n]: r for n, r in out.results.items()}
+        failed = {**{todo[n]: msg for n, msg in out.failures.items()}, **stopped}
+        codes = {todo[n]: code for n, code in out.codes.items()}
+        failures = {valid[u]: f"audio file {c['source'][valid[u]]} {msg}" for u, msg in failed.items() if u not in places}
+        done = [u for u in range(len(valid)) if u in results and u not in places]
         ok = [valid[u] for u in done]
-        res = [out.results[u] for u in done]
+        res = [results[u] for u in done]
         table = pa.table({
             **record_columns(c, ok), "text": [r["text"] for r in res], "language": [r["language"] for r in res],
             "duration_seconds": [c["duration_seconds"][i] for i in ok], "segments": [r["segments"] for r in res],
             "output_tokens": [r["output_tokens"] for r in res], "audio_sha256": [c["audio_sha256"][i] for i in ok],
         }, schema=TRANSCRIPT_SCHEMA)
-        seconds = sum(c["n_tokens"][i] for i in ok)
-        tokens = {"input": seconds, "output": sum(r["output_tokens"] for r in res), "real": seconds,
+        computed = ok + [valid[u] for u in places if u in results]
+        seconds = sum(c["n_tokens"][i] for i in computed)
+        tokens = {"input": seconds, "output": sum(r["output_tokens"] for r in results.values()), "real": seconds,
                   "padded": out.padded_seconds}
-        return RunOutput(table, failures, tokens, codes={valid[u]: code for u, code in out.codes.items()})
+        return RunOutput(table, failures, tokens, codes={valid[u]: code for u, code in codes.items() if u not in places},
+                         pieces=_piece_rows(c, valid, sorted(places), results, failed, codes) if places else None)
+
+    def assemble(self, pieces: pa.Table, failed: set[tuple[str, int]]) -> Assembled:
+        """Each file staged in pieces, from all of them: one transcript row, or one error row (its
+        first failed piece's, or no_speech_found), stitched by runtime/speech/pieces.py."""
+        from batchinf.runtime.speech.pieces import missing_pieces, stitch_pieces
+
+        t = pieces.sort_by([("source", "ascending"), ("ordinal", "ascending"), (PIECE, "ascending")])
+        src, ordinal = t.column("source").to_pylist(), t.column("ordinal").to_pylist()
+        starts = [n for n in range(t.num_rows) if n == 0 or (src[n], ordinal[n]) != (src[n - 1], ordinal[n - 1])]
+        batches, results, errors, incomplete, used = [], [], [], {}, 0
+        for a, b in zip(starts, starts[1:] + [t.num_rows]):
+            if (src[a], ordinal[a]) in failed:
+                continue
+            rows = t.slice(a, b - a).to_pylist()      # one file's pieces at a time
+            gap = missing_pieces(rows)
+            if gap is not None:
+                incomplete[(src[a], ordinal[a])] = f"record {rows[0]['record_id']!r}: {gap}"
+                continue
+            used += len(rows)
+            got, head = stitch_pieces(rows), {k: rows[0][k] for k in ("record_id", "source", "ordinal")}
+            if got.error is not None:
+                errors.append({**head, "error": got.error, "message": got.message, "attempts": got.attempts,
+                               "piece": got.piece})
+                continue
+            results.append({**head, **(got.result or {}), "duration_seconds": rows[0]["duration_seconds"],
+                            "audio_sha256": rows[0]["audio_sha256"]})
+            if len(results) >= 256:
+                batches.append(pa.Table.from_pylist(results, schema=TRANSCRIPT_SCHEMA))
+                results = []
+        batches.append(pa.Table.from_pylist(results, schema=TRANSCRIPT_SCHEMA))
+        return Assembled(pa.concat_tables(batches), errors, incomplete, used)
 
     def renders(self, options: Any) -> tuple[str, ...]:
         return tuple(options.formats)
@@ -276,6 +361,39 @@ class Transcribe(Task):
         from batchinf.tasks.speech_bundle import verify_speech_tokens
 
         verify_speech_tokens(runtime)
+
+
+def _piece_failpoint(record_id: str, piece: int, first: int, at: int, windows: list[tuple[int, int]],
+                     rate: int) -> str | None:
+    """Failpoint `execute.piece[ID:K]`, hit as piece K of the file whose id is ID starts: `raise`
+    fails the piece (its first window, timed in the file) as a window's failure would; None else."""
+    if not failpoints.active():
+        return None
+    try:
+        failpoints.hit(f"execute.piece[{record_id}:{piece}]")
+    except failpoints.FailpointError as exc:
+        a, b = windows[0]
+        return f"failed at window {first} ({(at + a) / rate:.2f}-{(at + b) / rate:.2f} s): {type(exc).__name__}: {exc}"
+    return None
+
+
+def _piece_rows(c: dict[str, list[Any]], valid: list[int], pieces: list[int], results: dict[int, dict[str, Any]],
+                failed: dict[int, str], codes: dict[int, str]) -> pa.Table:
+    """The PIECE_SCHEMA rows of the staged rows at `valid[u]` for u in `pieces`: each piece's
+    segments and windows' languages, or its failure (the message as its file's error row says it)."""
+    rows = []
+    for u in pieces:
+        i, r = valid[u], results.get(u)
+        rows.append({
+            "record_id": c["record_id"][i], "source": c["source"][i], "ordinal": c["ordinal"][i],
+            PIECE: c[PIECE][i], "pieces": c["pieces"][i],
+            "segments": r["segments"] if r else [], "languages": r["languages"] if r else [],
+            "output_tokens": r["output_tokens"] if r else 0, "duration_seconds": c["duration_seconds"][i],
+            "audio_sha256": c["audio_sha256"][i], "silent": c["silent"][i],
+            "error": None if r else codes.get(u, "inference_error"),
+            "message": None if r else f"record {c['record_id'][i]!r}: audio file {c['source'][i]} {failed[u]}",
+            "attempts": None})
+    return pa.Table.from_pylist(rows, schema=PIECE_SCHEMA)
 
 
 class SpeechOutcome:
@@ -340,20 +458,25 @@ class Decoded:
 
 
 def transcribe_rows(runtime: Any, options: Any, samples: list[bytes], windows: list[list[tuple[int, int]]],
-                    record_ids: list[str], check: Callable[[], None],
-                    packable: list[bool] | None = None) -> SpeechOutcome:
+                    record_ids: list[str], check: Callable[[], None], packable: list[bool] | None = None,
+                    pieces: dict[int, tuple[int, int]] | None = None) -> SpeechOutcome:
     """Files (int16 samples, windows) -> transcripts. Every window is a clip; short files
     (`packable`: whole files of one window, `options.pack`) share windows (runtime/speech/packing.py),
     the rest run in batches of `max_batch_windows`, whatever file they come from. Where Whisper
     stops before a window's end (its last segment unfinished), the rest of the window is decoded
-    again as a clip of its own, as Whisper's own loop seeks to its last timestamp, but without
-    waiting on the window before: a window's text never depends on its neighbours or its shard.
-    A failing batch is run again in halves until only the failing clips fail; a failed clip fails
-    its file with the reason."""
+    again, alone, as Whisper's own loop seeks to its last timestamp but without waiting on the
+    window before: a window's text depends on no other window, so a long file gives the same
+    transcript however its windows are spread over pieces and shards. A failing batch is run
+    again in halves until only the failing clips fail; a failed clip fails its file with the reason.
+    `pieces`: the positions that are pieces of a longer file (their windows relative to their own
+    samples) -> (their first window's number, their first sample's place, in the file): their
+    windows are numbered and timed in the file, their transcripts list each window's language
+    (`languages`), and the no-speech check is left to the whole file (runtime/speech/pieces.py)."""
+    from batchinf.runtime.speech.pieces import NO_SPEECH, majority
     from batchinf.runtime.speech.segments import stitch
     from batchinf.runtime.speech.windows import is_silent
 
-    spec, rate = runtime.spec, runtime.spec.sample_rate
+    spec, rate, pieces = runtime.spec, runtime.spec.sample_rate, pieces or {}
     d = decoding_for(runtime, options)
     pcm = [np.frombuffer(s, dtype="<i2") for s in samples]
     out = SpeechOutcome()
@@ -361,7 +484,7 @@ def transcribe_rows(runtime: Any, options: Any, samples: list[bytes], windows: l
              for f, w in enumerate(windows)]
     clips = [Clip(f, a, b, options.pack and whole[f]) for f, wins in enumerate(windows) for a, b in wins]
     done, failed = _decode_clips(runtime, d, options, clips, pcm, record_ids, check, out)
-    tails = [(i, Clip(clips[i].f, r.tail, clips[i].b, options.pack)) for i, r in done.items() if r.tail is not None]
+    tails = [(i, Clip(clips[i].f, r.tail, clips[i].b, False)) for i, r in done.items() if r.tail is not None]
     tail_done, tail_failed = _decode_clips(runtime, d, options, [c for _, c in tails], pcm, record_ids, check, out)
     for j, (i, _) in enumerate(tails):
         if j in tail_failed:
@@ -375,21 +498,24 @@ def transcribe_rows(runtime: Any, options: Any, samples: list[bytes], windows: l
     for f, wins in enumerate(windows):
         ids = range(k, k + len(wins))
         k += len(wins)
+        first, at = pieces.get(f, (0, 0))
         bad = next((i for i in ids if i in failed), None)
         if bad is not None:
             c = clips[bad]
-            out.failures[f] = f"failed at window {bad - ids[0]} ({c.a / rate:.2f}-{c.b / rate:.2f} s): {failed[bad]}"
+            out.failures[f] = (f"failed at window {first + bad - ids[0]} ({(at + c.a) / rate:.2f}-"
+                               f"{(at + c.b) / rate:.2f} s): {failed[bad]}")
             continue
-        text, segments = stitch([(clips[i].a / rate, done[i].segments + ([] if done[i].tail is not None else
-                                                                         done[i].rest), done[i].fields) for i in ids])
-        if not text and not is_silent(pcm[f].astype(np.float32) / 32768.0, rate):
-            out.failures[f] = ("is not silent yet gives no speech: noise, music, or a damaged file that decodes as "
-                               "noise; check that the file plays")
+        text, segments = stitch([((at + clips[i].a) / rate,
+                                  [_moved(s, at / rate) for s in done[i].segments + ([] if done[i].tail is not None
+                                                                                     else done[i].rest)],
+                                  done[i].fields) for i in ids])
+        if not text and f not in pieces and not is_silent(pcm[f].astype(np.float32) / 32768.0, rate):
+            out.failures[f] = NO_SPEECH
             out.codes[f] = "no_speech_found"
             continue
         langs = [done[i].language for i in ids]
-        out.results[f] = {"text": text, "segments": segments, "language": max(set(langs), key=langs.count) or "en",
-                          "output_tokens": sum(done[i].tokens for i in ids)}
+        out.results[f] = {"text": text, "segments": segments, "language": majority(langs),
+                          "output_tokens": sum(done[i].tokens for i in ids), **({"languages": langs} if f in pieces else {})}
     return out
 
 
@@ -436,8 +562,9 @@ def _decode_packs(runtime: Any, d: Any, options: Any, clips: list[Clip], audio: 
                   check: Callable[[], None], out: SpeechOutcome) -> list[bool]:
     """Decode the packable clips in packs (runtime/speech/packing.py) and add what each pack gives
     its clips to `done`. Returns the clips to pack again: those after where a pack's decoding
-    stopped, and a packable clip left without a pack. A clip whose pack failed, whose split was unsure, or whose pack left a clip with
-    sound without text (its decoding is not trusted) is left to be decoded alone."""
+    stopped, and a packable clip left without a pack. A clip whose pack failed, whose split was
+    unsure, or whose pack left a clip with sound without text (its decoding is not trusted) is left
+    to be decoded alone."""
     from batchinf.runtime.speech.packing import as_one_segment, pack_files, pack_samples, split_pack
     from batchinf.runtime.speech.windows import is_silent
 

@@ -35,6 +35,7 @@ LAYERS: list[tuple[str, ...]] = [
      "batchinf.metrics", "batchinf.openai.batches", "batchinf.rerun", "batchinf.heartbeat"),
     ("batchinf.planning.summary", "batchinf.planning.ranges", "batchinf.planning.bucketing", "batchinf.planning.sizing",
      "batchinf.planning.context"),
+    ("batchinf.assembly",),
     ("batchinf.planning.stage", "batchinf.planning.finish", "batchinf.planning", "batchinf.execute",
      "batchinf.verify", "batchinf.schedules"),
     ("batchinf.quarantine", "batchinf.dispatch"),

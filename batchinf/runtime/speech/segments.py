@@ -63,3 +63,17 @@ def stitch(windows: list[tuple[float, list[dict[str, Any]], dict[str, Any]]]) ->
                              "text": s["text"], "tokens": s["tokens"], "words": s.get("words"), **fields})
             last = b
     return "".join(s["text"] for s in segments).strip(), segments
+
+
+def restitch(segments: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
+    """Segments of several stitched runs of one file's windows (its pieces' transcripts, each
+    `stitch`ed on its own, times absolute), in window order -> (text, segments) as `stitch` gives
+    them for all the windows at once: ids from 0, times made monotonic across the runs (a run's
+    own clamping never changes what the whole file's clamping gives), `seek` and the rest kept."""
+    out, last = [], 0.0
+    for s in segments:
+        a = max(s["start"], last)
+        b = max(s["end"], a)
+        out.append({**s, "id": len(out), "start": a, "end": b})
+        last = b
+    return "".join(s["text"] for s in out).strip(), out
