@@ -35,8 +35,8 @@ from pydantic import Field
 
 from batchinf import failpoints
 from batchinf.errors import InputError, JobStopped, ManifestError
-from batchinf.runtime.speech.packing import GAP_SECONDS
 from batchinf.manifest_rules import BOOLEAN, STRING, Rule, Section, choice, nullable, number, positive
+from batchinf.runtime.speech.packing import GAP_SECONDS
 from batchinf.tasks.base import (FIELD_TASKS, INPUT_DEFAULTS, INPUT_FIELDS, PIECE, RECORD_FIELDS, STAGE_FIELDS,
                                  Assembled, RunOutput, StagedRows, Task, ok_rows, record_columns, usable_records)
 from batchinf.tasks.batching import hit_record_failpoints, isolate
