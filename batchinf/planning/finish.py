@@ -80,13 +80,13 @@ def finish_plan(job: Job, workers: int | None = None) -> None:
     extra = bucketing.extra_work(summaries, valid)
     workers = m.shards.target_workers or workers
     prompt_work, decode_work = sum(L * c for L, c in merged.items()), sum(sum(e.values()) for e in extra)
-    target = target_work(prompt_work + decode_work, workers, m.shards.max_tokens)
+    task = get_task(m.task)
+    target = target_work(prompt_work + decode_work, workers, m.shards.max_tokens, task.min_shard_work)
     planned = bucketing.cut_all(bounds, valid, invalid, m.shards.max_records, m.shards.max_tokens,
                                 target if workers and workers > 1 else None, extra)
 
     source_uris = pa.array(uris, pa.string())
     shard_rows, padded = [], 0
-    task = get_task(m.task)
     steps: int | None = None        # denoising steps x images planned (a task that runs steps)
     with ExitStack() as stack:
         readers = st.readers(bucketing.local_paths(stack, st.uris), uris, part_dups)

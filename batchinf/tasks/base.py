@@ -86,6 +86,7 @@ class Task:
     needs: ClassVar[tuple[str, ...]] = ("config.json", "tokenizer.json")   # files a bundle must have
     weights: ClassVar[str] = ".safetensors"     # how the bundle's weight files end
     uses_torch: ClassVar[bool] = True           # its native runtime computes with PyTorch
+    min_shard_work: ClassVar[int | None] = None  # least work a planned shard holds (None: BATCHINF_MIN_SHARD_TOKENS)
     stages_files: ClassVar[bool] = False        # `run` stages files besides its rows (`files`), published
                                                 # from the rows' `output_files`
     piece_schema: ClassVar[pa.Schema | None] = None     # a task staging long records in pieces (`PIECE`):

@@ -168,6 +168,9 @@ class Transcribe(Task):
     needs = ("config.json", "tokenizer.json")
     weights = ".ct2"
     uses_torch = False          # CTranslate2
+    # work is audio seconds: a shard of 2 minutes computes for seconds on one core (tiny.en int8
+    # decodes 15-50 audio-seconds per CPU-second), 20 times its fixed cost; a long file spreads
+    min_shard_work = 120
     piece_schema = PIECE_SCHEMA
 
     def input_problem(self, inp: Any) -> str | None:
