@@ -180,7 +180,8 @@ def plan_objects_here(job: Job, idxs: list[int], processes: int) -> None:
     planning.plan_objects(job, idxs, processes)
 
 
-PLAN_HERE_BYTES = 16 << 20   # a job's driver stages less input than this itself (no planning pool)
+PLAN_HERE_BYTES = 32 << 20   # a job's driver stages less input than this itself: a planning pool's start (~1.5 s
+                             # on 2 cores) costs more than tokenizing or decoding it here
 IDLE_RECHECK_SECONDS = 1.0   # an idle worker looks again this often unwoken (a driver that died, a missed wake)
 POLL_SECONDS = 0.01          # how often a sleeping worker reads the signal's words
 

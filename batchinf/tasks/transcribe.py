@@ -7,8 +7,8 @@ confined job, like an image URI: tasks/objects.py). At plan time each file's hea
 checked against BATCHINF_MAX_AUDIO_SECONDS before it is decoded (bounded in samples and time),
 downmixed to mono, resampled to the bundle's rate, and cut into windows of at most 30 s at
 silence (runtime/speech/windows.py); the staged row holds the 16-bit samples and the windows.
-A file whose windows span more than a piece (`piece_seconds`: a model batch of windows, at most
-the manifest's `shards.max_tokens`) is staged as several rows, its pieces: consecutive runs of
+A file whose windows span more than a piece (`piece_seconds`: 2 minutes of windows, at most the
+manifest's `shards.max_tokens`) is staged as several rows, its pieces: consecutive runs of
 the one window plan, each with its own samples and its windows' places in the file, bucketed
 and sharded like any row, so a long file runs on many shards and workers at once.
 Length measure: the row's duration in seconds. At execute, windows of every file of the batch
@@ -150,13 +150,15 @@ def _input_prefix(obj: Any) -> str | None:
     return normalize_uri(uri) if uri else None
 
 
+PIECE_WINDOWS = 4      # a piece: 2 minutes of 30-second windows, so a few long files spread over every worker
+
+
 def piece_seconds(options: Any, chunk_seconds: float, shard_work: int = 0) -> float:
-    """The most audio one staged row holds (a longer file is staged in pieces): the windows of a
-    model batch (`max_batch_windows` x 30 s), and never more than a shard holds (`shards.max_tokens`,
-    in seconds for this task), so that a file longer than a shard spreads over shards; a piece
-    holds one window at least."""
-    batch = options.max_batch_windows * chunk_seconds
-    return float(min(batch, shard_work) if shard_work else batch)
+    """The most audio one staged row holds (a longer file is staged in pieces): PIECE_WINDOWS
+    windows (a shard's batches fill with the windows of its several pieces), and never more than a
+    shard holds (`shards.max_tokens`, in seconds for this task); a piece holds one window at least."""
+    most = PIECE_WINDOWS * chunk_seconds
+    return float(min(most, shard_work) if shard_work else most)
 
 
 class Transcribe(Task):
@@ -168,9 +170,9 @@ class Transcribe(Task):
     needs = ("config.json", "tokenizer.json")
     weights = ".ct2"
     uses_torch = False          # CTranslate2
-    # work is audio seconds: a shard of 2 minutes computes for seconds on one core (tiny.en int8
-    # decodes 15-50 audio-seconds per CPU-second), 20 times its fixed cost; a long file spreads
-    min_shard_work = 120
+    # work is audio seconds: a shard of a minute computes for seconds on one core (tiny.en int8
+    # decodes 15-50 audio-seconds per CPU-second), over 10 times its fixed cost; a long file spreads
+    min_shard_work = 60
     piece_schema = PIECE_SCHEMA
 
     def input_problem(self, inp: Any) -> str | None:

@@ -16,7 +16,7 @@ import pytest
 
 from batchinf.planning import bucketing
 from batchinf.planning.summary import in_stage_order, record_count, summarize, valid_ids
-from batchinf.runtime.speech.pieces import NO_SPEECH, majority, missing_pieces, piece_runs, stitch_pieces
+from batchinf.runtime.speech.pieces import _greedy_runs, NO_SPEECH, majority, missing_pieces, piece_runs, stitch_pieces
 from batchinf.runtime.speech.segments import restitch, stitch
 from batchinf.tasks.transcribe import PIECE_SCHEMA, Transcribe, TranscribeOptions, piece_seconds
 
@@ -34,13 +34,15 @@ def test_piece_runs_cover_the_windows_in_order_within_the_piece() -> None:
         assert runs[0][0] == 0 and runs[-1][1] == len(wins) and all(a < b for a, b in runs)
         assert all(b == c for (_, b), (c, _) in zip(runs, runs[1:]))          # consecutive, no window twice
         assert all(j - i == 1 or wins[j - 1][1] - wins[i][0] <= seconds * RATE for i, j in runs)
-        # greedy: the next window would not have fitted
-        assert all(wins[j][1] - wins[i][0] > seconds * RATE for i, j in runs[:-1])
+        # as few runs as greedy filling gives, and none longer than its longest: even pieces
+        greedy = _greedy_runs(wins, seconds * RATE)
+        span = [wins[j - 1][1] - wins[i][0] for i, j in runs]
+        assert len(runs) == len(greedy) and max(span) <= max(wins[j - 1][1] - wins[i][0] for i, j in greedy)
     assert piece_runs(wins, cuts[-1]) == [(0, len(wins))]                      # a file that fits is one row
     assert piece_runs([(0, 40 * RATE), (40 * RATE, 50 * RATE)], 30 * RATE) == [(0, 1), (1, 2)]   # a long window alone
     opts = TranscribeOptions()
-    assert piece_seconds(opts, 30) == 16 * 30 and piece_seconds(opts, 30, 60) == 60
-    assert piece_seconds(opts, 30, 1_000_000) == 480
+    assert piece_seconds(opts, 30) == 4 * 30 and piece_seconds(opts, 30, 60) == 60
+    assert piece_seconds(opts, 30, 1_000_000) == 120
 
 
 def _windows(seed: int, n: int) -> list[tuple[float, list[dict[str, Any]], dict[str, Any]]]:

@@ -20,7 +20,21 @@ NO_SPEECH = ("is not silent yet gives no speech: noise, music, or a damaged file
 
 def piece_runs(windows: list[tuple[int, int]], max_samples: int) -> list[tuple[int, int]]:
     """The file's windows (in order, covering it) in runs [i, j) of consecutive windows spanning
-    at most `max_samples` each (a window longer than that alone): one run for a file that fits."""
+    at most `max_samples` each (a window longer than that alone): one run for a file that fits.
+    As few runs as that takes, as even as they get (the longest as short as it can be), so the
+    pieces of a file, and the shards they land in, hold about the same work."""
+    runs = _greedy_runs(windows, max_samples)
+    lo, hi = 0, max_samples
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(_greedy_runs(windows, mid)) <= len(runs):
+            hi = mid
+        else:
+            lo = mid + 1
+    return _greedy_runs(windows, lo)
+
+
+def _greedy_runs(windows: list[tuple[int, int]], max_samples: int) -> list[tuple[int, int]]:
     runs, i = [], 0
     while i < len(windows):
         j = i + 1
