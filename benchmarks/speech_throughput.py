@@ -86,7 +86,7 @@ def timed(contender: str, directory: Path, work: Path, model_dir: Path, cores: i
         manifest.write_text(json.dumps({
             "name": "speech-bench", "task": "transcribe", "bundle": "tiny-en",
             "input": {"uri": str(directory) + "/", "format": "audio"}, "output": {"uri": str(out)},
-            "shards": {"max_tokens": 60}, "options": {"beam_size": BEAM, "max_batch_windows": 16}}))
+            "options": {"beam_size": BEAM, "max_batch_windows": 16}}))
         cmd = [sys.executable, "-m", "batchinf", "run", str(manifest), "--workers", str(cores), "--threads", "1",
                "--json"]
     else:

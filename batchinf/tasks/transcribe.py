@@ -7,8 +7,8 @@ confined job, like an image URI: tasks/objects.py). At plan time each file's hea
 checked against BATCHINF_MAX_AUDIO_SECONDS before it is decoded (bounded in samples and time),
 downmixed to mono, resampled to the bundle's rate, and cut into windows of at most 30 s at
 silence (runtime/speech/windows.py); the staged row holds the 16-bit samples and the windows.
-A file whose windows span more than a piece (`piece_seconds`: 2 minutes of windows, at most the
-manifest's `shards.max_tokens`) is staged as several rows, its pieces: consecutive runs of
+A file whose windows span more than a piece (`piece_seconds`: the manifest's `shards.max_tokens`
+up to a model batch of windows, else 2 minutes) is staged as several rows, its pieces: consecutive runs of
 the one window plan, each with its own samples and its windows' places in the file, bucketed
 and sharded like any row, so a long file runs on many shards and workers at once.
 Length measure: the row's duration in seconds. At execute, windows of every file of the batch
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, replace
-from dataclasses import field as dc_field
 from pathlib import Path
 from typing import Annotated, Any, Callable, Iterable, Iterator
 
@@ -150,15 +149,17 @@ def _input_prefix(obj: Any) -> str | None:
     return normalize_uri(uri) if uri else None
 
 
-PIECE_WINDOWS = 4      # a piece: 2 minutes of 30-second windows, so a few long files spread over every worker
+PIECE_WINDOWS = 4      # a piece by default: 2 minutes of 30-second windows, so a few long files spread over every worker
 
 
 def piece_seconds(options: Any, chunk_seconds: float, shard_work: int = 0) -> float:
-    """The most audio one staged row holds (a longer file is staged in pieces): PIECE_WINDOWS
-    windows (a shard's batches fill with the windows of its several pieces), and never more than a
-    shard holds (`shards.max_tokens`, in seconds for this task); a piece holds one window at least."""
-    most = PIECE_WINDOWS * chunk_seconds
-    return float(min(most, shard_work) if shard_work else most)
+    """The most audio one staged row holds (a longer file is staged in pieces): what a shard holds
+    when the manifest says (`shards.max_tokens`, in seconds for this task) up to a model batch of
+    windows, else PIECE_WINDOWS windows (a shard's batches fill with the windows of its several
+    pieces); a piece holds one window at least."""
+    if shard_work:
+        return float(min(shard_work, options.max_batch_windows * chunk_seconds))
+    return float(PIECE_WINDOWS * chunk_seconds)
 
 
 class Transcribe(Task):
@@ -451,15 +452,11 @@ class Clip:
 
 @dataclass
 class Decoded:
-    """A clip's decoding: its complete segments (times in its file), decoding fields, language and
-    output tokens; `tail`: where in the file its unfinished last segment (`rest`) starts, when
-    Whisper stopped before the clip's end (else None)."""
+    """A clip's decoding: its segments (times in its file), decoding fields, language and output tokens."""
     segments: list[dict[str, Any]]
     fields: dict[str, Any]
     language: str | None
     tokens: int
-    tail: int | None = None
-    rest: list[dict[str, Any]] = dc_field(default_factory=list)
 
 
 def transcribe_rows(runtime: Any, options: Any, samples: list[bytes], windows: list[list[tuple[int, int]]],
@@ -467,12 +464,11 @@ def transcribe_rows(runtime: Any, options: Any, samples: list[bytes], windows: l
                     pieces: dict[int, tuple[int, int]] | None = None) -> SpeechOutcome:
     """Files (int16 samples, windows) -> transcripts. Every window is a clip; short files
     (`packable`: whole files of one window, `options.pack`) share windows (runtime/speech/packing.py),
-    the rest run in batches of `max_batch_windows`, whatever file they come from. Where Whisper
-    stops before a window's end (its last segment unfinished), the rest of the window is decoded
-    again, alone, as Whisper's own loop seeks to its last timestamp but without waiting on the
-    window before: a window's text depends on no other window, so a long file gives the same
-    transcript however its windows are spread over pieces and shards. A failing batch is run
-    again in halves until only the failing clips fail; a failed clip fails its file with the reason.
+    the rest run in batches of `max_batch_windows`, whatever file they come from. A window's text
+    depends on no other window (where Whisper stops short of its end, the engine decodes on in
+    the same window), so a long file gives the same transcript however its windows are spread
+    over pieces and shards. A failing batch is run again in halves until only the failing clips
+    fail; a failed clip fails its file with the reason.
     `pieces`: the positions that are pieces of a longer file (their windows relative to their own
     samples) -> (their first window's number, their first sample's place, in the file): their
     windows are numbered and timed in the file, their transcripts list each window's language
@@ -489,16 +485,6 @@ def transcribe_rows(runtime: Any, options: Any, samples: list[bytes], windows: l
              for f, w in enumerate(windows)]
     clips = [Clip(f, a, b, options.pack and whole[f]) for f, wins in enumerate(windows) for a, b in wins]
     done, failed = _decode_clips(runtime, d, options, clips, pcm, record_ids, check, out)
-    tails = [(i, Clip(clips[i].f, r.tail, clips[i].b, False)) for i, r in done.items() if r.tail is not None]
-    tail_done, tail_failed = _decode_clips(runtime, d, options, [c for _, c in tails], pcm, record_ids, check, out)
-    for j, (i, _) in enumerate(tails):
-        if j in tail_failed:
-            failed[i] = tail_failed[j]
-            continue
-        got = tail_done[j]
-        more = got.segments + got.rest
-        done[i].segments += more if more else done[i].rest     # nothing decoded again: keep what was cut
-        done[i].tokens += got.tokens
     k = 0
     for f, wins in enumerate(windows):
         ids = range(k, k + len(wins))
@@ -510,9 +496,7 @@ def transcribe_rows(runtime: Any, options: Any, samples: list[bytes], windows: l
             out.failures[f] = (f"failed at window {first + bad - ids[0]} ({(at + c.a) / rate:.2f}-"
                                f"{(at + c.b) / rate:.2f} s): {failed[bad]}")
             continue
-        text, segments = stitch([((at + clips[i].a) / rate,
-                                  [_moved(s, at / rate) for s in done[i].segments + ([] if done[i].tail is not None
-                                                                                     else done[i].rest)],
+        text, segments = stitch([((at + clips[i].a) / rate, [_moved(s, at / rate) for s in done[i].segments],
                                   done[i].fields) for i in ids])
         if not text and f not in pieces and not is_silent(pcm[f].astype(np.float32) / 32768.0, rate):
             out.failures[f] = NO_SPEECH
@@ -524,12 +508,6 @@ def transcribe_rows(runtime: Any, options: Any, samples: list[bytes], windows: l
     return out
 
 
-MIN_TAIL_SECONDS = 0.3      # an unfinished end shorter than this is kept as decoded
-
-
-PACK_ROUNDS = 2     # the clips a pack's decoding stopped short of are packed again, once
-
-
 def _decode_clips(runtime: Any, d: Any, options: Any, clips: list[Clip], pcm: list[np.ndarray],
                   record_ids: list[str], check: Callable[[], None],
                   out: SpeechOutcome) -> tuple[dict[int, Decoded], dict[int, str]]:
@@ -539,11 +517,8 @@ def _decode_clips(runtime: Any, d: Any, options: Any, clips: list[Clip], pcm: li
     audio = [pcm[c.f][c.a:c.b] for c in clips]
     done: dict[int, Decoded] = {}
     failed: dict[int, str] = {}
-    packable = [c.packable for c in clips]
-    for _ in range(PACK_ROUNDS):
-        if not any(packable):
-            break
-        packable = _decode_packs(runtime, d, options, clips, audio, packable, done, record_ids, check, out)
+    if any(c.packable for c in clips):
+        _decode_packs(runtime, d, options, clips, audio, done, record_ids, check, out)
     alone = [i for i in range(len(clips)) if i not in done]
 
     def run(batch: list[int]) -> None:
@@ -556,26 +531,21 @@ def _decode_clips(runtime: Any, d: Any, options: Any, clips: list[Clip], pcm: li
     step = options.max_batch_windows
     for i in range(0, len(alone), step):
         isolate(run, alone[i:i + step], done=done.__contains__, failed=failed.__setitem__)
-    for i, r in done.items():       # a tail too short to decode again keeps its text
-        if r.tail is not None and (clips[i].b - r.tail) < MIN_TAIL_SECONDS * spec.sample_rate:
-            r.segments, r.rest, r.tail = r.segments + r.rest, [], None
     return done, failed
 
 
 def _decode_packs(runtime: Any, d: Any, options: Any, clips: list[Clip], audio: list[np.ndarray],
-                  packable: list[bool], done: dict[int, Decoded], record_ids: list[str],
-                  check: Callable[[], None], out: SpeechOutcome) -> list[bool]:
+                  done: dict[int, Decoded], record_ids: list[str], check: Callable[[], None],
+                  out: SpeechOutcome) -> None:
     """Decode the packable clips in packs (runtime/speech/packing.py) and add what each pack gives
-    its clips to `done`. Returns the clips to pack again: those after where a pack's decoding
-    stopped, and a packable clip left without a pack. A clip whose pack failed, whose split was
-    unsure, or whose pack left a clip with sound without text (its decoding is not trusted) is left
-    to be decoded alone."""
+    its clips to `done`. A clip whose pack failed, whose split was unsure, or whose pack left a
+    clip with sound without text (the pack's decoding is not trusted) is left to be decoded alone."""
     from batchinf.runtime.speech.packing import as_one_segment, pack_files, pack_samples, split_pack
     from batchinf.runtime.speech.windows import is_silent
 
     spec, rate = runtime.spec, runtime.spec.sample_rate
     gap = int(GAP_SECONDS * rate)
-    packs, alone = pack_files([x.size for x in audio], packable, spec.chunk_samples, gap)
+    packs, _ = pack_files([x.size for x in audio], [c.packable for c in clips], spec.chunk_samples, gap)
     decoded: dict[int, Decoded] = {}
     d_pack = replace(d, timestamps=True)       # packs are split by their timestamps
 
@@ -589,28 +559,15 @@ def _decode_packs(runtime: Any, d: Any, options: Any, clips: list[Clip], audio: 
     step = options.max_batch_windows
     for i in range(0, len(packs), step):
         isolate(run, list(range(i, min(i + step, len(packs)))), done=decoded.__contains__, failed=lambda k, _: None)
-    again = [False] * len(clips)
-    if decoded:     # a packable clip no pack took (the last, alone) joins those packed again
-        for i in alone:
-            again[i] = packable[i]
     for k, r in decoded.items():
-        pack = packs[k]
-        ends = {i: at + n for i, at, n in zip(pack.files, pack.offsets, pack.sizes)}
-        later = {i for i in pack.files if r.tail is not None and ends[i] > r.tail}
-        mine, unsure = split_pack(pack, r.segments, rate, gap)
-        if any(not segs and i not in later and not is_silent(audio[i].astype(np.float32) / 32768.0, rate)
-               for i, segs in mine.items()):
+        mine, unsure = split_pack(packs[k], r.segments, rate, gap)
+        if any(not segs and not is_silent(audio[i].astype(np.float32) / 32768.0, rate) for i, segs in mine.items()):
             continue
-        for i in later - set(unsure):
-            again[i] = True
         for i, segs in mine.items():
-            if i in later:
-                continue
             if not d.timestamps:
                 segs = as_one_segment(segs, audio[i].size / rate)
             at = clips[i].a / rate
             done[i] = Decoded([_moved(s, at) for s in segs], r.fields, r.language, sum(len(s["tokens"]) + 2 for s in segs))
-    return again
 
 
 def _moved(s: dict[str, Any], by: float) -> dict[str, Any]:
@@ -626,13 +583,13 @@ def _decode(runtime: Any, d: Any, options: Any, audio: list[np.ndarray], starts:
     """Windows' int16 samples, each starting at sample `starts[i]` of its file -> each one's
     Decoded (times in the file)."""
     from batchinf.runtime.speech.features import batch_features
-    from batchinf.runtime.speech.segments import unfinished_at, window_segments
+    from batchinf.runtime.speech.segments import window_segments
     from batchinf.runtime.speech.words import attach_words
 
     engine, spec = runtime.engine, runtime.spec
     rate = spec.sample_rate
     feats = batch_features([a.astype(np.float32) / 32768.0 for a in audio], spec)
-    results, langs = engine.generate(feats, d)
+    results, langs = engine.generate(feats, d, [a.size / rate for a in audio])
     words: list[Any] = [None] * len(audio)
     if options.timestamps == "word":
         words = engine.words(feats, results, [a.size // spec.hop for a in audio], langs, d.task)
@@ -645,11 +602,5 @@ def _decode(runtime: Any, d: Any, options: Any, audio: list[np.ndarray], starts:
             attach_words(segs, ws, a / rate)
         fields = {"temperature": r.temperature, "avg_logprob": r.avg_logprob,
                   "compression_ratio": r.compression_ratio, "no_speech_prob": r.no_speech_prob}
-        cut = None if silent else unfinished_at(r.tokens, engine.eot, engine.timestamp_begin)
-        if cut is None:
-            out.append(Decoded(segs, fields, lang, len(r.tokens)))
-            continue
-        tail = a + int(round(cut * rate))
-        done = [s for s in segs if s["start"] < a / rate + cut - 1e-6]
-        out.append(Decoded(done, fields, lang, len(r.tokens), tail, segs[len(done):]))
+        out.append(Decoded(segs, fields, lang, len(r.tokens)))
     return out

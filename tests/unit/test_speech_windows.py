@@ -126,14 +126,15 @@ def test_a_packs_segments_go_back_to_their_files_in_their_own_time() -> None:
     assert unsure == [7, 9] and mine == {}
 
 
-def test_where_a_windows_decoding_stopped_short() -> None:
-    from batchinf.runtime.speech.segments import unfinished_at
+def test_a_window_that_opened_a_segment_and_stopped_stopped_short() -> None:
+    from batchinf.runtime.speech.segments import stopped_short
 
     eot, ts = 50256, 50363
+
     def t(sec: float) -> int:
         return ts + int(round(sec / 0.02))
-    assert unfinished_at([t(0), 10, 11, t(3), t(3), 12, t(5)], eot, ts) is None          # ends closing a segment
-    assert unfinished_at([t(0), 10, t(3), t(3.5), eot], eot, ts) == pytest.approx(3.0)  # a new segment begun
-    assert unfinished_at([t(0), 10, t(3), t(3), 12, 13], eot, ts) == pytest.approx(3.0)  # text left open
-    assert unfinished_at([t(0), 10, 11], eot, ts) is None                                # nothing closed
-    assert unfinished_at([10, 11, eot], eot, ts) is None                                 # no timestamps
+    assert stopped_short([t(0), 10, t(3), t(3.5), eot], eot, ts, 20.0)              # a new segment opened
+    assert not stopped_short([t(0), 10, t(3), t(3.5), eot], eot, ts, 3.4)          # ... at the audio's end
+    assert not stopped_short([t(0), 10, 11, t(3), t(3), 12, t(5)], eot, ts, 20.0)  # ends closing a segment
+    assert not stopped_short([t(0), 10, 11], eot, ts, 20.0)                        # text left open
+    assert not stopped_short([10, 11, eot], eot, ts, 20.0)                         # no timestamps

@@ -34,16 +34,12 @@ def window_segments(tokens: list[int], eot: int, timestamp_begin: int, start: fl
     return [s for s in out if s["text"].strip()]
 
 
-def unfinished_at(tokens: list[int], eot: int, timestamp_begin: int) -> float | None:
-    """Where a window's decoding stopped short, in seconds from its start: the timestamp closing its
-    last complete segment, when text or a new segment's start follows it (Whisper's own loop seeks
-    there and decodes the rest again); None when the output ends by closing a segment, or closes
-    none."""
+def stopped_short(tokens: list[int], eot: int, timestamp_begin: int, before: float) -> bool:
+    """Whether a window's decoding ended by opening a segment (two timestamps, the last one
+    earlier than `before` seconds) instead of closing one: the words after it were not said."""
     toks = [t for t in tokens if t >= timestamp_begin or t < eot]
-    closing = [j for j in range(1, len(toks)) if toks[j] >= timestamp_begin and toks[j - 1] < timestamp_begin]
-    if not closing or closing[-1] == len(toks) - 1:
-        return None
-    return (toks[closing[-1]] - timestamp_begin) * TIME_PRECISION
+    return (len(toks) >= 3 and toks[-1] >= timestamp_begin and toks[-2] >= timestamp_begin and toks[-3] < eot
+            and (toks[-1] - timestamp_begin) * TIME_PRECISION < before)
 
 
 def _seg(a: float, b: float, tokens: list[int], decode: Callable[[list[int]], str], end: float) -> dict[str, Any]:

@@ -22,6 +22,7 @@ VOCABULARIES = ("vocabulary.txt", "vocabulary.json")      # the one the bundle h
 SPECIAL_NAMES = ("<|endoftext|>", "<|startoftranscript|>", "<|startofprev|>", "<|notimestamps|>",
                  "<|transcribe|>", "<|translate|>", "<|startoflm|>", "<|nocaptions|>")
 MAX_PROMPT = 223          # tokens of initial_prompt kept (max_length // 2 - 1)
+MIN_UNSAID_SECONDS = 0.3  # a window that stops closer than this to its audio's end is taken as it is
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ class WhisperEngine:
         self.specials = meta["special_tokens"]
         self.multilingual = bool(meta["multilingual"])
         self.tokenizer = tokenizers.Tokenizer.from_file(str(root / "tokenizer.json"))
-        kind = "cuda" if device.startswith("cuda") else "cpu"
+        kind = self.device = "cuda" if device.startswith("cuda") else "cpu"
         files = {name: (root / stored).read_bytes() for name, stored in CT2_FILES.items()}
         files.update({v: (root / v).read_bytes() for v in VOCABULARIES if v in meta["files"]})
         self.model = ctranslate2.models.Whisper(f"batchinf-bundle:{root.name}", device=kind,
@@ -129,13 +130,17 @@ class WhisperEngine:
     def decode_text(self, tokens: list[int]) -> str:
         return self.tokenizer.decode([t for t in tokens if t < self.eot])
 
-    def generate(self, features: np.ndarray, d: Decoding) -> tuple[list[WindowResult], list[str | None]]:
-        """Windows' features [B, n_mels, frames] -> a result per window, and each window's
-        language (detected on a multilingual model unless the options name one)."""
+    def generate(self, features: np.ndarray, d: Decoding,
+                 seconds: list[float] | None = None) -> tuple[list[WindowResult], list[str | None]]:
+        """Windows' features [B, n_mels, frames] (holding `seconds` of audio each) -> a result per
+        window, and each window's language (detected on a multilingual model unless the options
+        name one). A window whose decoding opened a segment and stopped, seconds before its audio
+        ends, is continued (`_continue`)."""
         import ctranslate2
 
         storage = ctranslate2.StorageView.from_array(np.ascontiguousarray(features, dtype=np.float32))
         encoded = self.model.encode(storage, to_cpu=False)
+        whole = encoded
         langs: list[str | None] = [d.language] * len(features)
         if self.multilingual and d.language is None:
             langs = self.detect_languages(encoded)
@@ -146,9 +151,8 @@ class WhisperEngine:
         for k, temperature in enumerate(d.temperatures):
             if not todo:
                 break
-            if len(todo) < len(features):      # the windows left, encoded again (a few)
-                encoded = self.model.encode(ctranslate2.StorageView.from_array(
-                    np.ascontiguousarray(features[todo], dtype=np.float32)), to_cpu=False)
+            if len(todo) < len(features):      # the windows left
+                encoded = self._rows(whole, features, todo)
             got = self._run(encoded, [self.prompt(d, langs[i]) for i in todo], d, temperature, k)
             again = []
             for i, r in zip(todo, got):
@@ -158,10 +162,48 @@ class WhisperEngine:
                                    or r.avg_logprob < d.logprob_threshold):
                     again.append(i)
             todo = again
-        return [r for r in results if r is not None], langs
+        done = [r for r in results if r is not None]
+        if d.timestamps and seconds is not None:
+            self._continue(whole, features, done, langs, d, seconds)
+        return done, langs
+
+    def _rows(self, encoded: Any, features: np.ndarray, rows: list[int]) -> Any:
+        """The encoder's output for some of a batch's windows: sliced on CPU, encoded again on CUDA."""
+        import ctranslate2
+
+        if self.device == "cpu":
+            return ctranslate2.StorageView.from_array(np.ascontiguousarray(np.asarray(encoded)[rows]))
+        return self.model.encode(ctranslate2.StorageView.from_array(
+            np.ascontiguousarray(features[rows], dtype=np.float32)), to_cpu=False)
+
+    def _continue(self, encoded: Any, features: np.ndarray, results: list[WindowResult],
+                  langs: list[str | None], d: Decoding, seconds: list[float]) -> None:
+        """Whisper sometimes closes a segment, opens the next and stops, seconds before its window's
+        audio ends, the last words unsaid (its own loop seeks there and decodes the rest in the
+        next window). Such a window is decoded on from where it stopped, once: its tokens so far
+        are the prompt's prefix and the first new token may not end it (`suppress_blank`); its
+        scores stay the first pass's. Nothing but the window itself decides it."""
+        from batchinf.runtime.speech.segments import stopped_short
+
+        todo = [i for i, r in enumerate(results)
+                if stopped_short(r.tokens, self.eot, self.timestamp_begin, seconds[i] - MIN_UNSAID_SECONDS)]
+        if not todo:
+            return
+        prompts = [self.prompt(d, langs[i]) + results[i].tokens for i in todo]
+        by_temp: dict[float, list[int]] = {}
+        for j, i in enumerate(todo):
+            by_temp.setdefault(results[i].temperature, []).append(j)
+        for temperature, js in by_temp.items():
+            got = self._run(self._rows(encoded, features, [todo[j] for j in js]), [prompts[j] for j in js], d,
+                            temperature, d.temperatures.index(temperature) if temperature in d.temperatures else 0,
+                            scores=False)
+            for j, tokens in zip(js, got):
+                r = results[todo[j]]
+                if tokens[:len(r.tokens)] == r.tokens and len(tokens) > len(r.tokens):
+                    r.tokens = tokens
 
     def _run(self, encoded: Any, prompts: list[list[int]], d: Decoding, temperature: float,
-             step: int) -> list[WindowResult]:
+             step: int, scores: bool = True) -> Any:
         import ctranslate2
 
         if temperature > 0:
@@ -171,6 +213,8 @@ class WhisperEngine:
             kw = dict(beam_size=d.beam_size)
         out = self.model.generate(encoded, prompts, max_length=d.max_length, return_scores=True,
                                   return_no_speech_prob=True, suppress_blank=True, suppress_tokens=[-1], **kw)
+        if not scores:      # each window's best tokens (a continuation's: its prompt's prefix included)
+            return [list(r.sequences_ids[max(range(len(r.sequences_ids)), key=lambda h: r.scores[h])]) for r in out]
         results = []
         for r in out:
             best = max(range(len(r.sequences_ids)), key=lambda h: r.scores[h])
