@@ -43,8 +43,8 @@ class ObjectTask:
     splittable: bool = True     # False: planned whole whatever its size (a retry job plans chosen ordinals)
     part: Range | None = None    # the part of the object this task plans (planning/ranges.py); None: all of it
     output_uri: str = ""         # the job's output prefix (generate_image stages where its images go)
-    shard_work: int = 0          # the manifest's shards.max_tokens: the most work a shard holds (a task that
-                                 # stages a long record in pieces keeps each piece within it)
+    shard_work: int = 0          # the manifest's shards.max_tokens when it is not the default (else 0): the most work a
+                                 # shard holds (a task that stages a long record in pieces keeps each piece within it)
 
 
 def stage_uri(work_uri: str, idx: int) -> str:
@@ -113,7 +113,7 @@ class Planning:
         return ObjectTask(obj.idx, obj.pin, m.input.format, m.input.id_field, self.field, job.bundle_digest,
                           self.max_length, self.truncate, stage_uri(job.work_uri, obj.idx), task=m.task,
                           kind=self.kind, options=m.options, input=m.input, may_read=self.may_read,
-                          splittable=not job.retry_of, output_uri=job.output_uri, shard_work=m.shards.max_tokens)
+                          splittable=not job.retry_of, output_uri=job.output_uri, shard_work=_set_max_tokens(m))
 
     def object_tasks(self) -> list[ObjectTask]:
         """Every object's task, in pinned order (the global step's: one ledger read)."""
@@ -134,3 +134,8 @@ def part_tasks(task: ObjectTask) -> list[ObjectTask]:
     if parts is None:
         return [task]
     return [replace(task, part=p, stage_uri=ranges.part_uri(task.stage_uri, p)) for p in parts]
+
+
+def _set_max_tokens(m: Any) -> int:
+    """The manifest's shards.max_tokens, 0 when it is the default (no bound asked for)."""
+    return 0 if m.shards.max_tokens == type(m.shards).model_fields["max_tokens"].default else m.shards.max_tokens
