@@ -8,7 +8,8 @@ seconds per wall-clock second and WER on espeak-ng clips of known text.
 
 Contenders, each a fresh process over the same directory of files:
 - batchinf: `batchinf run` of a transcribe job (embedded, one worker process per core, one
-  thread each), windows of every file packed into batches of 16;
+  thread each, default shards and options): short files share 30-second windows, long files
+  are cut into pieces spread over the workers, windows run in batches of 16;
 - faster-whisper BatchedInferencePipeline(batch_size=16) over each file in turn (its batches hold
   the windows of one file), cpu_threads = cores;
 - faster-whisper WhisperModel.transcribe, each file in turn, cpu_threads = cores.

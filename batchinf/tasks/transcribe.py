@@ -8,14 +8,15 @@ checked against BATCHINF_MAX_AUDIO_SECONDS before it is decoded (bounded in samp
 downmixed to mono, resampled to the bundle's rate, and cut into windows of at most 30 s at
 silence (runtime/speech/windows.py); the staged row holds the 16-bit samples and the windows.
 A file whose windows span more than a piece (`piece_seconds`: the manifest's `shards.max_tokens`
-up to a model batch of windows, else 2 minutes) is staged as several rows, its pieces: consecutive runs of
-the one window plan, each with its own samples and its windows' places in the file, bucketed
-and sharded like any row, so a long file runs on many shards and workers at once.
-Length measure: the row's duration in seconds. At execute, windows of every file of the batch
-are packed into batches of `max_batch_windows` (a 5 s clip shares its batch with 15 others) and
-each file's transcript is stitched from its windows (segments in order, absolute times); a
-piece's transcript is a row of PIECE_SCHEMA, and its file's one row (or error row) is stitched
-from all its pieces at publish (`assemble`, runtime/speech/pieces.py).
+up to a model batch of windows, else 2 minutes) is staged as several rows, its pieces:
+consecutive runs of the one window plan, each with its own samples and its windows' places in
+the file, bucketed and sharded like any row, so a long file runs on many shards and workers at
+once. Length measure: the row's duration in seconds. At execute, short files share 30-second
+windows (`options.pack`, runtime/speech/packing.py), the windows of every row of the shard run
+in batches of `max_batch_windows`, and each file's transcript is stitched from its windows
+(segments in order, absolute times); a piece's transcript is a row of PIECE_SCHEMA, and its
+file's one row (or error row) is stitched from all its pieces at publish (`assemble`,
+runtime/speech/pieces.py).
 
 Bad audio is an error row naming the file: empty_audio, not_audio, bad_audio, truncated_audio,
 audio_too_long, audio_too_large, audio_decode_timeout, and no_speech_found (a file that is not
@@ -442,8 +443,8 @@ def _checking_stop(check: Callable[[], None], split: Any) -> Callable[[], None]:
 
 @dataclass
 class Clip:
-    """Samples [a, b) of file `f` decoded as one window: a window of the file, or the unfinished
-    end of one; `packable`: it may share a window with others (runtime/speech/packing.py)."""
+    """Samples [a, b) of file `f`, one of its windows; `packable`: it may share a window with
+    others (runtime/speech/packing.py)."""
     f: int
     a: int
     b: int
