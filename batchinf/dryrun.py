@@ -71,7 +71,8 @@ def start(job_id: str, *, tenant: str | None = None) -> str:
 def report(job_id: str, *, tokens_per_second: float | None = None, workers: int = 1,
            tenant: str | None = None) -> dict[str, Any]:
     """What planning found (records, invalid records by code, tokens in total and per bucket,
-    bucket bounds, shards, estimated padding efficiency) and, given a throughput, the worker
+    bucket bounds, shards, estimated padding efficiency; for transcribe, the audio in hours: its
+    tokens are seconds of audio) and, given a throughput, the worker
     time, wall time on `workers` workers and cost of executing it."""
     job = job_repo.get(job_id, tenant=tenant)
     st = status(job_id, tenant=tenant)
@@ -90,6 +91,7 @@ def report(job_id: str, *, tokens_per_second: float | None = None, workers: int 
         "bucket_bounds": p.get("bucket_bounds", []), "shards": st["shards"]["total"],
         "padding_efficiency": tokens / padded if padded else None,
         "plan_seconds": job.plan_seconds,
+        **({"audio_hours": round(tokens / 3600, 4)} if job.task == "transcribe" else {}),  # its tokens: seconds
         "estimate": estimate(job, tokens, tokens_per_second, workers),
         "next": (f"batchinf start {job_id}, or batchinf run with the same manifest"
                  if job.status == JobStatus.PLANNED else None),

@@ -210,6 +210,8 @@ def print_plan(r: dict[str, Any]) -> None:
     out.print(f"{r['records']} records in {r['objects']} objects, {r['invalid']} invalid "
               f"{r['invalid_by_code'] or ''}; {r['tokens']['total']} tokens; {r['shards']} shards; "
               f"padding efficiency {'–' if eff is None else f'{eff:.3f}'} (estimated)", highlight=False)
+    if "audio_hours" in r:      # transcribe: its tokens are seconds of audio
+        out.print(f"{r['audio_hours']:.3f} hours of audio", highlight=False)
     t = Table("bucket", "max tokens", "records", "tokens")
     for b in r["tokens"]["per_bucket"]:
         t.add_row(str(b["bucket"]), str(b["max_tokens"]), str(b["records"]), str(b["tokens"]))

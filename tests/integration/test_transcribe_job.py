@@ -257,3 +257,22 @@ def test_records_naming_audio_by_uri_or_bytes(tiny_en: str, tmp_path: Path) -> N
     assert outs["jsonl"][1] == {"gone": "audio_unreachable", "none": "missing_audio"}
     assert wer([SENTENCES[1]], [outs["jsonl"][0]["by-uri"]]) <= 0.2
     assert outs["parquet"][1] == {} and wer([SENTENCES[2]], [outs["parquet"][0]["by-bytes"]]) <= 0.2
+
+
+def test_plan_estimates_the_audio_hours_and_the_cost(tiny_en: str, tmp_path: Path) -> None:
+    from batchinf.dryrun import plan_only, report
+
+    inp = tmp_path / "in-plan"
+    inp.mkdir()
+    seconds = 0.0
+    for k in range(3):
+        wav = synth(SENTENCES[k], "en-us", 160)
+        (inp / f"c{k}.wav").write_bytes(wav)
+        samples, rate = wav_samples(wav)
+        seconds += len(samples) / rate
+    m = {"name": "plan-audio", "task": "transcribe", "bundle": "tiny-en@prod", "output": {"uri": str(tmp_path / "o")},
+         "input": {"uri": str(inp) + "/", "format": "audio"}}
+    job_id = plan_only(parse_manifest(m), Caller("default", operator=True))
+    r = report(job_id, tokens_per_second=30.0, workers=2)
+    assert r["records"] == 3 and r["audio_hours"] == pytest.approx(seconds / 3600, abs=3 / 3600)   # whole seconds
+    assert r["estimate"]["worker_hours"] == pytest.approx(r["tokens"]["total"] / 30.0 / 3600)
