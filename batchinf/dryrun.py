@@ -27,6 +27,7 @@ from batchinf.manifest import JobManifest
 from batchinf.retry_policy import RetryPolicy, Stage
 from batchinf.scopes import Caller
 from batchinf.submit import submit
+from batchinf.tasks import get_task
 
 
 class PlanHere(Dispatcher):
@@ -91,7 +92,7 @@ def report(job_id: str, *, tokens_per_second: float | None = None, workers: int 
         "bucket_bounds": p.get("bucket_bounds", []), "shards": st["shards"]["total"],
         "padding_efficiency": tokens / padded if padded else None,
         "plan_seconds": job.plan_seconds,
-        **({"audio_hours": round(tokens / 3600, 4)} if job.task == "transcribe" else {}),  # its tokens: seconds
+        **get_task(job.task).summarize_plan(tokens),
         "estimate": estimate(job, tokens, tokens_per_second, workers),
         "next": (f"batchinf start {job_id}, or batchinf run with the same manifest"
                  if job.status == JobStatus.PLANNED else None),

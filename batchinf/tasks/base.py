@@ -155,6 +155,10 @@ class Task:
         """Extra `_MANIFEST.json` counts from the result parts' `summary_columns`."""
         return {}
 
+    def summarize_plan(self, work: int) -> dict[str, Any]:
+        """Extra `batchinf plan` fields from the planned work (the valid records' length measure)."""
+        return {}
+
     def assemble(self, pieces: pa.Table, failed: set[tuple[str, int]]) -> Assembled:
         """Piece outputs (rows of `piece_schema` from every committed attempt that ran pieces) ->
         one result or error row per record whose pieces are all there, in (source, ordinal) order;

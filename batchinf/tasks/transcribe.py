@@ -332,6 +332,9 @@ class Transcribe(Task):
         return [(fmt, subtitle_key(fmt, r["record_id"]), RENDERERS[fmt](r["segments"]).encode())
                 for fmt in options.formats for r in rows]
 
+    def summarize_plan(self, work: int) -> dict[str, Any]:
+        return {"audio_hours": round(work / 3600, 4)}      # the length measure is seconds of audio
+
     def summarize(self, tables: Iterable[pa.Table]) -> dict[str, Any]:
         total = 0.0
         for t in tables:
