@@ -481,7 +481,7 @@ def transcribe_rows(runtime: Any, options: Any, samples: list[bytes], windows: l
     from batchinf.runtime.speech.segments import stitch
     from batchinf.runtime.speech.windows import is_silent
 
-    spec, rate, pieces = runtime.spec, runtime.spec.sample_rate, pieces or {}
+    rate, pieces = runtime.spec.sample_rate, pieces or {}
     d = decoding_for(runtime, options)
     pcm = [np.frombuffer(s, dtype="<i2") for s in samples]
     out = SpeechOutcome()

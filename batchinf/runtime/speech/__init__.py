@@ -1,7 +1,9 @@
 """Speech runtime (task transcribe): audio decoding (`audio`), log-mel features (`features`),
 windows at silence (`windows`), the CTranslate2 Whisper engine (`whisper`, its model file read
-by `ct2_file`), segments stitched into transcripts (`segments`), a long file's windows in pieces
-and its transcript stitched back from them (`pieces`) and the opened bundle (`runtime`). Only `whisper` needs CTranslate2: planning decodes and windows audio without it."""
+by `ct2_file`), segments stitched into transcripts (`segments`), short files sharing windows
+(`packing`), a long file's windows in pieces and its transcript stitched back from them
+(`pieces`) and the opened bundle (`runtime`). Only `whisper` needs CTranslate2: planning decodes
+and windows audio without it."""
 
 from __future__ import annotations
 
