@@ -176,14 +176,14 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
     if (starting := getattr(runtime, "begin_shard", None)) is not None:
         starting(job.id)        # a remote engine replays the fixtures at each job's start and every N shards
 
-    steps0 = getattr(runtime, "steps_done", None)     # a runtime that counts steps (diffusion)
+    progress0 = getattr(runtime, "progress_done", None)    # a runtime that counts its progress (Task.progress_unit)
 
     def check() -> None:
         if heartbeat is not None:
             if heartbeat.lost.is_set():
                 raise StaleAttemptError(f"attempt {lease.attempt} of shard {lease.shard_id} lost its lease")
-            if steps0 is not None:      # the task checks after every step: the heartbeat reports them
-                heartbeat.steps_done = runtime.steps_done - steps0
+            if progress0 is not None:      # the task checks after every step or batch: the heartbeat reports it
+                heartbeat.progress_done = round(runtime.progress_done - progress0)
 
     def finished(n: int = 1) -> None:
         """n more records are done (the heartbeat reports them), then `check`."""
@@ -205,7 +205,7 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
     base = join(job.work_uri, "attempts", lease.shard_id, f"a{lease.attempt}")
     out_uri, err_uri = join(base, "part.parquet"), join(base, "errors.parquet")
     staging = {"files": AttemptFiles(out_uri, lease.attempt)} if task.stages_files else {}
-    steps = 0                       # planned steps of the records done (a task that runs steps)
+    progress = 0                    # planned progress units of the records done (Task.progress_unit)
     retrying(leases.computing, lease, True)     # from here a lost worker counts against the records
     try:
         for staged in _staged_chunks(shard.input_uri, task.streams, chunk):
@@ -245,7 +245,7 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
             if run.deferred:            # the whole shard was `staged`: positions are the shard's
                 rest = np.asarray(run.deferred, dtype=np.int64)
             done += staged.num_rows - len(run.deferred)
-            steps += task.planned_steps(staged if not run.deferred else staged.filter(
+            progress += task.planned_progress(staged if not run.deferred else staged.filter(
                 pa.array(~np.isin(np.arange(staged.num_rows), run.deferred)))) or 0
             done_tokens += sum(c["n_tokens"]) - sum(c["n_tokens"][i] for i in run.deferred)
         if rest is not None and not done:
@@ -273,7 +273,7 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
         errors_uri=err_uri, errors_sha256=err_sha, error_rows=err_rows,
         tokens_input=tokens["input"], tokens_output=tokens["output"], tokens_real=tokens["real"],
         tokens_padded=tokens["padded"],
-        execute_seconds=time.perf_counter() - t0, errors=error_rows, steps=steps)
+        execute_seconds=time.perf_counter() - t0, errors=error_rows, progress=progress)
     failpoints.hit("execute.before_commit")
     try:
         if rest is None:
@@ -287,6 +287,6 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
         for child in children:
             get_store(child["input_uri"]).delete(child["input_uri"])
         raise
-    metrics.shard_committed(job.bundle_digest, result)
+    metrics.shard_committed(job.bundle_digest, result, task.progress_unit)
     failpoints.hit("execute.after_commit")
     return result

@@ -24,7 +24,7 @@ class Heartbeat(threading.Thread):
         self.lease, self.parent_pid, self.on_nearly_done = lease, parent_pid, on_nearly_done
         self.lost = threading.Event()
         self.records_done = 0       # records of the shard finished so far, sent with each heartbeat
-        self.steps_done: int | None = None   # denoising steps (x images) so far, for a task that runs steps
+        self.progress_done: int | None = None   # the attempt's progress units so far (Task.progress_unit), if counted
         self._stop = threading.Event()
 
     def nearly_done(self, least: int, soon: int) -> None:
@@ -33,7 +33,7 @@ class Heartbeat(threading.Thread):
         (`splits.request_split`, with the job's `sizing.split_bounds`), then call
         `on_nearly_done`; the driver also counts this worker as about to idle from then on."""
         try:
-            leases.heartbeat(self.lease, settings().lease_seconds, self.records_done, self.steps_done)
+            leases.heartbeat(self.lease, settings().lease_seconds, self.records_done, self.progress_done)
             splits.request_split(self.lease.job_id, None, least, soon_work=soon)
         except Exception:  # noqa: BLE001 -- only the split comes later: the driver asks when idle
             pass
@@ -46,7 +46,7 @@ class Heartbeat(threading.Thread):
             if self.parent_pid is not None and os.getppid() != self.parent_pid:
                 os._exit(1)  # embedded driver died: do not outlive it
             try:
-                if not leases.heartbeat(self.lease, s.lease_seconds, self.records_done, self.steps_done):
+                if not leases.heartbeat(self.lease, s.lease_seconds, self.records_done, self.progress_done):
                     self.lost.set()
                     return
             except Exception:  # noqa: BLE001 -- a missed heartbeat is retried on the next tick

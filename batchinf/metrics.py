@@ -50,6 +50,10 @@ PADDED_TOKENS = Counter("batchinf_worker_padded_tokens", "Token positions this p
                         "included (real tokens are part of them)", ["bundle_id"])
 STEPS = Counter("batchinf_worker_denoising_steps", "Denoising steps x images of the records in shards this "
                 "process committed (generate_image)", ["bundle_id"])
+AUDIO_SECONDS = Counter("batchinf_worker_audio_seconds", "Seconds of audio in shards this process committed "
+                        "(transcribe; each file or piece in whole seconds)", ["bundle_id"])
+# a task's progress unit (Task.progress_unit) -> the counter of it
+PROGRESS = {"steps": STEPS, "audio_seconds": AUDIO_SECONDS}
 SHARD_SECONDS = Histogram("batchinf_worker_shard_duration_seconds", "Wall time of committed shards",
                           ["bundle_id"], buckets=SHARD_BUCKETS)
 ATTEMPTS_ENDED = Counter("batchinf_worker_attempts_ended", "Shard attempts that ended without "
@@ -74,15 +78,16 @@ def bundle_id(digest: str) -> str:
 # --- hooks: each called from one line elsewhere --------------------------------------------------
 
 
-def shard_committed(bundle: str, result: Any) -> None:
-    """execute.py, after a fenced commit succeeded (`result` is an ops.ShardResult)."""
+def shard_committed(bundle: str, result: Any, progress_unit: str | None = None) -> None:
+    """execute.py, after a fenced commit succeeded (`result` is an ops.ShardResult; `progress_unit`
+    the task's, that `result.progress` counts)."""
     b = bundle_id(bundle)
     RECORDS.labels(b, "succeeded").inc(result.output_rows)
     RECORDS.labels(b, "failed").inc(result.error_rows)
     REAL_TOKENS.labels(b).inc(result.tokens_real)
     PADDED_TOKENS.labels(b).inc(result.tokens_padded)
-    if result.steps:
-        STEPS.labels(b).inc(result.steps)
+    if progress_unit and result.progress:
+        PROGRESS[progress_unit].labels(b).inc(result.progress)
     SHARD_SECONDS.labels(b).observe(result.execute_seconds)
 
 

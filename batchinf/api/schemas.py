@@ -42,6 +42,13 @@ class Progress(BaseModel):
                                    "shards' and running attempts' so far); null for a task without steps")
     steps_planned: int | None = Field(None, description="denoising steps x images the plan counted; null for a "
                                       "task without steps")
+    audio_seconds_done: int | None = Field(None, description="seconds of audio transcribed (transcribe: committed "
+                                           "shards' and running attempts' so far); null for a task without audio")
+    audio_seconds_planned: int | None = Field(None, description="seconds of audio the plan counted (each staged "
+                                              "file or piece in whole seconds); null for a task without audio")
+    audio_seconds_per_second: float | None = Field(None, description="audio seconds transcribed per second since "
+                                                   "planning started (the ETA of a transcribe job is the audio "
+                                                   "left at this rate)")
 
 
 class Cost(BaseModel):

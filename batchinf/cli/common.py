@@ -95,6 +95,13 @@ def print_status(s: dict[str, Any]) -> None:
             f"{c['records_total'] if c['records_total'] is not None else '?'} total", highlight=False)
     o.print(f"  shards   {sh['committed']}/{sh['total']} committed, {sh['running']} running, "
             f"{sh['pending']} pending", highlight=False)
+    p = s.get("progress") or {}
+    if p.get("audio_seconds_planned") is not None:
+        rate = p.get("audio_seconds_per_second")
+        o.print(f"  audio    {p['audio_seconds_done'] / 3600:.2f} of {p['audio_seconds_planned'] / 3600:.2f} hours"
+                + (f", {rate:.1f} audio-seconds/s" if rate else ""), highlight=False)
+    if p.get("steps_planned") is not None:
+        o.print(f"  steps    {p['steps_done']} of {p['steps_planned']} denoising steps", highlight=False)
     pinned = "" if s["bundle"] == s["bundle_digest"] else f" ({s['bundle_digest']})"    # a job named by digest
     o.print(f"  bundle   {s['bundle']}{pinned}", highlight=False)
     o.print(f"  output   {s['output_uri']}", highlight=False)

@@ -188,8 +188,8 @@ def claim_speculative(shard_id: str, worker: str, host: str | None = None,
 def heartbeat(lease: Lease, lease_seconds: float, progress_records: int | None = None,
               progress_steps: int | None = None) -> bool:
     """Extend the lease (and, from the attempt holding the shard, record how many of its records
-    are done and how many denoising steps it ran: the status counts them before the shard
-    commits); False when the attempt can no
+    are done and its progress units so far, Task.progress_unit: the status counts them before
+    the shard commits); False when the attempt can no
     longer commit (fenced off, superseded, or its job stopped): the worker then stops working on it."""
     t = now()
     key = {"b_shard": lease.shard_id, "b_number": lease.attempt}
@@ -244,7 +244,7 @@ def commit_in(conn: Connection, lease: Lease, result: ShardResult, **fields: Any
         "errors_sha256": result.errors_sha256, "error_rows": result.error_rows, "tokens_input": result.tokens_input,
         "tokens_output": result.tokens_output, "tokens_real": result.tokens_real,
         "tokens_padded": result.tokens_padded, "execute_seconds": result.execute_seconds,
-        "progress_steps": result.steps, **fields})
+        "progress_steps": result.progress, **fields})
     if won.rowcount != 1:
         raise StaleAttemptError(f"attempt {lease.attempt} of shard {lease.shard_id} lost its lease; "
                                 "another attempt owns the shard")

@@ -154,7 +154,7 @@ class ShardResult:
     tokens_padded: int
     execute_seconds: float
     errors: list[dict]    # record error rows: record_id, source, ordinal, error, message, attempts
-    steps: int = 0        # planned denoising steps (x images) of its records (generate_image; else 0)
+    progress: int = 0     # its records' planned progress units (Task.progress_unit; else 0)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ def status(job_id: str, *, tenant: str | None = None) -> dict[str, Any]:
     """The status object of `run/submit/status/jobs --json` and the REST API (one model for all),
     in two statements (the CLI polls it every tick): the job's row with its running aggregates and
     the jobs that retry it (`_with_aggregates`), and its tallies; a third for a job whose plan
-    counts denoising steps (`_steps_done`).
+    counts progress units (`_progress_done`).
 
     With `tenant`, a job of another tenant is reported exactly like a missing one."""
     retry = jobs.alias("retry")
@@ -44,8 +44,8 @@ def status(job_id: str, *, tenant: str | None = None) -> dict[str, Any]:
         if not rows:
             raise LedgerError(f"no job {job_id!r}; see `batchinf jobs`")
         totals = tallies.read(conn, [job_id])
-        steps = _steps_done(conn, rows[:1])
-    return _view(rows[0], totals[job_id], [r.retried_by for r in rows if r.retried_by is not None], steps)
+        done = _progress_done(conn, rows[:1])
+    return _view(rows[0], totals[job_id], [r.retried_by for r in rows if r.retried_by is not None], done)
 
 
 def _with_aggregates(q: Any) -> Any:
@@ -75,40 +75,58 @@ def statuses(rows: list[Any]) -> list[dict[str, Any]]:
         for rid, of in conn.execute(select(jobs.c.id, jobs.c.retry_of).where(jobs.c.retry_of.in_(ids))
                                     .order_by(jobs.c.created_at, jobs.c.id)).all():
             retries[of].append(rid)
-        steps = _steps_done(conn, rows)
-    return [_view(r, totals[r.id], retries[r.id], steps) for r in rows]
+        done = _progress_done(conn, rows)
+    return [_view(r, totals[r.id], retries[r.id], done) for r in rows]
 
 
-def _view(row: Any, totals: tallies.JobTallies, retries: list[str], steps: dict[str, int]) -> dict[str, Any]:
+def _view(row: Any, totals: tallies.JobTallies, retries: list[str], progress: dict[str, int]) -> dict[str, Any]:
     worker_seconds = totals.worker_seconds + float(row.live_seconds or 0.0)
     view = _status(row, totals, worker_seconds, int(row.in_running or 0))
-    planned = _steps_planned(row)
-    view["progress"].update(steps_planned=planned,
-                            steps_done=None if planned is None else min(planned, steps.get(row.id, 0)))
+    p = view["progress"]
+    for unit in PROGRESS_UNITS:
+        p[f"{unit}_planned"] = p[f"{unit}_done"] = None
+    p["audio_seconds_per_second"] = None
+    if (planned := _progress_planned(row)) is not None:
+        unit, n = planned
+        done = min(n, progress.get(row.id, 0))
+        p.update({f"{unit}_planned": n, f"{unit}_done": done})
+        if unit == "audio_seconds":
+            elapsed = p["elapsed_seconds"]
+            rate = done / elapsed if elapsed and done else None
+            p["audio_seconds_per_second"] = rate
+            if rate and row.status not in values(JOB_TERMINAL):     # the audio left, at the audio rate so far
+                p["eta_seconds"] = max(0.0, (n - done) / rate)
     return {**view, "retry_of": row.retry_of, "retries": retries}
 
 
-def _steps_planned(row: Any) -> int | None:
-    """The denoising steps (x images) the job's plan counted; None for a task without steps."""
-    if not row.plan or '"steps"' not in row.plan:
+# what a task may count progress in besides records (Task.progress_unit): denoising steps x
+# images (generate_image), audio seconds (transcribe); the status has `<unit>_planned` and
+# `<unit>_done` for each, null for a task that does not count it
+PROGRESS_UNITS = ("steps", "audio_seconds")
+
+
+def _progress_planned(row: Any) -> tuple[str, int] | None:
+    """(unit, the progress units the job's plan counted), or None for a task that counts only records."""
+    if not row.plan or not any(f'"{u}"' in row.plan for u in PROGRESS_UNITS):
         return None
-    return json.loads(row.plan).get("steps")
+    plan = json.loads(row.plan)
+    return next(((u, int(plan[u])) for u in PROGRESS_UNITS if plan.get(u) is not None), None)
 
 
-STEPS_COUNTED = (ShardStatus.COMMITTED.value, ShardStatus.RUNNING.value)
+PROGRESS_COUNTED = (ShardStatus.COMMITTED.value, ShardStatus.RUNNING.value)
 
 
-def _steps_done(conn: Connection, rows: list[Any]) -> dict[str, int]:
-    """Denoising steps done per job, for the jobs among `rows` whose plan counts them, in one
-    statement: committed shards' (their records' planned steps) plus running attempts' (their
-    heartbeats'). A running attempt that re-runs a failed batch in halves counts its steps again:
-    the status caps the sum at the plan's."""
-    ids = [r.id for r in rows if _steps_planned(r) is not None]
+def _progress_done(conn: Connection, rows: list[Any]) -> dict[str, int]:
+    """Progress units done per job, for the jobs among `rows` whose plan counts them, in one
+    statement: committed shards' (their records' planned units) plus running attempts' (their
+    heartbeats'). A running attempt that re-runs a failed batch in halves counts it again: the
+    status caps the sum at the plan's."""
+    ids = [r.id for r in rows if _progress_planned(r) is not None]
     if not ids:
         return {}
     return {job_id: int(n) for job_id, n in conn.execute(
         select(shards.c.job_id, func.coalesce(func.sum(shards.c.progress_steps), 0))
-        .where(shards.c.job_id.in_(ids), shards.c.status.in_(STEPS_COUNTED)).group_by(shards.c.job_id)).all()}
+        .where(shards.c.job_id.in_(ids), shards.c.status.in_(PROGRESS_COUNTED)).group_by(shards.c.job_id)).all()}
 
 
 def _in_running(conn: Connection, ids: list[str]) -> dict[str, int]:

@@ -116,8 +116,8 @@ shards = Table(
     Column("execute_seconds", Float, nullable=True),
     Column("progress_records", Integer, nullable=False, default=0),  # records done by the running attempt
                                                                       # (its heartbeats; migration 0009)
-    # denoising steps (x images): the running attempt's so far (its heartbeats), a committed
-    # shard's the planned steps of its records (migration 0017)
+    # progress units (Task.progress_unit: denoising steps x images, audio seconds): the running
+    # attempt's so far (its heartbeats), a committed shard's its records' planned (migration 0017)
     Column("progress_steps", BigInteger, nullable=False, default=0),
     Column("split_requested_at", Float, nullable=True),   # the lifecycle asked the running attempt to split
     Column("last_error", Text, nullable=True),

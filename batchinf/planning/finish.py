@@ -87,7 +87,7 @@ def finish_plan(job: Job, workers: int | None = None) -> None:
 
     source_uris = pa.array(uris, pa.string())
     shard_rows, padded = [], 0
-    steps: int | None = None        # denoising steps x images planned (a task that runs steps)
+    progress: int | None = None     # progress units planned (Task.progress_unit)
     with ExitStack() as stack:
         readers = st.readers(bucketing.local_paths(stack, st.uris), uris, part_dups)
         for sh in planned:
@@ -98,8 +98,8 @@ def finish_plan(job: Job, workers: int | None = None) -> None:
             # durable: the shard rows start_running commits point to this file, and nothing
             # re-creates it once the job runs
             write_table(uri, table, row_group_size=STAGE_ROW_GROUP)
-            if (n := task.planned_steps(table)) is not None:
-                steps = (steps or 0) + n
+            if (n := task.planned_progress(table)) is not None:
+                progress = (progress or 0) + n
             src = table.column("source").combine_chunks().indices.to_numpy().astype(np.int64)
             key = np.ascontiguousarray(np.stack([src, table.column("ordinal").to_numpy()], axis=1),
                                        dtype=np.int64).tobytes()
@@ -121,7 +121,7 @@ def finish_plan(job: Job, workers: int | None = None) -> None:
                  **({"work_per_token": round((prompt_work + decode_work) / prompt_work, 4)}
                     if decode_work and prompt_work else {}),
                  "invalid_by_code": dict(sorted(by_code.items())),
-                 **({"steps": steps} if steps is not None else {}),
+                 **({task.progress_unit: progress} if progress is not None else {}),
                  "buckets": [{"bucket": b, "max_tokens": bound,
                               "records": sum(c for L, c in merged.items() if lo <= L <= bound),
                               "tokens": sum(L * c for L, c in merged.items() if lo <= L <= bound)}

@@ -87,6 +87,9 @@ class Task:
     weights: ClassVar[str] = ".safetensors"     # how the bundle's weight files end
     uses_torch: ClassVar[bool] = True           # its native runtime computes with PyTorch
     min_shard_work: ClassVar[int | None] = None  # least work a planned shard holds (None: BATCHINF_MIN_SHARD_TOKENS)
+    # what the status counts progress in besides records (ledger/status.PROGRESS_UNITS), if anything:
+    # `planned_progress` at plan and commit, the runtime's `progress_done` while a shard runs
+    progress_unit: ClassVar[str | None] = None
     stages_files: ClassVar[bool] = False        # `run` stages files besides its rows (`files`), published
                                                 # from the rows' `output_files`
     piece_schema: ClassVar[pa.Schema | None] = None     # a task staging long records in pieces (`PIECE`):
@@ -137,9 +140,9 @@ class Task:
         `files.put(key, data)`, `key` being where publish copies it under the output prefix."""
         raise NotImplementedError
 
-    def planned_steps(self, staged: pa.Table | pa.RecordBatch) -> int | None:
-        """The denoising steps (x images) the staged rows without an error take: the progress
-        unit of a task that runs steps (generate_image); None for the others."""
+    def planned_progress(self, staged: pa.Table | pa.RecordBatch) -> int | None:
+        """The progress units (`progress_unit`) the staged rows without an error take; None for
+        a task that counts only records."""
         return None
 
     # --- verify -----------------------------------------------------------------------------

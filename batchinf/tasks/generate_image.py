@@ -165,6 +165,7 @@ class GenerateImage(Task):
     summary_columns = ("record_id", "image_keys", "image_sha256")
     needs = ("model_index.json",)
     stages_files = True
+    progress_unit = "steps"     # denoising steps x images
 
     def limits(self, runtime: Any, options: Any) -> tuple[int, bool]:
         return 0, False
@@ -247,7 +248,7 @@ class GenerateImage(Task):
         return RunOutput(table, failures, {"input": real, "output": sum(c["num_images"][i] for i in ok),
                                            "real": real, "padded": real})
 
-    def planned_steps(self, staged: pa.Table | pa.RecordBatch) -> int | None:
+    def planned_progress(self, staged: pa.Table | pa.RecordBatch) -> int | None:
         ok = pc.is_null(staged.column("error"))
         steps = pc.multiply(pc.cast(staged.column("steps"), pa.int64()), pc.cast(staged.column("num_images"), pa.int64()))
         return int(pc.sum(pc.filter(steps, ok)).as_py() or 0)

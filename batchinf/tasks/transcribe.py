@@ -3,7 +3,8 @@
 Input: a prefix of audio objects (`input.format: audio`: wav, flac, mp3, ogg/opus, m4a; each
 object is a record, its key under the prefix its id), or JSONL / Parquet records whose
 `input.audio_field` holds the audio's bytes or an object URI (pinned, and within the grants of a
-confined job, like an image URI: tasks/objects.py). At plan time each file's header is
+confined job, like an image URI: tasks/objects.py), and may set some options for themselves
+(tasks/transcribe_options.py; wrong ones are an invalid_options error row). At plan time each file's header is
 checked against BATCHINF_MAX_AUDIO_SECONDS before it is decoded (bounded in samples and time),
 downmixed to mono, resampled to the bundle's rate, and cut into windows of at most 30 s at
 silence (runtime/speech/windows.py); the staged row holds the 16-bit samples and the windows.
@@ -25,22 +26,23 @@ silent yet gives no text: noise, or a damaged file that decodes as noise)."""
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
-from pydantic import Field
+import pyarrow.compute as pc
 
 from batchinf import failpoints
 from batchinf.errors import InputError, JobStopped, ManifestError
-from batchinf.manifest_rules import BOOLEAN, STRING, Rule, Section, choice, nullable, number, positive
 from batchinf.runtime.speech.packing import GAP_SECONDS
 from batchinf.tasks.base import (FIELD_TASKS, INPUT_DEFAULTS, INPUT_FIELDS, PIECE, RECORD_FIELDS, STAGE_FIELDS,
                                  Assembled, RunOutput, StagedRows, Task, ok_rows, record_columns, usable_records)
 from batchinf.tasks.batching import hit_record_failpoints, isolate
-from batchinf.tasks.embed import DEVICES
+from batchinf.tasks.transcribe_options import (TranscribeOptions, decoding_for, option_problem, options_of,
+                                              record_options)
 
 SPEECH_STAGE_SCHEMA = pa.schema(STAGE_FIELDS + [
     ("samples", pa.large_binary()),                 # int16 little-endian, mono, at the bundle's rate
@@ -49,6 +51,8 @@ SPEECH_STAGE_SCHEMA = pa.schema(STAGE_FIELDS + [
     # a file staged in pieces: this row's number (PIECE) and their count (1: the file is one row),
     # its first window's number in the file; and (pieces only) whether the whole file is silent
     (PIECE, pa.int32()), ("pieces", pa.int32()), ("first_window", pa.int32()), ("silent", pa.bool_()),
+    # the options a JSONL / Parquet record sets for itself (`record_options`), as JSON; null: the job's
+    ("record_options", pa.string()),
 ])
 WORD = pa.struct([("word", pa.string()), ("start", pa.float64()), ("end", pa.float64()), ("probability", pa.float64())])
 SEGMENT = pa.struct([
@@ -70,71 +74,6 @@ PIECE_SCHEMA = pa.schema(RECORD_FIELDS + [
     ("silent", pa.bool_()), ("error", pa.string()), ("message", pa.string()), ("attempts", pa.int32()),
 ])
 MAX_STAGED_BYTES = 2 << 30      # an object's staged samples (32 KB per second of audio) at most
-TIMESTAMPS = ("segment", "word", "none")
-SPEECH_TASKS = ("transcribe", "translate")
-
-
-def _language_problem(v: Any, where: str) -> str | None:
-    if isinstance(v, str) and 2 <= len(v) <= 8 and v.isascii() and v.isalpha() and v.islower():
-        return None
-    return f"{where} {v!r:.40} is not a language code (en, de, haw, ...)"
-
-
-SUBTITLES = ("srt", "vtt")
-FORMATS = Rule(lambda v, w: None if isinstance(v, (list, tuple)) and all(x in SUBTITLES for x in v) and
-               len(set(v)) == len(v) else f"{w} must be a list of subtitle formats ({', '.join(SUBTITLES)}), got {v!r:.60}",
-               {"type": "array", "items": {"enum": list(SUBTITLES)}, "uniqueItems": True}, tuple)
-LANGUAGE = Rule(_language_problem, {"type": "string", "pattern": "^[a-z]{2,8}$"})
-
-
-class TranscribeOptions(Section):
-    """Options of task transcribe."""
-    language: Annotated[str | None, nullable(LANGUAGE)] = Field(
-        None, description="the spoken language's code (en, de, ...); null: detected per window on a multilingual "
-                          "model (English-only models transcribe English)")
-    task: Annotated[str, choice(SPEECH_TASKS)] = Field(
-        "transcribe", description="translate: English text from speech in another language (multilingual models)")
-    timestamps: Annotated[str, choice(TIMESTAMPS)] = Field(
-        "segment", description="segment: segments with start and end times; word: also each segment's words "
-                               "with theirs (cross-attention alignment); none: one segment per window")
-    initial_prompt: Annotated[str | None, nullable(STRING)] = Field(
-        None, description="text that conditions every window (spellings, names, style)")
-    temperature: Annotated[float, number(0, 1)] = Field(0.0, description="0: greedy (or beam search)")
-    temperature_fallback: Annotated[bool, BOOLEAN] = Field(
-        True, description="decode a window again at a higher temperature (+0.2 up to 1.0) when its text repeats "
-                          "itself (compression ratio > 2.4) or is improbable (average log-probability < -1)")
-    beam_size: Annotated[int, positive(16)] = Field(5, description="beams at temperature 0 (1: greedy)")
-    vad: Annotated[bool, BOOLEAN] = Field(
-        True, description="cut long files into windows at silence; false: at every 30 s whatever is said")
-    max_batch_windows: Annotated[int, positive(256)] = Field(16, description="30-second windows per model batch")
-    pack: Annotated[bool, BOOLEAN] = Field(
-        True, description="lay short files end to end, 1 s of silence apart, in shared 30-second windows (one "
-                          "encoder pass for several clips; each segment goes back to its file, and a file the "
-                          "split is unsure of is decoded alone); false: every file in windows of its own")
-    seed: Annotated[int, positive(1 << 62)] = Field(1, description="seed of the fallback's sampling")
-    formats: Annotated[tuple[str, ...], FORMATS] = Field(
-        (), description="subtitle files besides the Parquet rows: srt and/or vtt, one per input file under "
-                        "srt/ and vtt/, listed in _MANIFEST.json")
-    device: Annotated[str, choice(DEVICES)] = "auto"
-
-
-
-def option_problem(meta: dict[str, Any], options: Any) -> str | None:
-    """What the job's options ask that its bundle cannot do, or None."""
-    if meta["multilingual"]:
-        if options.language is not None and options.language not in meta["languages"]:
-            return (f"options.language {options.language!r} is not one of the bundle's languages "
-                    f"({', '.join(meta['languages'][:20])}, ...)")
-        return None
-    if options.task == "translate":
-        return ("options.task translate needs a multilingual Whisper model; this bundle is English-only (.en): "
-                "it transcribes English, use task: transcribe or a multilingual bundle")
-    if options.language not in (None, "en"):
-        return (f"options.language {options.language!r}: this bundle is an English-only (.en) model; "
-                "use a multilingual bundle for other languages")
-    return None
-
-
 def record_id_of(uri: str, input_uri: str | None) -> str:
     """An audio object's record id: its key under the input prefix (the whole key otherwise)."""
     if input_uri and input_uri.endswith("/") and uri.startswith(input_uri):
@@ -176,6 +115,7 @@ class Transcribe(Task):
     # decodes 15-50 audio-seconds per CPU-second), over 10 times its fixed cost; a long file spreads
     min_shard_work = 60
     piece_schema = PIECE_SCHEMA
+    progress_unit = "audio_seconds"
 
     def input_problem(self, inp: Any) -> str | None:
         if inp.format not in ("audio", "jsonl", "parquet"):
@@ -215,6 +155,12 @@ class Transcribe(Task):
         field = obj.input.audio_field or "audio"
         for row, rec, where in usable_records(obj, records, rows):
             value = (rec.fields or {}).get(field)
+            if obj.fmt != "audio":
+                own, problem = record_options(rec.fields or {}, obj.options, runtime.meta)
+                if problem:
+                    row.update(error="invalid_options", message=f"{where} {problem}")
+                    continue
+                row["record_options"] = json.dumps(own, sort_keys=True) if own else None
             try:
                 if obj.fmt == "audio":
                     where, data = f"audio file {obj.pin.uri}", value or b""
@@ -254,6 +200,10 @@ class Transcribe(Task):
     def result_schema(self, meta: dict[str, Any], options: Any = None) -> pa.Schema:
         return TRANSCRIPT_SCHEMA
 
+    def planned_progress(self, staged: pa.Table | pa.RecordBatch) -> int | None:
+        """The staged rows' audio seconds (each row's whole seconds, `n_tokens`)."""
+        return int(pc.sum(pc.filter(staged.column("n_tokens"), pc.is_null(staged.column("error")))).as_py() or 0)
+
     def run(self, c: dict[str, list[Any]], runtime: Any, options: Any, check: Callable[[], None],
             split: Callable[[], bool] | None = None, files: Any = None) -> RunOutput:
         valid = ok_rows(c)
@@ -268,10 +218,12 @@ class Transcribe(Task):
         stopped = {u: msg for u, (first, at) in places.items()
                    if (msg := _piece_failpoint(c["record_id"][valid[u]], c[PIECE][valid[u]], first, at, windows[u], rate))}
         todo = [u for u in range(len(valid)) if u not in stopped]
+        own = c.get("record_options") or [None] * len(c["error"])     # staged before records set options: none
         out = transcribe_rows(runtime, options, [c["samples"][valid[u]] for u in todo], [windows[u] for u in todo],
                               [c["record_id"][valid[u]] for u in todo], _checking_stop(check, split),
                               packable=[u not in places for u in todo],
-                              pieces={n: places[u] for n, u in enumerate(todo) if u in places})
+                              pieces={n: places[u] for n, u in enumerate(todo) if u in places},
+                              file_options=options_of(options, [own[valid[u]] for u in todo]))
         results = {todo[n]: r for n, r in out.results.items()}
         failed = {**{todo[n]: msg for n, msg in out.failures.items()}, **stopped}
         codes = {todo[n]: code for n, code in out.codes.items()}
@@ -416,23 +368,6 @@ class SpeechOutcome:
         self.padded_seconds = 0
 
 
-def decoding_for(runtime: Any, options: Any) -> Any:
-    """The job's options resolved with the bundle's decoding defaults (runtime/speech/whisper.Decoding)."""
-    from batchinf.runtime.speech.whisper import Decoding
-
-    d = runtime.meta["decoding"]
-    temps = (options.temperature,)
-    if options.temperature_fallback:
-        temps += tuple(round(t, 2) for t in np.arange(options.temperature + 0.2, 1.0001, 0.2))
-    prompt = runtime.engine.encode_text(" " + options.initial_prompt.strip()) if options.initial_prompt else []
-    return Decoding(language=options.language, task=options.task, timestamps=options.timestamps != "none",
-                    initial_prompt=prompt, temperatures=temps, beam_size=options.beam_size,
-                    best_of=d["best_of"], max_length=d["max_length"],
-                    compression_ratio_threshold=d["compression_ratio_threshold"],
-                    logprob_threshold=d["logprob_threshold"], no_speech_threshold=d["no_speech_threshold"],
-                    seed=options.seed)
-
-
 def _checking_stop(check: Callable[[], None], split: Any) -> Callable[[], None]:
     """`check`, then stop at this batch of windows if the job was cancelled (`split.stop()`)."""
     stop = getattr(split, "stop", None)
@@ -465,7 +400,8 @@ class Decoded:
 
 def transcribe_rows(runtime: Any, options: Any, samples: list[bytes], windows: list[list[tuple[int, int]]],
                     record_ids: list[str], check: Callable[[], None], packable: list[bool] | None = None,
-                    pieces: dict[int, tuple[int, int]] | None = None) -> SpeechOutcome:
+                    pieces: dict[int, tuple[int, int]] | None = None,
+                    file_options: list[Any] | None = None) -> SpeechOutcome:
     """Files (int16 samples, windows) -> transcripts. Every window is a clip; short files
     (`packable`: whole files of one window, `options.pack`) share windows (runtime/speech/packing.py),
     the rest run in batches of `max_batch_windows`, whatever file they come from. A window's text
@@ -476,19 +412,31 @@ def transcribe_rows(runtime: Any, options: Any, samples: list[bytes], windows: l
     `pieces`: the positions that are pieces of a longer file (their windows relative to their own
     samples) -> (their first window's number, their first sample's place, in the file): their
     windows are numbered and timed in the file, their transcripts list each window's language
-    (`languages`), and the no-speech check is left to the whole file (runtime/speech/pieces.py)."""
+    (`languages`), and the no-speech check is left to the whole file (runtime/speech/pieces.py).
+    `file_options`: each file's options where records set their own (`options_of`); the windows
+    of files with the same options are decoded together."""
     from batchinf.runtime.speech.pieces import NO_SPEECH, majority
     from batchinf.runtime.speech.segments import stitch
     from batchinf.runtime.speech.windows import is_silent
 
     rate, pieces = runtime.spec.sample_rate, pieces or {}
-    d = decoding_for(runtime, options)
+    per_file = file_options or [options] * len(windows)
     pcm = [np.frombuffer(s, dtype="<i2") for s in samples]
     out = SpeechOutcome()
     whole = [packable is not None and packable[f] and len(w) == 1 and w[0] == (0, pcm[f].size)
              for f, w in enumerate(windows)]
     clips = [Clip(f, a, b, options.pack and whole[f]) for f, wins in enumerate(windows) for a, b in wins]
-    done, failed = _decode_clips(runtime, d, options, clips, pcm, record_ids, check, out)
+    groups: dict[int, list[int]] = {}        # the clips of the files of each options object
+    for i, c in enumerate(clips):
+        groups.setdefault(id(per_file[c.f]), []).append(i)
+    done: dict[int, Decoded] = {}
+    failed: dict[int, str] = {}
+    for idx in groups.values():
+        o = per_file[clips[idx[0]].f]
+        got, bad = _decode_clips(runtime, decoding_for(runtime, o), o, [clips[i] for i in idx], pcm, record_ids,
+                                 check, out)
+        done.update((idx[j], v) for j, v in got.items())
+        failed.update((idx[j], v) for j, v in bad.items())
     k = 0
     for f, wins in enumerate(windows):
         ids = range(k, k + len(wins))
@@ -531,6 +479,7 @@ def _decode_clips(runtime: Any, d: Any, options: Any, clips: list[Clip], pcm: li
         got = _decode(runtime, d, options, [audio[i] for i in batch], [clips[i].a for i in batch])
         done.update(zip(batch, got))
         out.padded_seconds += len(batch) * spec.chunk_seconds
+        runtime.progress_done += sum(audio[i].size for i in batch) / spec.sample_rate
 
     step = options.max_batch_windows
     for i in range(0, len(alone), step):
@@ -550,28 +499,32 @@ def _decode_packs(runtime: Any, d: Any, options: Any, clips: list[Clip], audio: 
     spec, rate = runtime.spec, runtime.spec.sample_rate
     gap = int(GAP_SECONDS * rate)
     packs, _ = pack_files([x.size for x in audio], [c.packable for c in clips], spec.chunk_samples, gap)
-    decoded: dict[int, Decoded] = {}
+    decoded: set[int] = set()
     d_pack = replace(d, timestamps=True)       # packs are split by their timestamps
 
-    def run(batch: list[int]) -> None:
-        check()
-        hit_record_failpoints(sorted({record_ids[clips[i].f] for k in batch for i in packs[k].files}))
-        wins = [pack_samples(packs[k], audio) for k in batch]
-        decoded.update(zip(batch, _decode(runtime, d_pack, options, wins, [0] * len(wins))))
-        out.padded_seconds += len(batch) * spec.chunk_seconds
-
-    step = options.max_batch_windows
-    for i in range(0, len(packs), step):
-        isolate(run, list(range(i, min(i + step, len(packs)))), done=decoded.__contains__, failed=lambda k, _: None)
-    for k, r in decoded.items():
-        mine, unsure = split_pack(packs[k], r.segments, rate, gap)
+    def accept(k: int, r: Decoded) -> None:
+        mine, _ = split_pack(packs[k], r.segments, rate, gap)
         if any(not segs and not is_silent(audio[i].astype(np.float32) / 32768.0, rate) for i, segs in mine.items()):
-            continue
+            return
         for i, segs in mine.items():
             if not d.timestamps:
                 segs = as_one_segment(segs, audio[i].size / rate)
             at = clips[i].a / rate
             done[i] = Decoded([_moved(s, at) for s in segs], r.fields, r.language, sum(len(s["tokens"]) + 2 for s in segs))
+            runtime.progress_done += audio[i].size / rate
+
+    def run(batch: list[int]) -> None:
+        check()
+        hit_record_failpoints(sorted({record_ids[clips[i].f] for k in batch for i in packs[k].files}))
+        wins = [pack_samples(packs[k], audio) for k in batch]
+        for k, r in zip(batch, _decode(runtime, d_pack, options, wins, [0] * len(wins))):
+            decoded.add(k)
+            accept(k, r)
+        out.padded_seconds += len(batch) * spec.chunk_seconds
+
+    step = options.max_batch_windows
+    for i in range(0, len(packs), step):
+        isolate(run, list(range(i, min(i + step, len(packs)))), done=decoded.__contains__, failed=lambda k, _: None)
 
 
 def _moved(s: dict[str, Any], by: float) -> dict[str, Any]:

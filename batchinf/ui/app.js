@@ -321,7 +321,11 @@ async function jobView(id) {
         ["ETA", active ? dur(p.eta_seconds) : "done", "eta"],
         // a task that runs denoising steps (generate_image): steps x images, done of planned
         ...(p.steps_planned === null || p.steps_planned === undefined ? []
-          : [["steps", `${fmt(p.steps_done)} / ${fmt(p.steps_planned)}`, "steps"]])]),
+          : [["steps", `${fmt(p.steps_done)} / ${fmt(p.steps_planned)}`, "steps"]]),
+        // a task that transcribes audio: audio time done of planned, and audio seconds per second
+        ...(p.audio_seconds_planned === null || p.audio_seconds_planned === undefined ? []
+          : [["audio", `${dur(p.audio_seconds_done)} / ${dur(p.audio_seconds_planned)}`, "audio"],
+             ["audio-s/s", fmt(p.audio_seconds_per_second, 1), "audio_seconds_per_second"]])]),
       card("Tokens", [["input", fmt(t.input), "tokens_input"], ["real", fmt(t.real), "tokens_real"],
         ["padded", fmt(t.padded), "tokens_padded"],
         ["padding efficiency", t.padding_efficiency === null ? "–" : (t.padding_efficiency * 100).toFixed(1) + "%",

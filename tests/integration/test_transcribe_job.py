@@ -259,6 +259,67 @@ def test_records_naming_audio_by_uri_or_bytes(tiny_en: str, tmp_path: Path) -> N
     assert outs["parquet"][1] == {} and wer([SENTENCES[2]], [outs["parquet"][0]["by-bytes"]]) <= 0.2
 
 
+def test_records_set_their_own_options_and_progress_counts_audio_seconds(tiny_en: str, tmp_path: Path) -> None:
+    """Each record's own options (fields, or an `options` object) decode it; wrong ones are
+    invalid_options error rows naming the field; the status counts the job's audio seconds."""
+    from batchinf.ledger.status import status
+
+    objects = tmp_path / "objects"
+    objects.mkdir()
+    for k in range(4):
+        (objects / f"{k}.wav").write_bytes(synth(SENTENCES[k], ("en-us", "en-gb")[k % 2], 160 + 5 * k))
+    uri = lambda k: f"file://{objects}/{k}.wav"  # noqa: E731
+    lines = [{"id": "plain", "audio": uri(0)},
+             {"id": "words", "audio": uri(1), "options": {"timestamps": "word", "beam_size": 1}},
+             {"id": "flat", "audio": uri(2), "timestamps": "none", "prompt": "Quick brown foxes."},
+             {"id": "warm", "audio": uri(3), "temperature": 0.2, "language": "en", "task": "transcribe"},
+             {"id": "german", "audio": uri(0), "language": "de"},
+             {"id": "packless", "audio": uri(0), "options": {"pack": False}},
+             {"id": "hot", "audio": uri(0), "temperature": 3},
+             {"id": "listed", "audio": uri(0), "options": ["timestamps"]}]
+    inp = tmp_path / "in"
+    inp.mkdir()
+    (inp / "a.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "out"
+    m = {"name": "own-options", "task": "transcribe", "bundle": "tiny-en@prod", "output": {"uri": str(out)},
+         "input": {"uri": str(inp / "a.jsonl"), "format": "jsonl"}}
+    job_id, _ = submit(parse_manifest(m), Caller("default", operator=True))
+    assert drive(job_id, workers=1, threads=1) == JobStatus.SUCCEEDED
+    res = {r["record_id"]: r for r in pq.read_table(out, ignore_prefixes=["_", "errors"]).to_pylist()}
+    errs = {e["record_id"]: e for e in pq.read_table(out / "errors").to_pylist()}
+    assert set(res) == {"plain", "words", "flat", "warm"}
+    assert {k: e["error"] for k, e in errs.items()} == dict.fromkeys(["german", "packless", "hot", "listed"],
+                                                                     "invalid_options")
+    assert "cannot have: language 'de'" in errs["german"]["message"] and "English-only" in errs["german"]["message"]
+    assert "options.pack" in errs["packless"]["message"] and "a record may set" in errs["packless"]["message"]
+    assert "temperature" in errs["hot"]["message"] and "leave temperature out" in errs["hot"]["message"]
+    assert "must be an object" in errs["listed"]["message"]
+    ok = ("plain", "words", "flat", "warm")
+    assert wer(SENTENCES[:4], [res[k]["text"] for k in ok]) <= 0.15, [res[k]["text"] for k in ok]
+    assert all(s["words"] is None for s in res["plain"]["segments"])
+    assert all(s["words"] for s in res["words"]["segments"])              # timestamps: word, this record only
+    assert len(res["flat"]["segments"]) == 1                               # timestamps: none, one per window
+    p = status(job_id)["progress"]
+    assert p["audio_seconds_planned"] == p["audio_seconds_done"] > 0
+    assert p["audio_seconds_planned"] == sum(int(np.ceil(r["duration_seconds"])) for r in res.values())
+    assert p["audio_seconds_per_second"] > 0 and p["steps_planned"] is None
+
+
+def test_a_running_shard_reports_the_audio_it_decoded(tiny_en: str) -> None:
+    """The runtime counts the audio seconds of every batch of windows it decoded (packed or alone):
+    a running attempt's heartbeats report them before its shard commits."""
+    from batchinf.bundles import open_runtime
+    from batchinf.tasks.transcribe import TranscribeOptions, transcribe_rows
+
+    runtime = open_runtime(tiny_en)
+    pcm = [resampled(wav_samples(synth(SENTENCES[k]))[0], 22050, 16000).astype("<i2") for k in range(3)]
+    before = runtime.progress_done
+    out = transcribe_rows(runtime, TranscribeOptions(), [x.tobytes() for x in pcm], [[(0, x.size)] for x in pcm],
+                          ["a", "b", "c"], lambda: None, packable=[True, True, False])
+    assert len(out.results) == 3
+    assert runtime.progress_done - before == pytest.approx(sum(x.size for x in pcm) / 16000)
+
+
 def test_plan_estimates_the_audio_hours_and_the_cost(tiny_en: str, tmp_path: Path) -> None:
     from batchinf.dryrun import plan_only, report
 

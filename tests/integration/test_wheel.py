@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -31,13 +32,29 @@ def _modules_in_tree() -> set[str]:
     return out
 
 
+def _copy_of_the_tree(dest: Path) -> Path:
+    """The files git would commit (tracked, plus untracked ones it does not ignore), copied: the
+    wheel is built from what a clone holds, never from the working tree's build/ or egg-info left
+    by an earlier build, and no other test writing into the tree meanwhile can reach the build."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            check=True, capture_output=True).stdout.decode()
+    for rel in filter(None, listed.split("\0")):
+        src = ROOT / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    return dest
+
+
 @pytest.fixture(scope="module")
 def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A venv holding only the wheel; the test interpreter's dependencies (torch, pyarrow, ...)
     are on its path through a .pth line, which does not run the editable install's finder."""
     tmp = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp / "dist"), str(ROOT)],
-                   check=True, cwd=tmp)
+    source = _copy_of_the_tree(tmp / "source")
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp / "dist"),
+                            str(source)], capture_output=True, text=True, cwd=tmp)
+    assert build.returncode == 0, f"pip wheel failed:\n{build.stdout[-3000:]}\n{build.stderr[-6000:]}"
     (wheel,) = (tmp / "dist").glob("batchinf-*.whl")
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)

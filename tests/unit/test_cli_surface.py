@@ -169,3 +169,16 @@ def test_status_names_the_bundle_and_its_digest_once(ref: str, capsys: pytest.Ca
                   "shards": {"committed": 1, "total": 2, "running": 1, "pending": 0}})
     line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("bundle"))
     assert line.count(digest) == 1 and ref in line
+
+
+def test_status_prints_a_transcribe_jobs_audio_in_hours(capsys: pytest.CaptureFixture[str]) -> None:
+    from batchinf.cli.common import print_status
+
+    print_status({"job_id": "job-1", "name": "n", "status": "running", "bundle": "w", "bundle_digest": "w",
+                  "output_uri": "file:///o/", "counts": {"records_succeeded": 1, "records_failed": 0,
+                                                         "records_total": 2},
+                  "shards": {"committed": 1, "total": 2, "running": 1, "pending": 0},
+                  "progress": {"audio_seconds_done": 1800, "audio_seconds_planned": 7200,
+                               "audio_seconds_per_second": 42.0, "steps_planned": None}})
+    out = capsys.readouterr().out
+    assert "audio    0.50 of 2.00 hours, 42.0 audio-seconds/s" in out and "steps" not in out

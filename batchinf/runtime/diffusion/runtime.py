@@ -34,7 +34,7 @@ class DiffusionRuntime:
                  dtype_override: str | None = None) -> None:
         self.root, self.meta, self.device, self.dtype_override = Path(root), meta, device, dtype_override
         self.pipe: Any = None
-        self.steps_done = 0     # image-steps denoised by this process (progress at step granularity)
+        self.progress_done = 0     # image-steps denoised by this process (Task.progress_unit: steps)
         self._digest: str | None = None
 
     @property
@@ -48,7 +48,7 @@ class DiffusionRuntime:
 
     def step_done(self, images: int) -> None:
         """A denoising step of a batch of `images` finished."""
-        self.steps_done += images
+        self.progress_done += images
 
     @property
     def dtype_name(self) -> str:

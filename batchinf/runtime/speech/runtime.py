@@ -18,6 +18,7 @@ class SpeechRuntime:
         self.spec = FeatureSpec(f["sample_rate"], f["n_mels"], f["hop"], f["n_fft"], f["chunk_seconds"])
         self.tokenizer = tokenizers.Tokenizer.from_file(str(root / "tokenizer.json"))
         self.engine: Any = None
+        self.progress_done = 0.0     # audio seconds decoded by this process (Task.progress_unit)
 
     def load_model(self, threads: int | None = None) -> None:
         """Load the engine with `threads` intra-op threads (default: the worker's, cores / workers)."""
