@@ -541,12 +541,14 @@ def _decode(runtime: Any, d: Any, options: Any, audio: list[np.ndarray], starts:
     Decoded (times in the file)."""
     from batchinf.runtime.speech.features import batch_features
     from batchinf.runtime.speech.segments import window_segments
+    from batchinf.runtime.speech.windows import sound_end
     from batchinf.runtime.speech.words import attach_words
 
     engine, spec = runtime.engine, runtime.spec
     rate = spec.sample_rate
-    feats = batch_features([a.astype(np.float32) / 32768.0 for a in audio], spec)
-    results, langs = engine.generate(feats, d, [a.size / rate for a in audio])
+    floats = [a.astype(np.float32) / 32768.0 for a in audio]
+    feats = batch_features(floats, spec)
+    results, langs = engine.generate(feats, d, [sound_end(x, rate) for x in floats])
     words: list[Any] = [None] * len(audio)
     if options.timestamps == "word":
         words = engine.words(feats, results, [a.size // spec.hop for a in audio], langs, d.task)

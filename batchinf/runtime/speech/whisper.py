@@ -8,7 +8,7 @@ CTranslate2 from memory."""
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ VOCABULARIES = ("vocabulary.txt", "vocabulary.json")      # the one the bundle h
 SPECIAL_NAMES = ("<|endoftext|>", "<|startoftranscript|>", "<|startofprev|>", "<|notimestamps|>",
                  "<|transcribe|>", "<|translate|>", "<|startoflm|>", "<|nocaptions|>")
 MAX_PROMPT = 223          # tokens of initial_prompt kept (max_length // 2 - 1)
-MIN_UNSAID_SECONDS = 0.3  # a window that stops closer than this to its audio's end is taken as it is
+MIN_UNSAID_SECONDS = 0.3  # a window that stops closer than this to its sound's end is taken as it is
 
 
 @dataclass(frozen=True)
@@ -131,11 +131,11 @@ class WhisperEngine:
         return self.tokenizer.decode([t for t in tokens if t < self.eot])
 
     def generate(self, features: np.ndarray, d: Decoding,
-                 seconds: list[float] | None = None) -> tuple[list[WindowResult], list[str | None]]:
-        """Windows' features [B, n_mels, frames] (holding `seconds` of audio each) -> a result per
-        window, and each window's language (detected on a multilingual model unless the options
-        name one). A window whose decoding opened a segment and stopped, seconds before its audio
-        ends, is continued (`_continue`)."""
+                 sound_ends: list[float] | None = None) -> tuple[list[WindowResult], list[str | None]]:
+        """Windows' features [B, n_mels, frames] (each one's sound ending `sound_ends` seconds
+        into it: windows.sound_end) -> a result per window, and each window's language (detected
+        on a multilingual model unless the options name one). A window whose decoding opened a
+        segment and stopped, seconds before its sound ends, is continued (`_continue`)."""
         import ctranslate2
 
         storage = ctranslate2.StorageView.from_array(np.ascontiguousarray(features, dtype=np.float32))
@@ -163,8 +163,8 @@ class WhisperEngine:
                     again.append(i)
             todo = again
         done = [r for r in results if r is not None]
-        if d.timestamps and seconds is not None:
-            self._continue(whole, features, done, langs, d, seconds)
+        if d.timestamps and sound_ends is not None:
+            self._continue(whole, features, done, langs, d, sound_ends)
         return done, langs
 
     def _rows(self, encoded: Any, features: np.ndarray, rows: list[int]) -> Any:
@@ -177,16 +177,20 @@ class WhisperEngine:
             np.ascontiguousarray(features[rows], dtype=np.float32)), to_cpu=False)
 
     def _continue(self, encoded: Any, features: np.ndarray, results: list[WindowResult],
-                  langs: list[str | None], d: Decoding, seconds: list[float]) -> None:
+                  langs: list[str | None], d: Decoding, sound_ends: list[float]) -> None:
         """Whisper sometimes closes a segment, opens the next and stops, seconds before its window's
-        audio ends, the last words unsaid (its own loop seeks there and decodes the rest in the
+        sound ends, the last words unsaid (its own loop seeks there and decodes the rest in the
         next window). Such a window is decoded on from where it stopped, once: its tokens so far
         are the prompt's prefix and the first new token may not end it (`suppress_blank`); its
-        scores stay the first pass's. Nothing but the window itself decides it."""
+        scores stay the first pass's. At temperature 0 the continuation is greedy: beams over the
+        long prefix cost as much as the window's whole first pass, for the few words left (on the
+        benchmark's long files, the same tokens in 45% of the time). Nothing but the window itself
+        decides it. A window that stopped where only quiet is left (a cut at a pause leaves some)
+        is taken as it is: its continuation would cost a decoding and say nothing."""
         from batchinf.runtime.speech.segments import stopped_short
 
         todo = [i for i, r in enumerate(results)
-                if stopped_short(r.tokens, self.eot, self.timestamp_begin, seconds[i] - MIN_UNSAID_SECONDS)]
+                if stopped_short(r.tokens, self.eot, self.timestamp_begin, sound_ends[i] - MIN_UNSAID_SECONDS)]
         if not todo:
             return
         prompts = [self.prompt(d, langs[i]) + results[i].tokens for i in todo]
@@ -194,8 +198,8 @@ class WhisperEngine:
         for j, i in enumerate(todo):
             by_temp.setdefault(results[i].temperature, []).append(j)
         for temperature, js in by_temp.items():
-            got = self._run(self._rows(encoded, features, [todo[j] for j in js]), [prompts[j] for j in js], d,
-                            temperature, d.temperatures.index(temperature) if temperature in d.temperatures else 0,
+            got = self._run(self._rows(encoded, features, [todo[j] for j in js]), [prompts[j] for j in js],
+                            replace(d, beam_size=1), temperature, d.temperatures.index(temperature) if temperature in d.temperatures else 0,
                             scores=False)
             for j, tokens in zip(js, got):
                 r = results[todo[j]]

@@ -11,6 +11,7 @@ FRAME_SECONDS = 0.02
 MIN_WINDOW_FRACTION = 0.8     # cut in the last fifth of a window: windows stay long (fewer encoder passes), and
                               # measured on espeak speech, Whisper stops short of their end less often
 SILENCE_DB = -45.0            # frames this far below the file's loudest are silence
+SOUND_DB = -35.0              # frames within this of a window's loudest are sound (`sound_end`)
 
 
 def frame_energy_db(samples: np.ndarray, frame: int) -> np.ndarray:
@@ -56,3 +57,15 @@ def is_silent(samples: np.ndarray, sample_rate: int) -> bool:
     """Whether the file holds no sound worth a word: less than a second of frames above -50 dBFS."""
     db = frame_energy_db(samples, int(FRAME_SECONDS * sample_rate))
     return int((db > -50.0).sum()) * FRAME_SECONDS < 1.0
+
+
+def sound_end(samples: np.ndarray, sample_rate: int) -> float:
+    """Seconds from the start of `samples` to the end of their last frame of sound (within
+    SOUND_DB of their loudest frame); 0.0 for silence. Where Whisper stops before this, words may
+    be left unsaid; where it stops after, only quiet is left."""
+    frame = int(FRAME_SECONDS * sample_rate)
+    db = frame_energy_db(samples, frame)
+    if not db.size or db.max() < -60.0:
+        return 0.0
+    loud = np.flatnonzero(db >= db.max() + SOUND_DB)
+    return float(min(samples.size, (int(loud[-1]) + 1) * frame) / sample_rate)
