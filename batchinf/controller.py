@@ -29,7 +29,8 @@ log = logging.getLogger("batchinf.controller")
 def drive(job_id: str, *, workers: int = 1, device: str = "auto", threads: int | None = None,
           on_tick: Callable[[], object] | None = None, tick: float = 1.0) -> str:
     """Run a job to a terminal state in this machine's processes; returns the final status. A
-    running job is stepped every `tick` seconds and whenever a worker ends an attempt or idles.
+    running job is stepped every `tick` seconds and whenever a worker ends an attempt or idles; the
+    step after the one that ends its running, at once.
     Each step reads the job once (`lifecycle.advance`); the loop goes by the status it leaves."""
     job = job_repo.get(job_id)
     pool = WorkerPool(job, workers=workers, device=device, threads=threads)   # its job's engine, or EngineUnavailable
@@ -48,8 +49,9 @@ def drive(job_id: str, *, workers: int = 1, device: str = "auto", threads: int |
                 on_tick()
             if not ok:
                 time.sleep(retry_in(job_id))    # the step's backoff (lifecycle.retry_in)
-            elif status == JobStatus.RUNNING:
-                pool.wait(tick)
+            elif status == JobStatus.RUNNING and after in (JobStatus.RUNNING, JobStatus.CANCELLING):
+                pool.wait(tick)         # until a worker reports; a job that left running (verifying,
+                                        # or over) has its next step ready: taken now, not a tick later
             status = after
         pool.stop(timeout=0)        # the job is over: its workers hold no lease and have nothing to do
         return status

@@ -16,18 +16,16 @@ from tests.helpers import env, real_models, services
 
 # --- parallel runs (pytest-xdist, `--dist loadgroup` in .ci/run) ----------------------------------
 
-# modules whose tests share nothing costly and each run for minutes: spread over the processes
-UNGROUPED = {"tests/integration/test_benchmarks.py"}
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup`: a module's tests in one process, except the benchmarks' smoke runs,
+    which are spread; the slow directories' work handed out first (tests/helpers/parallel.py)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from tests.helpers.parallel import module_scheduler
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A module's tests run in one process (its module fixtures, such as servers and converted
-    models, are built once), except the benchmarks' smoke runs, each minutes long: in one process
-    they would be the run's last straggler."""
-    for item in items:
-        module = item.nodeid.split("::", 1)[0]
-        if module not in UNGROUPED:
-            item.add_marker(pytest.mark.xdist_group(module))
+    return module_scheduler(config, log)
 
 
 @pytest.fixture(scope="module", autouse=True)
