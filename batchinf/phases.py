@@ -15,7 +15,7 @@ time, less any that were not measured):
     pool_start  planned -> the first ready worker had started (what worker start-up planning did not hide)
     model_load  -> that worker had its bundle loaded (what loading ahead did not hide)
     execute     -> every shard done (verifying)
-    publish     -> published (or the job's end, or now)
+    publish     -> published (`_MANIFEST.json` written), or the job ended
 
 and gives each worker's own account of its time within the job (spawn -> verifying): `start`
 (spawn to ready), `model_load`, `busy` (its attempts of this job), `idle` (the rest: up, loaded,
@@ -26,6 +26,7 @@ job's execute phase, with no `start`.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -58,7 +59,8 @@ def process_started_at(pid: int | str = "self") -> float | None:
 
 
 def _ms(x: float | None) -> float | None:
-    return None if x is None else round(max(0.0, x), 3)
+    """Seconds to the ms; None for a phase not measured, or still going on when no `now` ends it."""
+    return None if x is None or math.isinf(x) else round(max(0.0, x), 3)
 
 
 def _first_ready(workers: dict[str, dict[str, Any]], attempts: list[AttemptSpan] | None) -> tuple[float, float] | None:
@@ -74,17 +76,19 @@ def _first_ready(workers: dict[str, dict[str, Any]], attempts: list[AttemptSpan]
     return None
 
 
-def compute(marks: dict[str, Any], created_at: float, *, now: float,
+def compute(marks: dict[str, Any], created_at: float, *, now: float | None,
             attempts: list[AttemptSpan] | None = None) -> dict[str, Any]:
     """The phases of a job's wall time (seconds, to the ms) from its marks (`jobs.phases`) and its
-    creation; `now` ends whatever has not ended (a finished job: its `finished_at`). With
-    `attempts` (all of the job's), each worker's `busy` and `idle` too; without them (a status
-    read while the job runs) those are None. A phase not reached or not measured is None."""
+    creation. `now` ends the phase in progress (publishing: the time the output document is
+    written; a job that ended: its `finished_at`); None (a status read while the job runs) leaves
+    it and `wall` None, so that two reads of an unchanged job agree. With `attempts` (all of the
+    job's), each worker's `busy` and `idle` too; without them those are None. A phase not reached
+    or not measured is None."""
     at: dict[str, float] = marks.get("at") or {}
     workers: dict[str, dict[str, Any]] = marks.get("workers") or {}
     p0 = marks.get("process_started_at")
     origin = min(p0, created_at) if p0 is not None else created_at
-    end = max(now, created_at)
+    end = max(now, created_at) if now is not None else math.inf
 
     def clamp(t: float | None, lo: float) -> float | None:
         return None if t is None else min(max(t, lo), end)
@@ -132,9 +136,9 @@ def _workers(reports: dict[str, dict[str, Any]], attempts: list[AttemptSpan] | N
     return out
 
 
-def view(stored: str | None, created_at: float, finished_at: float | None, now: float) -> dict[str, Any]:
+def view(stored: str | None, created_at: float, finished_at: float | None) -> dict[str, Any]:
     """A job's phases as its status shows them, from its row's marks (`jobs.phases`, JSON): those
-    computed as it ended (the same as its output document's), else the phases so far (no worker's
-    `busy` or `idle` yet: they need its attempts, which a status read does not scan)."""
+    computed as it ended (the same as its output document's), else those that have ended (no
+    worker's `busy` or `idle` yet: they need its attempts, which a status read does not scan)."""
     marks = json.loads(stored) if stored else {}
-    return marks.get("final") or compute(marks, created_at, now=finished_at or now)
+    return marks.get("final") or compute(marks, created_at, now=finished_at)

@@ -69,8 +69,8 @@ class WorkerPhases(BaseModel):
 class Phases(BaseModel):
     """Where the job's wall time goes (batchinf/phases.py): consecutive phases, seconds to the ms,
     null where not reached or not measured; they sum to `wall` when all are measured."""
-    wall: float | None = Field(description="the creating process's start (else the job's creation) -> published, "
-                               "ended, or now")
+    wall: float | None = Field(description="the creating process's start (else the job's creation) -> published "
+                               "or ended; null while the job runs (as is the phase in progress)")
     startup: float | None = Field(description="the creating process's start -> the job's creation (`batchinf run`, "
                                   "`submit`); null when created another way")
     pin: float | None = Field(description="-> inputs pinned")
@@ -78,7 +78,7 @@ class Phases(BaseModel):
     pool_start: float | None = Field(description="-> the first ready worker started, past planning")
     model_load: float | None = Field(description="-> it had the bundle loaded, past planning")
     execute: float | None = Field(description="-> every shard done")
-    publish: float | None = Field(description="-> published (verified, _MANIFEST.json and _SUCCESS written)")
+    publish: float | None = Field(description="-> published (verified, _MANIFEST.json written), or ended")
     workers: list[WorkerPhases]
 
 

@@ -68,8 +68,9 @@ def test_finished_job_reports_its_phases(tmp_path: Path, tiny_bundle: str) -> No
     assert JobView.model_validate(got.json()).phases.model_dump() == written
 
 
-def test_running_job_shows_its_phases_so_far(tmp_path: Path, tiny_bundle: str) -> None:
-    """While a job runs its status shows the phases so far: no publish yet, no worker's busy time."""
+def test_running_job_shows_the_phases_that_ended(tmp_path: Path, tiny_bundle: str) -> None:
+    """While a job runs its status shows the phases that ended, the same at every read: not the
+    execute phase in progress, no publish yet, no worker's busy time."""
     from batchinf.ledger import jobs as job_repo
     from batchinf.ledger.events import now
     from batchinf.ledger.states import JobStatus
@@ -88,7 +89,8 @@ def test_running_job_shows_its_phases_so_far(tmp_path: Path, tiny_bundle: str) -
     job_repo.note_workers(job_id, {"w:1": {"spawned_at": now() - 2.0, "ready_at": now() - 1.0,
                                            "loaded_at": now() - 0.5}})
     ph = status(job_id)["phases"]
-    assert ph["startup"] > 0 and ph["pin"] >= 0 and ph["plan"] >= 0 and ph["execute"] >= 0
-    assert ph["publish"] is None
+    assert ph["startup"] > 0 and ph["pin"] >= 0 and ph["plan"] >= 0 and ph["pool_start"] >= 0
+    assert ph["wall"] is ph["execute"] is ph["publish"] is None
+    assert status(job_id)["phases"] == ph
     assert ph["workers"] == [{"worker": "w:1", "start": 1.0, "model_load": 0.5, "busy": None, "idle": None,
                               "shards": None}]

@@ -60,7 +60,7 @@ def test_without_reports_the_first_attempt_says_when_a_worker_was_ready() -> Non
         {"worker": "b:1", "start": None, "model_load": 0.0, "busy": 5.5, "idle": 1.5, "shards": 1}]
 
 
-def test_a_running_job_has_its_phases_so_far() -> None:
+def test_now_ends_the_phase_in_progress() -> None:
     ph = compute(marks(planning=C + 0.2, running=C + 1.0), C, now=C + 3.0)
     assert (ph["pin"], ph["plan"], ph["execute"], ph["publish"]) == (0.2, 0.8, 2.0, None)
     assert ph["pool_start"] is None and ph["model_load"] is None and ph["workers"] == []
@@ -68,6 +68,22 @@ def test_a_running_job_has_its_phases_so_far() -> None:
     assert (planning["plan"], planning["execute"]) == (2.8, None)
     submitted = compute({}, C, now=C + 0.5)
     assert (submitted["wall"], submitted["pin"], submitted["plan"]) == (0.5, 0.5, None)
+
+
+def test_a_running_job_shows_the_phases_that_ended() -> None:
+    """Without `now` (a status read of a running job) the phase in progress and the wall are None:
+    two reads of an unchanged job agree; workers show their start and load, not yet busy or idle."""
+    m = marks(planning=C + 0.2, running=C + 1.0)
+    m["workers"] = {"h:1": {"spawned_at": C, "ready_at": C + 1.5, "loaded_at": C + 2.5}}
+    ph = compute(m, C, now=None)
+    assert {k: ph[k] for k in ("wall", *PHASES)} == {
+        "wall": None, "startup": 1.5, "pin": 0.2, "plan": 0.8, "pool_start": 0.5, "model_load": 1.0,
+        "execute": None, "publish": None}
+    assert ph["workers"] == [{"worker": "h:1", "start": 1.5, "model_load": 1.0, "busy": None, "idle": None,
+                              "shards": None}]
+    assert compute(m, C, now=None) == ph
+    planning = compute(marks(planning=C + 0.2), C, now=None)
+    assert (planning["pin"], planning["plan"], planning["pool_start"]) == (0.2, None, None)
 
 
 def test_marks_out_of_order_never_give_negative_phases() -> None:
@@ -82,9 +98,9 @@ def test_marks_out_of_order_never_give_negative_phases() -> None:
 
 def test_status_shows_the_phases_kept_when_the_job_ended() -> None:
     final = {"wall": 1.0, "workers": []}
-    assert view('{"final": {"wall": 1.0, "workers": []}, "at": {}}', C, C + 5.0, C + 99.0) == final
-    assert view(None, C, C + 2.0, C + 99.0)["wall"] == 2.0       # ended without them: up to its end
-    assert view(None, C, None, C + 3.0)["wall"] == 3.0
+    assert view('{"final": {"wall": 1.0, "workers": []}, "at": {}}', C, C + 5.0) == final
+    assert view(None, C, C + 2.0)["wall"] == 2.0       # ended without them: up to its end
+    assert view(None, C, None)["wall"] is None          # still running
 
 
 def test_process_start_is_before_now() -> None:
