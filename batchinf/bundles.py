@@ -6,6 +6,7 @@ import json
 import shutil
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +145,7 @@ def local_dir(digest: str) -> Path:
 
 _loaded: dict[tuple[str, str, bool, str], Any] = {}
 _loading = threading.RLock()
+_unreported: dict[str, float] = {}     # digest -> seconds this process spent loading it, not yet on an attempt
 
 
 def open_runtime(digest: str, *, device: str = "cpu", with_model: bool = True, engine: str = "native") -> Any:
@@ -156,7 +158,20 @@ def open_runtime(digest: str, *, device: str = "cpu", with_model: bool = True, e
     if with_model:
         require_device(device)
     with _loading:          # the controller plans several jobs at once on threads: one load each
-        return _loaded[key] if key in _loaded else _load(key)
+        if key in _loaded:
+            return _loaded[key]
+        t0 = time.perf_counter()
+        runtime = _load(key)
+        if with_model:
+            _unreported[digest] = _unreported.get(digest, 0.0) + time.perf_counter() - t0
+        return runtime
+
+
+def take_load_seconds(digest: str) -> float:
+    """Seconds this process spent loading the bundle (with its model) since the last call: what
+    the attempt that asks first paid for it, or its worker paid ahead (`attempts.load_seconds`)."""
+    with _loading:
+        return _unreported.pop(digest, 0.0)
 
 
 def _load(key: tuple[str, str, bool, str]) -> Any:

@@ -43,6 +43,9 @@ def drive(job_id: str, *, workers: int = 1, device: str = "auto", threads: int |
             if status == JobStatus.PLANNED:     # planned by a dry run (`batchinf plan`): run its shards
                 job_repo.release(job_id)
                 fresh = None
+            if reported := pool.worker_reports():     # before the step: publishing reads them
+                job_repo.note_workers(job_id, reported)
+                fresh = None
             ok, after = advance(fresh or job_repo.get(job_id), pool)
             fresh = None
             if on_tick:

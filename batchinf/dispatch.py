@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import multiprocessing as mp
 import os
@@ -255,8 +256,39 @@ class Wake:
         return woken
 
 
+class Reports:
+    """Workers tell their driver when they were ready and had their bundle loaded (the job's
+    phases: batchinf/phases.py): one JSON line each down a non-blocking pipe, written whole (a
+    line is far below the pipe's atomic size) and without a lock, like `Wake`. A full pipe (a
+    driver that reads none: `serve`) drops the line."""
+
+    def __init__(self, ctx: Any) -> None:
+        self._r, self._w = ctx.Pipe(duplex=False)
+        for end in (self._r, self._w):
+            os.set_blocking(end.fileno(), False)
+        self._partial = b""
+
+    def send(self, report: dict[str, Any]) -> None:
+        try:
+            os.write(self._w.fileno(), json.dumps(report).encode() + b"\n")
+        except (BlockingIOError, BrokenPipeError):
+            pass
+
+    def drain(self) -> list[dict[str, Any]]:
+        """The reports sent since the last drain (the driver's side)."""
+        data = self._partial
+        try:
+            while chunk := os.read(self._r.fileno(), 65536):
+                data += chunk
+        except BlockingIOError:
+            pass
+        *lines, self._partial = data.split(b"\n")
+        return [json.loads(line) for line in lines if line]
+
+
 def worker_main(job_ids: list[str] | None, bundle_digest: str | None, device: str, threads: int, parent_pid: int,
-                twins: mp.Queue, work: WorkSignal, wake: Wake, engines: tuple[str, ...] = leases.NATIVE_ONLY) -> None:
+                twins: mp.Queue, work: WorkSignal, wake: Wake, engines: tuple[str, ...] = leases.NATIVE_ONLY,
+                reports: Reports | None = None) -> None:
     """Entry point of a `WorkerPool`'s process: lease shards of the given jobs (None: of any
     running job) until the parent exits or closes `work`; when idle, run a straggler's twin the
     driver asked for, else sleep until `work` wakes it. Started while its job is still planning,
@@ -264,7 +296,10 @@ def worker_main(job_ids: list[str] | None, bundle_digest: str | None, device: st
     jobs. It sets `wake` when it ends an attempt or first finds nothing to do, or starts the last
     chunk of its shard, so the driver steps the job at once (dispatch a split's halves, ask a
     running shard to split, verify) instead of at its next tick. It claims only shards of jobs
-    on `engines` (the first one's runtime is the one it loads ahead) and on its device or any."""
+    on `engines` (the first one's runtime is the one it loads ahead) and on its device or any.
+    It `reports` when it was ready (here: interpreter and imports done) and when it had the bundle
+    loaded, for its job's phases."""
+    ready_at = time.time()
     import signal
 
     from batchinf.bundles import open_runtime
@@ -282,6 +317,9 @@ def worker_main(job_ids: list[str] | None, bundle_digest: str | None, device: st
             open_runtime(bundle_digest, device=device, engine=engines[0])
         except Exception:  # noqa: BLE001 -- reported (and counted) by the first shard that needs it
             pass
+        else:
+            if reports is not None:
+                reports.send({"worker": me, "ready_at": ready_at, "loaded_at": time.time()})
     idle = False
     while os.getppid() == parent_pid and not work.closed():
         seen = work.seen()
@@ -349,15 +387,29 @@ class WorkerPool(Dispatcher):
         self.work = WorkSignal(self.ctx)
         self.dead: set[str] = set()
         self._checked: set[str] = set()  # jobs whose leases of an earlier process were looked at
+        self.reports = Reports(self.ctx)   # one job's workers: ready and loaded (see `worker_reports`)
+        self._spawned: dict[str, float] = {}   # worker name -> when its process was started
 
     def start(self, n: int | None = None) -> None:
         """Start workers now, up to `n` (e.g. while the job plans, so their start-up overlaps it)."""
         while len(self.procs) < min(self.n, self.n if n is None else n):
             p = self.ctx.Process(target=worker_main, name="batchinf-worker", daemon=True,
                                  args=(self.job_ids, self.bundle_digest, self.device, self.threads, os.getpid(),
-                                       self.twins, self.work, self.wake, self.engines))
+                                       self.twins, self.work, self.wake, self.engines,
+                                       self.reports if self.job_ids else None))
+            spawned = time.time()
             p.start()
             self.procs.append(p)
+            self._spawned[worker_name(p.pid)] = spawned
+
+    def worker_reports(self) -> dict[str, dict[str, float]]:
+        """What the workers reported since the last call, by worker name (`spawned_at`, `ready_at`,
+        `loaded_at`): the phase marks of a one-job pool's job (`ledger.jobs.note_workers`)."""
+        out: dict[str, dict[str, float]] = {}
+        for r in self.reports.drain():
+            name = r.pop("worker")
+            out[name] = {**({"spawned_at": self._spawned[name]} if name in self._spawned else {}), **r}
+        return out
 
     def plan(self, job: Job, idxs: list[int]) -> None:
         # one job's driver plans with every core, unless its input is so small that starting a pool

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 from batchinf import failpoints, metrics
 from batchinf.planning import sizing
-from batchinf.bundles import open_runtime
+from batchinf.bundles import open_runtime, take_load_seconds
 from batchinf.config import settings
 from batchinf.errors import AttemptReleased, JobStopped, StaleAttemptError
 from batchinf.heartbeat import Heartbeat
@@ -273,7 +273,8 @@ def execute_shard(lease: Lease, *, device: str = "cpu", heartbeat: Heartbeat | N
         errors_uri=err_uri, errors_sha256=err_sha, error_rows=err_rows,
         tokens_input=tokens["input"], tokens_output=tokens["output"], tokens_real=tokens["real"],
         tokens_padded=tokens["padded"],
-        execute_seconds=time.perf_counter() - t0, errors=error_rows, progress=progress)
+        execute_seconds=time.perf_counter() - t0, errors=error_rows, progress=progress,
+        load_seconds=take_load_seconds(job.bundle_digest))
     failpoints.hit("execute.before_commit")
     try:
         if rest is None:

@@ -18,7 +18,8 @@ from batchinf.store import get_store, join
 
 
 def submit(manifest: JobManifest, caller: Caller, *, schedule: str | None = None, retry_of: str | None = None,
-           selection: list[tuple[str, int]] | None = None, hold: bool = False) -> tuple[str, bool]:
+           selection: list[tuple[str, int]] | None = None, hold: bool = False,
+           process_started_at: float | None = None) -> tuple[str, bool]:
     """Create the job for `caller`, or return the caller's existing one for the same idempotency
     key (a different manifest under a used key is an IdempotencyConflict naming the fields that
     differ).
@@ -27,7 +28,9 @@ def submit(manifest: JobManifest, caller: Caller, *, schedule: str | None = None
     alias later never changes what this job runs. Storage is checked here (scopes.py): the input
     and output against the tenant's grants when the caller is confined (a tenant's request always
     is), and the output prefix against every other job's. `retry_of`/`selection`: see rerun.py.
-    `hold`: a dry run's job (dryrun.py), held `planned` once its shards are cut."""
+    `hold`: a dry run's job (dryrun.py), held `planned` once its shards are cut.
+    `process_started_at`: when the calling process started (`batchinf run`), so that the job's
+    phases count its start-up (batchinf/phases.py)."""
     tenant = caller.tenant
     key = manifest.idempotency_key or manifest.content_key()
     existing = job_repo.find_by_key(tenant, key)
@@ -64,7 +67,8 @@ def submit(manifest: JobManifest, caller: Caller, *, schedule: str | None = None
         "input_uri": input_uri, "output_uri": output_uri, "work_uri": join(output_uri, "_work", job_id) + "/",
         "priority": manifest.priority, "schedule": schedule, "created_at": t, "updated_at": t, "confined": confined,
         "deadline_at": (t + manifest.deadline_seconds) if manifest.deadline_seconds else None,
-        "retry_of": retry_of, "hold": hold, "engine": engine, "device": device}, selection)
+        "retry_of": retry_of, "hold": hold, "engine": engine, "device": device,
+        "phases": json.dumps({"process_started_at": process_started_at}) if process_started_at else None}, selection)
 
 
 class IdempotencyConflict(LedgerError):

@@ -23,9 +23,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchinf import failpoints
+from batchinf import failpoints, phases
 from batchinf.errors import BatchinfError, StoreError, TransientError, VerificationError
 from batchinf.digests import sha256_file
+from batchinf.ledger import attempts as attempt_repo
 from batchinf.ledger import jobs as job_repo
 from batchinf.ledger import registry, retry_records
 from batchinf.ledger import shards as shard_repo
@@ -364,6 +365,12 @@ def _lineage(job: Job) -> dict[str, Any]:
     return {"retry_of": {"job_id": job.retry_of, "output_uri": job_repo.get(job.retry_of).output_uri}}
 
 
+def job_phases(job: Job) -> dict[str, Any]:
+    """Where the job's wall time went, up to now (batchinf/phases.py): written in its output
+    document and kept in the ledger as it ends, so that its status shows the same numbers."""
+    return phases.compute(job.phases, job.created_at, now=now(), attempts=attempt_repo.spans(job.id))
+
+
 def publish_partial(job: Job) -> dict[str, Any]:
     """cancelling -> cancelled (or expired, past its deadline): promote what was committed and
     describe in `_PARTIAL.json` which shards and records are done and which are not.
@@ -399,6 +406,7 @@ def publish_partial(job: Job) -> dict[str, Any]:
         "shards_done": [{"shard": r.id, "records": r.num_records} for r in done],
         "shards_not_done": [{"shard": r.id, "status": r.status, "records": r.num_records,
                              "staged_records": r.input_uri} for r in rows if r.status != ShardStatus.COMMITTED],
+        "phases": job_phases(job),
         "created_at": datetime.now(timezone.utc).isoformat(),
         **_lineage(job),
     }
@@ -408,7 +416,7 @@ def publish_partial(job: Job) -> dict[str, Any]:
         partial["openai"] = ctx.to_dict()
     get_store(job.output_uri).put_bytes(join(job.output_uri, PARTIAL), json.dumps(partial, indent=1).encode())
     job_repo.move(job.id, JobStatus.EXPIRED if expired else JobStatus.CANCELLED, detail={"parts": len(parts)},
-                  finished_at=now(), errors=published.errors,
+                  finished_at=now(), errors=published.errors, phases={"final": partial["phases"]},
                   **({"summary": json.dumps(published.summary)} if published.summary else {}))
     return partial
 
@@ -435,6 +443,7 @@ def _output_manifest(job: Job, rows: list[Shard], inputs: list[dict[str, Any]], 
                     "execute_wall": (now() - job.started_at - (job.plan_seconds or 0))
                     if job.started_at else None,
                     "verify": verify_seconds},
+        "phases": job_phases(job),
         "created_at": datetime.now(timezone.utc).isoformat(),
         **_lineage(job),
     }
@@ -470,7 +479,7 @@ def publish(job: Job) -> dict[str, Any]:
     store.put_bytes(join(out, SUCCESS), b"")
     job_repo.move(job_id, JobStatus.SUCCEEDED, detail={"parts": len(output_manifest["parts"])}, finished_at=now(),
                   errors=published.errors,
-                  verify_seconds=output_manifest["timings"]["verify"],
+                  verify_seconds=output_manifest["timings"]["verify"], phases={"final": output_manifest["phases"]},
                   summary=json.dumps(published.summary) if published.summary else None)
     store.delete_prefix(job.work_uri)
     if not store.list(join(out, "_work/")):

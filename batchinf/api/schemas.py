@@ -62,6 +62,33 @@ class ErrorSummary(BaseModel):
     by_code: dict[str, int]
 
 
+class WorkerPhases(BaseModel):
+    worker: str = Field(description="host:pid")
+    start: float | None = Field(description="its process spawned -> ready (imports done); null unless an "
+                                "embedded driver started it")
+    model_load: float | None = Field(description="seconds it spent loading the job's bundle")
+    busy: float | None = Field(description="seconds it ran the job's shards (its attempts); null while the job runs")
+    idle: float | None = Field(description="up within the job (spawned, or the execute phase's start, -> every "
+                               "shard done) and neither starting, loading nor running a shard; null while the job runs")
+    shards: int | None = Field(description="attempts it ran of the job's shards; null while the job runs")
+
+
+class Phases(BaseModel):
+    """Where the job's wall time goes (batchinf/phases.py): consecutive phases, seconds to the ms,
+    null where not reached or not measured; they sum to `wall` when all are measured."""
+    wall: float | None = Field(description="the creating process's start (else the job's creation) -> published "
+                               "or ended; null while the job runs (as is the phase in progress)")
+    startup: float | None = Field(description="the creating process's start -> the job's creation (`batchinf run`, "
+                                  "`submit`); null when created another way")
+    pin: float | None = Field(description="-> inputs pinned")
+    plan: float | None = Field(description="-> shards planned")
+    pool_start: float | None = Field(description="-> the first ready worker started, past planning")
+    model_load: float | None = Field(description="-> it had the bundle loaded, past planning")
+    execute: float | None = Field(description="-> every shard done")
+    publish: float | None = Field(description="-> published (verified, _MANIFEST.json written), or ended")
+    workers: list[WorkerPhases]
+
+
 class JobView(BaseModel):
     job_id: str
     name: str
@@ -91,6 +118,7 @@ class JobView(BaseModel):
                                            "per label), `score_histogram` and `scores` (score), `audio_seconds` "
                                            "and `pieces` (transcribe: files stitched from pieces, counted in "
                                            "`counts` once published)")
+    phases: Phases = Field(description="where its wall time goes, as in _MANIFEST.json `phases` once it ended")
     error: str | None = Field(description="why the job failed or stopped")
     deadline_at: float | None = Field(description="UNIX seconds, like every timestamp here")
     created_at: float

@@ -105,5 +105,10 @@ def print_status(s: dict[str, Any]) -> None:
     pinned = "" if s["bundle"] == s["bundle_digest"] else f" ({s['bundle_digest']})"    # a job named by digest
     o.print(f"  bundle   {s['bundle']}{pinned}", highlight=False)
     o.print(f"  output   {s['output_uri']}", highlight=False)
+    if (ph := s.get("phases")) and ph.get("wall") is not None:
+        from batchinf.phases import PHASES
+
+        said = ", ".join(f"{k} {ph[k]:.2f}" for k in PHASES if ph.get(k) is not None)
+        o.print(f"  phases   {said} (wall {ph['wall']:.2f} s)", highlight=False)
     if s.get("error"):
         o.print(f"  [red]error[/red]    {s['error']}", highlight=False)

@@ -48,8 +48,11 @@ def run(manifest: str, workers: int | None, threads: int | None, device: str, as
     from batchinf.scopes import Caller
     from batchinf.submit import submit
 
+    from batchinf.phases import process_started_at
+
     require_device(device)      # refused up front, not after workers failed their attempts
-    job_id, created = submit(load_manifest(manifest), Caller(tenant, operator=True))
+    job_id, created = submit(load_manifest(manifest), Caller(tenant, operator=True),
+                             process_started_at=process_started_at())
     job = None if created else job_row(job_id)
     if job is not None and finished_hint(job):
         emit(status(job_id), as_json, print_status)
@@ -89,7 +92,10 @@ def submit(manifest: str, wait: bool, as_json: bool, tenant: str) -> None:
     from batchinf.manifest import load_manifest
     from batchinf.scopes import Caller
 
-    job_id, created = do_submit(load_manifest(manifest), Caller(tenant, operator=True))
+    from batchinf.phases import process_started_at
+
+    job_id, created = do_submit(load_manifest(manifest), Caller(tenant, operator=True),
+                                process_started_at=process_started_at())
     if not created:
         from batchinf.ledger.jobs import get as job_row, release
 

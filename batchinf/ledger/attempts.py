@@ -12,6 +12,7 @@ from batchinf.ledger.db import tx
 from batchinf.ledger.events import now
 from batchinf.ledger.states import ATTEMPT_LOSERS, SHARD_DONE, AttemptStatus, attempt_sources, values
 from batchinf.ledger.tables import attempts, jobs, shards
+from batchinf.phases import AttemptSpan
 
 
 def end_attempt(conn: Connection, shard_id: str, number: int | None, to: AttemptStatus, *,
@@ -68,3 +69,13 @@ def recent_workers(seconds: float, route: Route | None = None) -> int:
             q = q.where(jobs.c.device == route.device)
     with tx() as conn:
         return int(conn.execute(q).scalar() or 0)
+
+
+def spans(job_id: str) -> list[AttemptSpan]:
+    """Every attempt of the job's shards: (worker, started_at, finished_at, load_seconds), for its
+    phases (batchinf/phases.py) when it is published: one statement, once per job."""
+    with tx() as conn:
+        rows = conn.execute(select(attempts.c.worker, attempts.c.started_at, attempts.c.finished_at,
+                                   attempts.c.load_seconds).join(shards, shards.c.id == attempts.c.shard_id)
+                            .where(shards.c.job_id == job_id)).all()
+    return [AttemptSpan(*r) for r in rows]

@@ -4,6 +4,7 @@ one transaction unless it takes a `conn`; reads return `Job` / `InputObject`."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any, Iterable
 
 from sqlalchemy import Connection, bindparam, insert, select, text, update
@@ -14,24 +15,48 @@ from batchinf.ledger import events
 from batchinf.ledger.db import tx
 from batchinf.ledger.events import now
 from batchinf.ledger.models import InputObject, Job, bounded_error
-from batchinf.ledger.states import JOB_ACTIVE, SHARD_DONE, JobStatus, job_sources, values
+from batchinf.ledger.states import JOB_ACTIVE, JOB_TERMINAL, SHARD_DONE, JobStatus, job_sources, values
 from batchinf.ledger.tables import job_events, job_inputs, jobs, record_errors, retry_records, shards
 from batchinf.store import ObjectPin
 
 
 def transition(conn: Connection, job_id: str, to: JobStatus, *, detail: Any = None, reopen: bool = False,
-               **fields: Any) -> bool:
+               phases: dict[str, Any] | None = None, **fields: Any) -> bool:
     """Move a job to `to` if the state table (with `reopen`, `JOB_REOPENINGS` too) allows it from
-    its current state; False if not."""
-    frm = conn.execute(select(jobs.c.status).where(jobs.c.id == job_id)).scalar()
-    if frm is None:
+    its current state; False if not. The move's time joins the job's phase marks (`phases.at`,
+    batchinf/phases.py), and `phases` with them, in the same statement."""
+    found = conn.execute(select(jobs.c.status, jobs.c.phases).where(jobs.c.id == job_id)).first()
+    if found is None:
         raise LedgerError(f"no job {job_id!r}")
+    t = now()
     res = conn.execute(update(jobs).where(jobs.c.id == job_id, jobs.c.status.in_(job_sources(to, reopen=reopen)))
-                       .values(status=to.value, updated_at=now(), **fields))
+                       .values(status=to.value, updated_at=t, phases=_marked(found.phases, to, t, phases), **fields))
     if res.rowcount != 1:
         return False
-    events.record(conn, job_id, "job", frm, to.value, detail=detail)
+    events.record(conn, job_id, "job", found.status, to.value, detail=detail)
     return True
+
+
+def _marked(stored: str | None, to: JobStatus, t: float, more: dict[str, Any] | None) -> str:
+    """The job's phase marks (JSON) with its move to `to` at `t`, and `more`; a job that moves on
+    from a terminal state (published again) drops the phases computed when it ended."""
+    marks = json.loads(stored or "{}")
+    marks.setdefault("at", {})[to.value] = t
+    if to not in JOB_TERMINAL:
+        marks.pop("final", None)
+    marks.update(more or {})
+    return json.dumps(marks)
+
+
+def note_workers(job_id: str, workers: dict[str, dict[str, float]]) -> None:
+    """An embedded driver's worker processes, by worker name: when each was spawned, ready (its
+    imports done) and had its job's bundle loaded (`WorkerPool.reports`), added to the job's
+    phase marks. One transaction per batch of reports: a few per job."""
+    with tx() as conn:
+        marks = json.loads(conn.execute(select(jobs.c.phases).where(jobs.c.id == job_id)).scalar() or "{}")
+        for name, times in workers.items():
+            marks.setdefault("workers", {}).setdefault(name, {}).update(times)
+        conn.execute(update(jobs).where(jobs.c.id == job_id).values(phases=json.dumps(marks)))
 
 
 def move(job_id: str, to: JobStatus, *, detail: Any = None, errors: list[dict[str, Any]] | None = None,
@@ -139,8 +164,6 @@ def status_of(job_id: str) -> str:
 
 def stored_manifest(job_id: str) -> dict[str, Any]:
     """The job's manifest exactly as stored at submit (JSON), for comparing with a new one."""
-    import json
-
     with tx() as conn:
         return json.loads(conn.execute(select(jobs.c.manifest).where(jobs.c.id == job_id)).scalar() or "{}")
 

@@ -251,7 +251,8 @@ def commit_in(conn: Connection, lease: Lease, result: ShardResult, **fields: Any
     events.record(conn, lease.job_id, "shard", _COMMIT_FROM, ShardStatus.COMMITTED.value, shard_id=lease.shard_id,
                   detail={"attempt": lease.attempt, "rows": result.output_rows, "errors": result.error_rows})
     # the winner's attempt row (no event of its own: the shard's names it), then any twin loses
-    conn.execute(_WINNER, {**key, "status": AttemptStatus.COMMITTED.value, "finished_at": t})
+    conn.execute(_WINNER, {**key, "status": AttemptStatus.COMMITTED.value, "finished_at": t,
+                           "load_seconds": result.load_seconds or None})
     if conn.execute(_TWIN, key).first() is not None:
         end_attempt(conn, lease.shard_id, None, AttemptStatus.SUPERSEDED, error=f"attempt {lease.attempt} committed first")
     if result.errors:

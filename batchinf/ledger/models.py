@@ -52,6 +52,7 @@ class Job:
     hold: bool = False                # a dry run's job: planning ends `planned`, not `running`
     engine: str = "native"            # what executes its shards (batchinf/engines): native | vllm | openai-http
     device: str = "any"               # the device its shards need: any | cpu | cuda (engines.job_device)
+    phases: dict[str, Any] = field(default_factory=dict)   # where its wall time goes: marks (batchinf/phases.py)
 
     @property
     def route(self) -> Route:
@@ -66,6 +67,7 @@ class Job:
         m = dict(row._mapping)
         m["manifest_json"] = m["manifest"]
         m["plan"] = json.loads(m["plan"] or "{}")
+        m["phases"] = json.loads(m["phases"] or "{}")
         return _from_mapping(cls, m)
 
 
@@ -155,6 +157,7 @@ class ShardResult:
     execute_seconds: float
     errors: list[dict]    # record error rows: record_id, source, ordinal, error, message, attempts
     progress: int = 0     # its records' planned progress units (Task.progress_unit; else 0)
+    load_seconds: float = 0.0   # the bundle load its worker paid for it (the first attempt a worker runs of a bundle)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, func, select
 
+from batchinf import phases
 from batchinf.config import settings
 from batchinf.errors import BatchinfError, LedgerError
 from batchinf.ledger.db import tx
@@ -215,6 +216,7 @@ def _status(row: Any, totals: tallies.JobTallies, worker_seconds: float, in_runn
             "per_1000_records": cost / done * 1000 if done else None},
         "errors": {"records": sum(by_code.values()), "by_code": by_code},
         "summary": summary,
+        "phases": phases.view(row.phases, row.created_at, row.finished_at),
         "error": row.error, "deadline_at": row.deadline_at, "created_at": row.created_at,
         "updated_at": row.updated_at, "started_at": row.started_at, "finished_at": row.finished_at,
     }

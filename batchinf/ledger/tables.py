@@ -67,6 +67,7 @@ jobs = Table(
     Column("device", String(16), nullable=False, default="any", server_default="any"),  # any | cpu | cuda: where
     Column("error_records", BigInteger, nullable=False, default=0),  # failed records so far: validation errors
                                                                      # at planning, then error rows as shards commit
+    Column("phases", Text, nullable=True),     # where its wall time goes: marks, then phases (JSON; batchinf/phases.py)
     UniqueConstraint("tenant", "idempotency_key", name="uq_jobs_tenant_idempotency"),
     Index("ix_jobs_status", "status"),
     Index("ix_jobs_tenant_created", "tenant", "created_at"),
@@ -143,6 +144,7 @@ attempts = Table(
     Column("error", Text, nullable=True),
     Column("host", String(200), nullable=True),         # its worker's failure domain (Celery node, else machine)
     Column("computing_at", Float, nullable=True),       # set while it runs the shard's records (not loading or writing)
+    Column("load_seconds", Float, nullable=True),       # the bundle load its worker paid for it (committed attempts)
 )
 
 # the attempts still running: a job's live worker seconds without a scan of its finished ones

@@ -27,6 +27,21 @@ def test_embed_throughput_short_mode(minilm_dir: Path, tmp_path: Path) -> None:
     assert min(report["int8"]["min_cosine_vs_float32"], report["int8"]["min_cosine_vs_st"]) >= 0.995
 
 
+def test_small_job_short_mode(minilm_dir: Path, tmp_path: Path) -> None:
+    """A 10-record job and `import torch`, one run each: the job succeeds and its phases from
+    _MANIFEST.json are all there, non-negative, within the command's wall time."""
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "small_job.py"), "--short", "--json"],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    report = json.loads(r.stdout)
+    assert report["records"] == 10 and report["reps"] == 1 and report["order"] == "T B "
+    assert report["import_torch"]["median_s"] > 0 and report["ratio"] > 0
+    phases = report["phases"]
+    assert all(phases[k] is not None and phases[k] >= 0 for k in phases), phases
+    assert phases["wall"] <= report["batchinf_run"]["median_s"] and report["after_publish"] >= 0
+    assert report["workers"] >= 1 and sum(w["shards"] for w in report["workers_median_run"]) >= 1
+
+
 def test_api_under_attack_short_mode(tmp_path: Path) -> None:
     """Every hostile manifest the attacker cycles through is refused with a 4xx, /healthz still
     answers, and both latency samples are measured (the script exits non-zero otherwise)."""

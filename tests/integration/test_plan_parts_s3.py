@@ -74,9 +74,9 @@ def _run(s3_bucket: str, name: str, range_bytes: str, monkeypatch: pytest.Monkey
 
 def _normalized(m: dict[str, Any], job_id: str, out: str) -> str:
     """_MANIFEST.json without what differs between two jobs of the same inputs: their ids and
-    shard ids (hashes of the job id), output prefix and timings. The parts' sha256 stay."""
+    shard ids (hashes of the job id), output prefix, timings and phases. The parts' sha256 stay."""
     text = json.dumps(m, sort_keys=True).replace(job_id, "JOB").replace(out, "OUT/")
-    drop = {"created_at", "timings", "shard"}
+    drop = {"created_at", "timings", "phases", "shard"}
 
     def clean(x: Any) -> Any:
         if isinstance(x, dict):

@@ -24,7 +24,7 @@ def external_imports() -> dict[str, set[str]]:
 # Lowest first; a module may import its own layer or lower ones. The first matching prefix wins.
 LAYERS: list[tuple[str, ...]] = [
     ("batchinf.errors", "batchinf.config", "batchinf.checks", "batchinf.failpoints", "batchinf.digests",
-     "batchinf.cron", "batchinf.documents", "batchinf.version", "batchinf.logs",
+     "batchinf.cron", "batchinf.documents", "batchinf.version", "batchinf.logs", "batchinf.phases",
      "batchinf.openai"),   # the package itself imports nothing
     ("batchinf.store", "batchinf.planning.shard_names", "batchinf.manifest", "batchinf.manifest_rules",
      "batchinf.formats", "batchinf.runtime", "batchinf.retry_policy", "batchinf.openai.lines", "batchinf.tasks",
