@@ -221,8 +221,8 @@ _BEAT_SHARD = update(shards).where(shards.c.id == bindparam("b_shard"), shards.c
 def commit_attempt(lease: Lease, result: ShardResult) -> None:
     """Checkpoint: the shard becomes committed with this attempt's outputs, in one transaction,
     only if the attempt may still commit it (see `_COMMIT`) and the job is running or cancelling
-    (a cancel keeps what running attempts finished; nothing commits once the job has stopped). The winner becomes the fencing token; a
-    speculative twin still running is superseded. Raises StaleAttemptError otherwise."""
+    (a cancel keeps what running attempts finished; nothing commits once the job has stopped).
+    The winner becomes the fencing token; a speculative twin still running is superseded. Raises StaleAttemptError otherwise."""
     with tx() as conn:
         commit_in(conn, lease, result)
 
@@ -314,7 +314,8 @@ def _end_lease(conn: Connection, shard_id: str, attempt: int, error: str, policy
     """An attempt that raised (FAILED) or lost its worker (LOST) ends. For the attempt holding the
     shard, the shard goes where `policy.end_attempt` says: retrying (after its delay), quarantined
     or failed (a failed shard fails its job); `give_up`: it fails now; no policy (RELEASED: the
-    worker gave the lease back): retrying at once, charged to nothing. A speculative attempt just ends: the attempt holding the shard carries on."""
+    worker gave the lease back): retrying at once, charged to nothing. A speculative attempt just
+    ends: the attempt holding the shard carries on."""
     job_id, holder = conn.execute(select(shards.c.job_id, shards.c.attempt).where(shards.c.id == shard_id)).one()
     if holder != attempt:
         end_attempt(conn, shard_id, attempt, outcome, error=error[:4000])

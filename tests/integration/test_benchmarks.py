@@ -193,6 +193,7 @@ def test_speech_throughput_short_mode(tmp_path: Path) -> None:
         assert set(speeds) == {"batchinf", "faster-whisper batched (16)", "faster-whisper sequential"}
         assert min(speeds.values()) > 0
         assert max(report["wer"][corpus].values()) <= 0.2, report["wer"]
+        assert report["batchinf_phases"][corpus]["execute"] > 0       # from the job's _MANIFEST.json
 
 
 def test_engine_openai_http_short_mode(smollm2_gguf: Path, tmp_path: Path) -> None:

@@ -198,9 +198,9 @@ class WhisperEngine:
         for j, i in enumerate(todo):
             by_temp.setdefault(results[i].temperature, []).append(j)
         for temperature, js in by_temp.items():
+            step = d.temperatures.index(temperature) if temperature in d.temperatures else 0
             got = self._run(self._rows(encoded, features, [todo[j] for j in js]), [prompts[j] for j in js],
-                            replace(d, beam_size=1), temperature, d.temperatures.index(temperature) if temperature in d.temperatures else 0,
-                            scores=False)
+                            replace(d, beam_size=1), temperature, step, scores=False)
             for j, tokens in zip(js, got):
                 r = results[todo[j]]
                 if tokens[:len(r.tokens)] == r.tokens and len(tokens) > len(r.tokens):
