@@ -5,6 +5,14 @@ seconds per wall-clock second and WER on espeak-ng clips of known text.
     python benchmarks/speech_throughput.py                  # 48 short clips, 3 long files, 1 rep
     python benchmarks/speech_throughput.py --reps 2         # alternated A B C, C B A
     python benchmarks/speech_throughput.py --short --json   # CI: 6 clips, 1 long file
+    python benchmarks/speech_throughput.py --timestamps none  # text without Whisper's timestamps
+
+Every contender gives the same kind of output: with `--timestamps segment` (the default) each
+times its segments from Whisper's timestamp tokens (batchinf's default; faster-whisper with
+without_timestamps=False), with `none` none does (batchinf `timestamps: none`; the batched
+pipeline's default, its segments timed by its VAD chunks): decoding timestamps costs tokens, and
+windows that stop short of their end are decoded on (batchinf) or sought again (faster-whisper
+sequential).
 
 Contenders, each a fresh process over the same directory of files:
 - batchinf: `batchinf run` of a transcribe job (embedded, one worker process per core, one
@@ -59,7 +67,8 @@ def corpora(root: Path, clips: int, long_files: int, repeat: int) -> dict[str, t
     return out
 
 
-def run_faster_whisper(model_dir: str, files: list[str], batched: bool, threads: int) -> dict[str, str]:
+def run_faster_whisper(model_dir: str, files: list[str], batched: bool, threads: int,
+                       timestamps: str) -> dict[str, str]:
     from faster_whisper import BatchedInferencePipeline, WhisperModel
 
     model = WhisperModel(model_dir, device="cpu", compute_type="int8", cpu_threads=threads)
@@ -67,15 +76,15 @@ def run_faster_whisper(model_dir: str, files: list[str], batched: bool, threads:
     out = {}
     for f in files:
         if pipe is not None:
-            segments, _ = pipe.transcribe(f, batch_size=16, beam_size=BEAM)
+            segments, _ = pipe.transcribe(f, batch_size=16, beam_size=BEAM, without_timestamps=timestamps == "none")
         else:
-            segments, _ = model.transcribe(f, beam_size=BEAM)
+            segments, _ = model.transcribe(f, beam_size=BEAM, without_timestamps=timestamps == "none")
         out[Path(f).name] = "".join(s.text for s in segments).strip()
     return out
 
 
-def timed(contender: str, directory: Path, work: Path, model_dir: Path,
-          cores: int) -> tuple[float, dict[str, str], dict | None]:
+def timed(contender: str, directory: Path, work: Path, model_dir: Path, cores: int,
+          timestamps: str) -> tuple[float, dict[str, str], dict | None]:
     """Wall seconds of one contender's whole process over `directory`, its transcripts, and (batchinf)
     the job's phases from its _MANIFEST.json."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -90,12 +99,12 @@ def timed(contender: str, directory: Path, work: Path, model_dir: Path,
         manifest.write_text(json.dumps({
             "name": "speech-bench", "task": "transcribe", "bundle": "tiny-en",
             "input": {"uri": str(directory) + "/", "format": "audio"}, "output": {"uri": str(out)},
-            "options": {"beam_size": BEAM, "max_batch_windows": 16}}))
+            "options": {"beam_size": BEAM, "max_batch_windows": 16, "timestamps": timestamps}}))
         cmd = [sys.executable, "-m", "batchinf", "run", str(manifest), "--workers", str(cores), "--threads", "1",
                "--json"]
     else:
         cmd = [sys.executable, __file__, "--contender", contender, "--dir", str(directory), "--result", str(result),
-               "--model", str(model_dir), "--threads", str(cores)]
+               "--model", str(model_dir), "--threads", str(cores), "--timestamps", timestamps]
     t0 = time.perf_counter()
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -118,6 +127,10 @@ def main() -> None:
     ap.add_argument("--clips", type=int, default=48)
     ap.add_argument("--long-files", type=int, default=3)
     ap.add_argument("--corpus", choices=("both", "short", "long"), default="both", help="run one corpus only")
+    ap.add_argument("--timestamps", choices=("segment", "none"), default="segment",
+                    help="segment: every contender times its segments from Whisper's timestamp tokens "
+                         "(faster-whisper without_timestamps=False); none: text without them (batchinf "
+                         "timestamps: none, one segment per window; faster-whisper's batched default)")
     ap.add_argument("--cores", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--contender", help=argparse.SUPPRESS)
     ap.add_argument("--dir", help=argparse.SUPPRESS)
@@ -127,7 +140,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.contender:      # a faster-whisper contender's own process
         files = sorted(str(p) for p in Path(args.dir).iterdir())
-        texts = run_faster_whisper(args.model, files, "batched" in args.contender, args.threads)
+        texts = run_faster_whisper(args.model, files, "batched" in args.contender, args.threads, args.timestamps)
         Path(args.result).write_text(json.dumps(texts))
         return
 
@@ -136,6 +149,7 @@ def main() -> None:
 
     clips, long_files, repeat = (6, 1, 1) if args.short else (args.clips, args.long_files, 3)
     report: dict = {"model": "whisper tiny.en (CTranslate2 int8)", "beam_size": BEAM, "cores": args.cores,
+                    "timestamps": args.timestamps,
                     "corpora": {}, "audio_seconds_per_second": {}, "wer": {}, "order": [], "batchinf_phases": {}}
     with tempfile.TemporaryDirectory(prefix="speech-bench-") as tmp:
         work = Path(tmp)
@@ -152,7 +166,7 @@ def main() -> None:
                 order = CONTENDERS if rep % 2 == 0 else CONTENDERS[::-1]
                 report["order"].append(" ".join("ABC"[CONTENDERS.index(c)] for c in order))
                 for c in order:
-                    wall, got, phases = timed(c, directory, work, WHISPER_TINY_EN, args.cores)
+                    wall, got, phases = timed(c, directory, work, WHISPER_TINY_EN, args.cores, args.timestamps)
                     if phases is not None and (not walls[c] or wall < min(walls[c])):     # the fastest run's
                         report["batchinf_phases"][corpus] = {k: v for k, v in phases.items() if k != "workers"}
                     walls[c].append(wall)
@@ -166,7 +180,8 @@ def main() -> None:
     if args.json:
         print(json.dumps(report, indent=1))
         return
-    print(f"{report['model']}, beam {BEAM}, {args.cores} cores, whole process; audio seconds per wall second")
+    print(f"{report['model']}, beam {BEAM}, timestamps {args.timestamps}, {args.cores} cores, whole process; "
+          "audio seconds per wall second")
     print("| corpus | " + " | ".join(CONTENDERS) + " | batchinf / batched | WER (" + " / ".join("ABC") + ") |")
     print("|---|" + "---|" * (len(CONTENDERS) + 2))
     for corpus, speed in report["audio_seconds_per_second"].items():
