@@ -183,7 +183,8 @@ def retry(job_id: str, codes: str | None, not_done: bool, output: str | None, de
 @click.command("plan")
 @click.argument("manifest", type=click.Path(exists=True, dir_okay=False))
 @click.option("--tokens-per-second", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Declared input tokens per worker-second of the bundle (default: measured from its earlier jobs).")
+              help="Declared input tokens per worker-second of the bundle (transcribe: audio seconds per "
+                   "worker-second; default: measured from its earlier jobs).")
 @click.option("--workers", default=1, show_default=True,
               help="Workers the job's shards are sized for (see shards.target_workers) and the estimate assumes.")
 @click.option("--processes", default=1, show_default=True, help="Local processes that plan input objects.")
@@ -227,7 +228,8 @@ def print_plan(r: dict[str, Any]) -> None:
         out.print("no throughput known for this bundle: pass --tokens-per-second for an estimate", highlight=False)
     else:
         cost = "" if e["cost"] is None else f", cost {e['cost']:.4f} at {e['price_per_worker_hour']}/worker-hour"
-        out.print(f"{e['worker_hours']:.3f} worker-hours at {e['tokens_per_second']:.0f} tokens/s "
+        unit = "audio-seconds/s" if "audio_hours" in r else "tokens/s"     # transcribe's tokens are seconds
+        out.print(f"{e['worker_hours']:.3f} worker-hours at {e['tokens_per_second']:.0f} {unit} "
                   f"({e['throughput_source']}): {e['duration_seconds']:.0f} s on {e['workers']} worker(s){cost}",
                   highlight=False)
     if r["next"]:

@@ -4,10 +4,11 @@ Input: a prefix of audio objects (`input.format: audio`: wav, flac, mp3, ogg/opu
 object is a record, its key under the prefix its id), or JSONL / Parquet records whose
 `input.audio_field` holds the audio's bytes or an object URI (pinned, and within the grants of a
 confined job, like an image URI: tasks/objects.py), and may set some options for themselves
-(tasks/transcribe_options.py; wrong ones are an invalid_options error row). At plan time each file's header is
-checked against BATCHINF_MAX_AUDIO_SECONDS before it is decoded (bounded in samples and time),
-downmixed to mono, resampled to the bundle's rate, and cut into windows of at most 30 s at
-silence (runtime/speech/windows.py); the staged row holds the 16-bit samples and the windows.
+(tasks/transcribe_options.py; wrong ones are an invalid_options error row). At plan time each
+file's header is checked against BATCHINF_MAX_AUDIO_SECONDS before it is decoded (bounded in
+samples and time), downmixed to mono, resampled to the bundle's rate, and cut into windows of at
+most 30 s at silence (runtime/speech/windows.py); the staged row holds the 16-bit samples, the
+windows and the record's own options.
 A file whose windows span more than a piece (`piece_seconds`: the manifest's `shards.max_tokens`
 up to a model batch of windows, else 2 minutes) is staged as several rows, its pieces:
 consecutive runs of the one window plan, each with its own samples and its windows' places in

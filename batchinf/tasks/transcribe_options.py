@@ -62,7 +62,6 @@ class TranscribeOptions(Section):
     device: Annotated[str, choice(DEVICES)] = "auto"
 
 
-
 def option_problem(meta: dict[str, Any], options: Any, where: str = "options.") -> str | None:
     """What the options ask that the bundle cannot do, or None; `where` prefixes their names."""
     if meta["multilingual"]:
@@ -97,7 +96,7 @@ def record_options(fields: dict[str, Any], job: TranscribeOptions, meta: dict[st
             return None, (f"has options {nested!r:.60}, which must be an object of transcribe options "
                           f"({', '.join(RECORD_OPTIONS)})")
         if unknown := sorted(set(nested) - {"prompt", *RECORD_OPTIONS}):
-            return None, (f"has options.{unknown[0]}, which a record cannot set; a record may set "
+            return None, (f"has options.{unknown[0]:.40}, which a record cannot set; a record may set "
                           f"{', '.join(RECORD_OPTIONS)} (the rest is the job's options)")
         given.update({k: v for k, v in nested.items() if v is not None})
     if "prompt" in given:
@@ -130,7 +129,8 @@ def options_of(job: TranscribeOptions, staged: list[str | None]) -> list[Transcr
 
 
 def decoding_for(runtime: Any, options: Any) -> Any:
-    """The job's options resolved with the bundle's decoding defaults (runtime/speech/whisper.Decoding)."""
+    """Options (the job's, or a record's: `options_of`) resolved with the bundle's decoding defaults
+    (runtime/speech/whisper.Decoding)."""
     from batchinf.runtime.speech.whisper import Decoding
 
     d = runtime.meta["decoding"]

@@ -341,3 +341,11 @@ def test_plan_estimates_the_audio_hours_and_the_cost(tiny_en: str, tmp_path: Pat
     r = report(job_id, tokens_per_second=30.0, workers=2)
     assert r["records"] == 3 and r["audio_hours"] == pytest.approx(seconds / 3600, abs=3 / 3600)   # whole seconds
     assert r["estimate"]["worker_hours"] == pytest.approx(r["tokens"]["total"] / 30.0 / 3600)
+    from click.testing import CliRunner
+
+    from batchinf.cli import main
+
+    (tmp_path / "job.json").write_text(json.dumps({**m, "name": "plan-audio-cli", "output": {"uri": str(tmp_path / "o2")}}))
+    printed = CliRunner().invoke(main, ["plan", str(tmp_path / "job.json"), "--tokens-per-second", "30"])
+    assert printed.exit_code == 0, printed.output
+    assert "hours of audio" in printed.output and "at 30 audio-seconds/s" in printed.output
