@@ -168,11 +168,12 @@ class PlannedShard:
 
 def cut_all(bounds: list[int], valid: list[dict[int, int]], invalid: list[dict[int, int]],
             max_records: int, max_tokens: int, target: int | None = None,
-            extra: list[dict[int, int]] | None = None) -> list[PlannedShard]:
+            extra: list[dict[int, int]] | None = None, min_work: int | None = None) -> list[PlannedShard]:
     """Every shard of the job: the error bucket first, then each length bucket, in order. With a
     `target` work per shard (sizing.py), length buckets are cut into runs of equal work (a
     group's work: its tokens plus its `extra`, the max_tokens a generate record may decode);
-    without one, and always for the error bucket, by the caps alone."""
+    without one, and always for the error bucket, by the caps alone. `min_work`: the task's least
+    work a shard holds (Task.min_shard_work; None: BATCHINF_MIN_SHARD_TOKENS)."""
     out = []
     ranges = [(ERROR_BUCKET, invalid, 0, 1 << 62)] + \
              [(b, valid, (bounds[b - 1] + 1) if b else 0, bound) for b, bound in enumerate(bounds)]
@@ -182,7 +183,7 @@ def cut_all(bounds: list[int], valid: list[dict[int, int]], invalid: list[dict[i
             runs = cut_groups(groups, max_records, max_tokens)
         else:
             work = [c * L + (extra[o].get(L, 0) if extra else 0) for o, L, c in groups]
-            runs = cut_groups_balanced(groups, work, target, max_records, max_tokens)
+            runs = cut_groups_balanced(groups, work, target, max_records, max_tokens, min_work)
         out += [PlannedShard(b, k, s) for k, s in enumerate(runs)]
     return out
 

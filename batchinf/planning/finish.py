@@ -83,7 +83,7 @@ def finish_plan(job: Job, workers: int | None = None) -> None:
     task = get_task(m.task)
     target = target_work(prompt_work + decode_work, workers, m.shards.max_tokens, task.min_shard_work)
     planned = bucketing.cut_all(bounds, valid, invalid, m.shards.max_records, m.shards.max_tokens,
-                                target if workers and workers > 1 else None, extra)
+                                target if workers and workers > 1 else None, extra, task.min_shard_work)
 
     source_uris = pa.array(uris, pa.string())
     shard_rows, padded = [], 0

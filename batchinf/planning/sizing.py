@@ -53,13 +53,18 @@ def split_chunk_work() -> int:
 
 def target_work(total: int, workers: int | None, max_tokens: int, min_work: int | None = None) -> int:
     """Work per shard the job aims for: its total over SHARDS_PER_WORKER shards per worker, never
-    below `min_work` nor above the manifest's `max_tokens`. No worker count: one shard's worth
-    of `max_tokens` (records and tokens caps alone, as before sizing by work), as for one worker:
-    cutting finer would only add fixed cost."""
+    below `min_work` nor above the manifest's `max_tokens`. A job too small for that many is cut
+    into a multiple of the workers where the minimum allows (three one-minute shards of audio on
+    two workers leave one idle for a third of the job; two of 1.5 minutes do not). No worker
+    count: one shard's worth of `max_tokens` (records and tokens caps alone, as before sizing by
+    work), as for one worker: cutting finer would only add fixed cost."""
     if not workers or workers <= 1:
         return max(1, max_tokens)
+    floor = min_shard_work() if min_work is None else min_work
     want = -(-int(total) // (workers * SHARDS_PER_WORKER))
-    return max(1, min(max_tokens, max(min_shard_work() if min_work is None else min_work, want)))
+    if want < floor and (n := int(total) // max(1, floor)) >= workers:
+        want = -(-int(total) // (n - n % workers))
+    return max(1, min(max_tokens, max(floor, want)))
 
 
 def _runs(order: np.ndarray, cum: np.ndarray, k: int) -> list[np.ndarray]:

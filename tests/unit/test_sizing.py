@@ -111,7 +111,9 @@ def test_shard_counts_for_small_jobs_across_pool_sizes() -> None:
     assert counts == {None: 1, 1: 1, 2: 2 * SHARDS_PER_WORKER, 4: 4 * SHARDS_PER_WORKER}
     # more workers than the job has minimum-work shards for: bounded by MIN_SHARD_WORK
     assert len(_shards(job_3k, 64)) == job_3k.sum() // MIN_SHARD_WORK
-    assert len(_shards(job_1k, 2)) == min(2 * SHARDS_PER_WORKER, job_1k.sum() // MIN_SHARD_WORK) > 1
+    # fewer minimum-work shards than SHARDS_PER_WORKER each: a multiple of the workers (5 -> 4)
+    fits = job_1k.sum() // MIN_SHARD_WORK
+    assert fits == 5 and len(_shards(job_1k, 2)) == fits - fits % 2
     assert all(len(_shards(tiny, w)) == 1 for w in (1, 2, 8, 64))          # a tiny job stays one shard
     # the manifest's caps still bound every shard
     capped = _shards(job_3k, 2, max_records=100)
@@ -134,6 +136,11 @@ def test_target_work_bounds() -> None:
     assert target_work(1000, 8, 1_000_000) == min_shard_work()         # never below the minimum
     assert target_work(10**9, 2, 50_000) == 50_000                     # never above max_tokens
     assert target_work(10**6, None, 400_000) == target_work(10**6, 1, 400_000) == 400_000
+    # too small for SHARDS_PER_WORKER each: a multiple of the workers, each at least the minimum
+    assert target_work(191, 2, 10**6, min_work=60) == 96                  # 2 shards, not 3
+    assert target_work(300, 2, 10**6, min_work=60) == 75                  # 4, not 5
+    assert target_work(100, 2, 10**6, min_work=60) == 60                  # one shard's worth: as before
+    assert target_work(7 * 60, 3, 10**6, min_work=60) == 70               # 6 of 7 minutes' worth
 
 
 RECORDS = 120
