@@ -221,16 +221,36 @@ def split(parent: Shard, children: list[dict[str, Any]]) -> bool:
         return True
 
 
-def record_poison(shard: Shard, row: dict[str, Any], errors_uri: str, errors_sha256: str) -> bool:
-    """A one-record quarantined shard keeps its record as one `poison` error row, once."""
+def poisoned(job_id: str, source: str, ordinal: int) -> bool:
+    """Whether a piece of the record already poisoned its shard (the job holds its poison row)."""
     with tx() as conn:
+        return _poisoned(conn, job_id, source, ordinal)
+
+
+def _poisoned(conn: Connection, job_id: str, source: str, ordinal: int) -> bool:
+    return conn.execute(select(record_errors.c.id).where(
+        record_errors.c.job_id == job_id, record_errors.c.source == source, record_errors.c.ordinal == ordinal,
+        record_errors.c.error == "poison").limit(1)).first() is not None
+
+
+def record_poison(shard: Shard, row: dict[str, Any], errors_uri: str, errors_sha256: str, first: bool = True) -> bool:
+    """A one-record quarantined shard keeps its record as one `poison` error row, once. A piece of a
+    record another piece already poisoned (`first` False) resolves with an empty errors file: the
+    record is one error row, not one a piece. False when the shard was resolved already, or when
+    `first` no longer holds (another piece's row committed meanwhile): the next tick writes again."""
+    with tx() as conn:
+        conn.execute(select(jobs.c.id).where(jobs.c.id == shard.job_id).with_for_update())   # one poison row a record
+        if first == _poisoned(conn, shard.job_id, row["source"], row["ordinal"]):
+            return False
         done = conn.execute(update(shards).where(shards.c.id == shard.id, shards.c.errors_uri.is_(None))
-                            .values(errors_uri=errors_uri, errors_sha256=errors_sha256, error_rows=1,
+                            .values(errors_uri=errors_uri, errors_sha256=errors_sha256, error_rows=int(first),
                                     output_rows=0, updated_at=now())).rowcount
         if done:
-            conn.execute(insert(record_errors).values(**bounded_error(dict(row, job_id=shard.job_id, shard_id=shard.id))))
+            if first:
+                conn.execute(insert(record_errors).values(**bounded_error(dict(row, job_id=shard.job_id,
+                                                                                  shard_id=shard.id))))
             events.record(conn, shard.job_id, "shard", shard.status, shard.status, shard_id=shard.id,
-                          detail={"poison": row["record_id"]})
+                          detail={"poison": row["record_id"], **({} if first else {"counted": False})})
         return bool(done)
 
 

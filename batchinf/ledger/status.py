@@ -166,11 +166,14 @@ def _status(row: Any, totals: tallies.JobTallies, worker_seconds: float, in_runn
     heartbeats report done (a generate shard shows progress before it commits). A job with records
     staged in pieces counts rows there: its records done are its rows done scaled to its records
     (never past them), and a record staged in pieces counts as succeeded or failed once it is
-    published (its rows are no shard's output or error rows; the job's summary `pieces` counts it)."""
+    published (its rows are no shard's output or error rows; the job's summary `pieces` counts it).
+    A quarantined shard's poison row is a record done and failed."""
     done_sums = totals.shard_sums(ShardStatus.COMMITTED.value)
     ok, failed, tok_in, tok_real, tok_padded = (done_sums.output_rows, done_sums.error_rows, done_sums.tokens_input,
                                                 done_sums.tokens_real, done_sums.tokens_padded)
-    done = done_sums.records + in_running
+    poison = totals.shard_sums(ShardStatus.QUARANTINED.value).error_rows    # a record alone that killed its workers
+    failed += poison
+    done = done_sums.records + poison + in_running
     if (pieces := _pieces_planned(row)) and row.records_total is not None:
         done = min(row.records_total, done * row.records_total // (row.records_total + pieces))
     summary = json.loads(row.summary) if row.summary else None

@@ -501,4 +501,24 @@ def test_tallies_equal_a_recount_through_every_kind_of_transition(ledger: str) -
     assert final["shards"]["committed"] == 3 and final["committed"][2] == 2
 
 
+
+def test_a_record_is_poisoned_once(ledger: str) -> None:
+    """Two pieces of one record, each quarantined alone: the first resolves with the record's
+    poison row, the second with none (and is refused the row it claims when the first holds it)."""
+    job_id = _job(n_shards=2, job_id="job-p")
+    with tx() as conn:
+        conn.execute(update(shards).where(shards.c.job_id == job_id).values(status="quarantined"))
+    first, second = (shard_repo.get(f"{job_id}-s{i}") for i in (0, 1))
+    row = {"record_id": "long.wav", "source": "file:///in/long.wav", "ordinal": 0, "error": "poison",
+           "message": "killed", "attempts": 1}
+    assert not shard_repo.poisoned(job_id, row["source"], 0)
+    assert not shard_repo.record_poison(first, row, "file:///p0", "a" * 64, first=False)   # no first row yet
+    assert shard_repo.record_poison(first, row, "file:///p0", "a" * 64)
+    assert shard_repo.poisoned(job_id, row["source"], 0)
+    assert not shard_repo.record_poison(second, row, "file:///p1", "b" * 64)                # it would be twice
+    assert shard_repo.record_poison(second, row, "file:///p1", "b" * 64, first=False)
+    assert not shard_repo.record_poison(second, row, "file:///p1", "b" * 64, first=False)  # resolved once
+    assert [(s.id, s.error_rows) for s in shard_repo.of_job(job_id)] == [(first.id, 1), (second.id, 0)]
+    assert _recount(job_id)["codes"] == {"poison": 1}
+
 __all__ = [name for name in list(globals()) if name.startswith("test_")]   # in definition order

@@ -14,6 +14,7 @@ from batchinf.controller import drive
 from batchinf.submit import submit
 from tests.helpers.env import OPERATOR
 from batchinf.ledger.db import tx
+from batchinf.ledger.status import status
 from batchinf.ledger.tables import attempts, jobs
 from batchinf.manifest import parse_manifest
 from batchinf.verify import verify_output
@@ -22,7 +23,7 @@ from tests.helpers.corpus import manifest, write_jsonl
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def _run(tmp_path: Path, failpoints: str, monkeypatch: pytest.MonkeyPatch, n: int = 64) -> tuple[list, list]:
+def _run(tmp_path: Path, failpoints: str, monkeypatch: pytest.MonkeyPatch, n: int = 64) -> tuple[list, list, str]:
     good = write_jsonl(tmp_path / "a.jsonl", n, bad=False, seed=9)
     monkeypatch.setenv("BATCHINF_FAILPOINTS", failpoints)    # read by the worker processes
     monkeypatch.setenv("BATCHINF_MAX_ATTEMPTS", "1")
@@ -34,12 +35,12 @@ def _run(tmp_path: Path, failpoints: str, monkeypatch: pytest.MonkeyPatch, n: in
     results = pq.read_table(out, ignore_prefixes=["_", "errors"]).to_pylist()
     errors = pq.read_table(out / "errors").to_pylist()
     assert len(results) + len(errors) == len(good)
-    return results, errors
+    return results, errors, job_id
 
 
 def test_record_that_raises_becomes_an_error_row(tmp_path: Path, tiny_bundle: str,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    results, errors = _run(tmp_path, "execute.record[r5]=raise", monkeypatch)
+    results, errors, _ = _run(tmp_path, "execute.record[r5]=raise", monkeypatch)
     assert [(e["record_id"], e["error"]) for e in errors] == [("r5", "inference_error")]
     assert "failpoint execute.record[r5] raised" in errors[0]["message"]
     assert len(results) == 63
@@ -47,9 +48,11 @@ def test_record_that_raises_becomes_an_error_row(tmp_path: Path, tiny_bundle: st
 
 def test_record_that_kills_its_worker_is_quarantined(tmp_path: Path, tiny_bundle: str,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    results, errors = _run(tmp_path, "execute.record[r37]=crash", monkeypatch)
+    results, errors, job_id = _run(tmp_path, "execute.record[r37]=crash", monkeypatch)
     assert [(e["record_id"], e["error"]) for e in errors] == [("r37", "poison")]
     assert "killed the worker" in errors[0]["message"]
+    counts = status(job_id)["counts"]      # the status counts the poison row as the manifest does
+    assert (counts["records_done"], counts["records_succeeded"], counts["records_failed"]) == (64, 63, 1)
     assert sorted(r["record_id"] for r in results) == sorted(f"r{i}" for i in range(64) if i != 37)
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from batchinf import failpoints
 from batchinf.bundles import import_bundle
+from batchinf.config import settings
 from batchinf.controller import cancel, drive
 from batchinf.dispatch import run_shard
 from batchinf.ledger import retry_records
@@ -195,3 +196,23 @@ def test_a_cancelled_job_does_not_publish_a_file_whose_pieces_did_not_all_commit
     assert left.id in {s["shard"] for s in p["shards_not_done"]}
     st = status(job_id)["counts"]
     assert st["records_succeeded"] == c["records_succeeded"] and st["records_done"] <= 3
+
+
+def test_pieces_of_one_file_that_each_kill_their_worker_fail_the_file_once(
+        tiny_en: str, audio: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file that kills the decoder wherever it is read (a hostile file) poisons every piece it is
+    staged in: each is quarantined alone, and the file is still one error row, not one a piece."""
+    monkeypatch.setenv("BATCHINF_FAILPOINTS", f"execute.piece[{LONG}:0]=crash;execute.piece[{LONG}:2]=crash")
+    monkeypatch.setenv("BATCHINF_MAX_ATTEMPTS", "1")
+    settings.cache_clear()
+    job_id, res, errs, manifest = _run(audio, tmp_path / "out", {"max_records": 8, "max_tokens": 60})
+    assert sorted(res) == sorted(SHORT) and list(errs) == [LONG]
+    assert errs[LONG]["error"] == "poison" and "killed the worker" in errs[LONG]["message"]
+    assert "piece 1 of" in errs[LONG]["message"], errs[LONG]["message"]      # the first one quarantined, numbered from 1
+    c = manifest["counts"]
+    assert (c["records_total"], c["records_succeeded"], c["records_failed"]) == (3, 2, 1)
+    st = status(job_id)
+    assert (st["counts"]["records_succeeded"], st["counts"]["records_failed"]) == (2, 1)
+    assert st["errors"] == {"records": 1, "by_code": {"poison": 1}}
+    assert [(r["record_id"], r["error"]) for r in page_errors(job_id)[0]] == [(LONG, "poison")]
+    assert verify_output(str(tmp_path / "out"))["ok"]
