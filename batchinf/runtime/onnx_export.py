@@ -1,9 +1,12 @@
 """An encoder bundle's model as an ONNX graph for the onnxruntime engine, made at bundle import.
 
-The pinned weights are loaded by transformers (eager attention: the graph shape ONNX Runtime's BERT
-optimizer recognises and fuses into Attention, SkipLayerNormalization and EmbedLayerNormalization
-nodes), traced by torch.onnx.export (TorchScript) with the batch and sequence axes dynamic, and
-optimised by `onnxruntime.transformers.optimizer` (model_type bert). What follows the encoder runs
+The pinned weights are loaded by batchinf's own encoder (runtime/encoder.py, runtime/classifier.py:
+no transformers), traced by torch.onnx.export (TorchScript) with the batch and sequence axes
+dynamic, and optimised by `onnxruntime.transformers.optimizer` (model_type bert), which fuses what
+it recognises (GELU with its bias, layer norms; `onnx.fused` in bundle.json says what). Attention
+stays unfused (one QKV projection, then scaled dot-product attention): on this project's CPU the
+fused Attention and EmbedLayerNormalization kernels measured no faster (docs/performance/embed_peers.md).
+What follows the encoder runs
 inside the same graph, written by the very functions native runs (runtime/st_modules.py `pool`
 and `head`: the bundle's pooling, Dense layers and normalisation; or the classifier's own head), so
 a worker on this engine computes the bundle's output with ONNX Runtime alone (no PyTorch import).
@@ -35,14 +38,22 @@ def problem(meta: dict[str, Any]) -> str | None:
     return None
 
 
+def _unpacked(model: Any) -> Any:
+    """`model` without its oneDNN-prepacked projections (runtime/encoder.pack_encoder): the plain
+    F.linear path, which the exporter traces into MatMul and Add."""
+    for m in model.modules():
+        if hasattr(m, "packed"):
+            m.packed = None
+    return model
+
+
 def _embed_module(src: Path, meta: dict[str, Any]) -> Any:
     import torch
-    from transformers import AutoModel
 
+    from batchinf.runtime.encoder import load_encoder
     from batchinf.runtime.st_modules import head, load_dense, pool
 
-    bert = AutoModel.from_pretrained(str(src), attn_implementation="eager", torch_dtype=torch.float32,
-                                     add_pooling_layer=False)
+    encoder = _unpacked(load_encoder(src))
     dense = load_dense(src, meta, "cpu", torch.float32)
 
     class Embedder(torch.nn.Module):
@@ -50,26 +61,26 @@ def _embed_module(src: Path, meta: dict[str, Any]) -> Any:
 
         def __init__(self) -> None:
             super().__init__()
-            self.bert = bert
+            self.encoder = encoder
             for k, (w, b, _) in enumerate(dense):
                 self.register_buffer(f"dense{k}_weight", w)
-                self.register_buffer(f"dense{k}_bias", b if b is not None else None)
+                self.register_buffer(f"dense{k}_bias", b)
 
         def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-            hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, S, D]
+            hidden = self.encoder(input_ids, attention_mask)  # [B, S, D]
             layers = [(getattr(self, f"dense{k}_weight"), getattr(self, f"dense{k}_bias"), act)
                       for k, (_, _, act) in enumerate(dense)]
             return head(pool(hidden, attention_mask, meta["pooling"]), layers, bool(meta["normalize"]))
 
-    return Embedder().eval(), bert.config
+    return Embedder().eval(), encoder.config
 
 
 def _classifier_module(src: Path) -> Any:
     import torch
-    from transformers import AutoModelForSequenceClassification
 
-    model = AutoModelForSequenceClassification.from_pretrained(str(src), attn_implementation="eager",
-                                                               torch_dtype=torch.float32)
+    from batchinf.runtime.classifier import load_classifier
+
+    model = _unpacked(load_classifier(src))
 
     class Logits(torch.nn.Module):
         """input ids, attention mask, token type ids [B, S] -> raw logits [B, L]."""
@@ -80,16 +91,14 @@ def _classifier_module(src: Path) -> Any:
 
         def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                     token_type_ids: torch.Tensor) -> torch.Tensor:
-            return self.model(input_ids=input_ids, attention_mask=attention_mask,
-                              token_type_ids=token_type_ids).logits
+            return self.model(input_ids, token_type_ids, attention_mask)
 
-    return Logits().eval(), model.config
+    return Logits().eval(), model.cfg.encoder
 
 
 def export(src: Path, meta: dict[str, Any], out: Path) -> dict[str, Any]:
     """The bundle's model at `src` as an optimised float32 ONNX graph at `out`; what was done (for bundle.json)."""
     import torch
-    import transformers
     from onnxruntime import __version__ as ort_version
     from onnxruntime.transformers import optimizer
 
@@ -115,8 +124,7 @@ def export(src: Path, meta: dict[str, Any], out: Path) -> dict[str, Any]:
     finally:
         raw.unlink(missing_ok=True)
     return {"opset": OPSET, "inputs": list(names),
-            "exporter": f"torch {torch.__version__} torch.onnx.export (TorchScript), transformers "
-                        f"{transformers.__version__} (eager attention)",
+            "exporter": f"torch {torch.__version__} torch.onnx.export (TorchScript) of batchinf's encoder",
             "optimizer": f"onnxruntime {ort_version} onnxruntime.transformers.optimizer (model_type bert)",
             "fused": dict(sorted(fused.items()))}
 
