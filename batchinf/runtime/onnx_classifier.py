@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from batchinf.errors import BundleError
 from batchinf.runtime.classifier import ClassifierRuntime
-from batchinf.runtime.onnx_encoder import graph_path, padded, session
+from batchinf.runtime.fixture_checks import check_logits
+from batchinf.runtime.onnx_encoder import FIX, WHY, graph_path, padded, session
 from batchinf.runtime.threads import worker_threads
 
 LOGITS_TOLERANCE = 1e-4            # as native's float32 fixtures (runtime/classifier.compare_logits)
@@ -38,11 +38,5 @@ class OrtClassifierRuntime(ClassifierRuntime):
         """Each fixture's logits within LOGITS_TOLERANCE (relative to its largest) of the recorded ones."""
         fixtures = self.meta["fixtures"]
         got, _ = self.logits([f["input_ids"] for f in fixtures], [f["type_ids"] for f in fixtures])
-        want = np.asarray([f["logits"] for f in fixtures], dtype=np.float32)
-        err = np.abs(got - want).max(axis=1) / np.maximum(1.0, np.abs(want).max(axis=1))
-        bad = np.flatnonzero(~(err <= LOGITS_TOLERANCE))
-        if bad.size:
-            i = int(bad[0])
-            raise BundleError(f"onnxruntime fixture {i} of bundle {self.root}: the ONNX graph's logits are "
-                              f"{err[i]:.2e} away from the recorded ones: the graph does not compute what the "
-                              "bundle pinned; re-import the bundle with --onnx, or run it on engine native")
+        check_logits(got, fixtures, LOGITS_TOLERANCE, self.root, engine="onnxruntime", whose="the ONNX graph's",
+                     why=WHY, fix=FIX)

@@ -23,9 +23,12 @@ import numpy as np
 
 from batchinf.errors import BatchinfError, BundleError
 from batchinf.runtime.embed import EmbedRuntime
+from batchinf.runtime.fixture_checks import check_embeddings
 from batchinf.runtime.threads import worker_threads
 
 EMBED_MIN_COSINE = 0.9999          # as native's float32 fixtures (runtime/bundle.verify_model_fixtures)
+WHY = "the graph does not compute what the bundle pinned"
+FIX = "re-import the bundle with --onnx, or run it on engine native"
 
 
 def session(path: Path, threads: int) -> Any:
@@ -68,10 +71,6 @@ def padded(batch: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]
     return ids, mask
 
 
-def cosines(got: np.ndarray, want: np.ndarray) -> np.ndarray:
-    return (got * want).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1) + 1e-12)
-
-
 class OrtEmbedRuntime(EmbedRuntime):
     """An embed bundle executed by ONNX Runtime: the tokenizer and fixtures are the bundle's, the
     whole model (encoder, pooling, Dense, normalisation) its ONNX graph."""
@@ -95,13 +94,7 @@ class OrtEmbedRuntime(EmbedRuntime):
         """Each fixture's embedding within EMBED_MIN_COSINE (int8: the import gate's bound) of the recorded one."""
         fixtures = self.meta["fixtures"]
         got, _ = self.embed([fx["token_ids"] for fx in fixtures])
-        cos = cosines(got, np.asarray([fx["embedding"] for fx in fixtures], dtype=np.float32))
         floor = float(self.meta["precision_gate"]["min_cosine"]) if self.meta.get("precision") == "int8" \
             else EMBED_MIN_COSINE
-        bad = np.flatnonzero(~(cos >= floor))     # NaN is drift too
-        if bad.size:
-            i = int(bad[0])
-            raise BundleError(f"onnxruntime fixture {i} of bundle {self.root} ({fixtures[i].get('text', '')[:40]!r}): "
-                              f"the ONNX graph's embedding has cosine {cos[i]:.6f} < {floor} to the recorded one: "
-                              "the graph does not compute what the bundle pinned; re-import the bundle with --onnx, "
-                              "or run it on engine native")
+        check_embeddings(got, fixtures, floor, self.root, engine="onnxruntime", whose="the ONNX graph's", why=WHY,
+                         fix=FIX)

@@ -19,7 +19,7 @@ import yaml
 from batchinf import bundles
 from batchinf.bundles import import_bundle, open_runtime
 from batchinf.runtime.bundle import read_meta
-from batchinf.runtime.onnx_encoder import cosines
+from batchinf.runtime.fixture_checks import cosines
 from tests.helpers.corpus import manifest, write_jsonl
 from tests.helpers.tiny_classifiers import make_tiny_classifier
 from tests.helpers.tiny_models import ENCODER_TEXTS

@@ -22,7 +22,8 @@ from batchinf.manifest import parse_manifest
 from batchinf.runtime import int8
 from batchinf.runtime.bundle import read_meta
 from batchinf.runtime.onnx_bundle import GRAPH, INT8_GRAPH
-from batchinf.runtime.onnx_encoder import OrtEmbedRuntime, cosines
+from batchinf.runtime.fixture_checks import cosines
+from batchinf.runtime.onnx_encoder import OrtEmbedRuntime
 from batchinf.submit import submit
 from tests.helpers.env import OPERATOR
 from tests.helpers.stages import plan_job, publish_job
