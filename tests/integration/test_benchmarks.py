@@ -57,7 +57,7 @@ def test_embed_peers_short_mode(minilm_dir: Path, tmp_path: Path) -> None:
         assert {"batchinf", "batchinf, onnxruntime", "ORT fp32 script", "ORT int8 script"} <= set(c["median_s"])
         cos = c["min_cosine_vs_sentence_transformers"]
         assert min(v for k, v in cos.items() if "int8" not in k) >= 0.9999, cos
-        assert min(cos.values()) >= 0.99, cos
+        assert min(cos.values()) >= 0.95, cos      # ORT's int8 script: about 0.98
         assert all(v > 0 for v in c["batchinf_ratio"].values())
 
 
