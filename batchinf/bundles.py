@@ -25,13 +25,16 @@ from batchinf.tasks.embed_request import check_matryoshka_dims
 def import_bundle(src: str | Path, name: str, *, alias: str | None = None,
                   max_length: int | None = None, dtype: str = "float32",
                   matryoshka_dims: list[int] | None = None, precision: str = "float32",
-                  int8_scheme: str | None = None, endpoint: dict[str, Any] | None = None) -> BundleInfo:
+                  int8_scheme: str | None = None, endpoint: dict[str, Any] | None = None,
+                  onnx: bool = False) -> BundleInfo:
     """Compute bundle.json for a model directory, copy it into the bundle store, register it.
     `matryoshka_dims`: an embedding model's declared truncation sizes (part of its identity).
     `precision` int8: the int8 CPU variant (runtime/int8.py), refused unless it matches the
     float32 fixtures within the declared bound; `int8_scheme` vnni or avx2 (default: this CPU's best).
     `endpoint`: an openai-http server that executes the bundle (engines.openai_http.endpoint_spec),
-    its answers to the fixture prompts pinned now (part of the bundle's identity)."""
+    its answers to the fixture prompts pinned now (part of the bundle's identity).
+    `onnx`: add an ONNX export for the onnxruntime engine (runtime/onnx_bundle.py), checked against
+    the fixtures, and declare that engine where it measured faster than native."""
     src = Path(src)
     if not src.is_dir():
         raise BundleError(f"{src} is not a directory of model files")
@@ -40,12 +43,12 @@ def import_bundle(src: str | Path, name: str, *, alias: str | None = None,
     with tempfile.TemporaryDirectory(prefix="batchinf-import-") as tmp:
         return _import_dir(prepared(src, Path(tmp)), name, alias=alias, max_length=max_length, dtype=dtype,
                            matryoshka_dims=matryoshka_dims, precision=precision, int8_scheme=int8_scheme,
-                           endpoint=endpoint)
+                           endpoint=endpoint, onnx=onnx, tmp=Path(tmp))
 
 
 def _import_dir(src: Path, name: str, *, alias: str | None, max_length: int | None, dtype: str,
                 matryoshka_dims: list[int] | None, precision: str, int8_scheme: str | None,
-                endpoint: dict[str, Any] | None) -> BundleInfo:
+                endpoint: dict[str, Any] | None, onnx: bool, tmp: Path) -> BundleInfo:
     meta = build_meta(src, max_length=max_length, dtype=dtype)
     if precision == "int8":
         from batchinf.runtime import int8
@@ -63,6 +66,10 @@ def _import_dir(src: Path, name: str, *, alias: str | None, max_length: int | No
                               f"{meta['task']} model")
 
         meta = pin_endpoint(src, meta, endpoint)
+    if onnx:
+        from batchinf.runtime.onnx_bundle import add_onnx
+
+        src, meta = add_onnx(src, meta, tmp)
     digest = rb.digest_of(meta)
     uri = join(settings().bundle_store, digest.removeprefix("sha256:"))
     scheme, _, path = parse_uri(uri)
@@ -186,7 +193,7 @@ def _load(key: tuple[str, str, bool, str]) -> Any:
     task.verify_inputs(runtime)
     if with_model:
         keep_freed_memory(settings().malloc_keep_bytes)
-        if task.uses_torch:
+        if getattr(runtime, "uses_torch", task.uses_torch):
             use_torch_threads()
         runtime.load_model()
         engines.verify_model(task, runtime)

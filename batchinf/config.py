@@ -81,7 +81,8 @@ class Settings:
     visibility_timeout: int         # BATCHINF_VISIBILITY_TIMEOUT: seconds an unacked message waits before
                                     # redelivery; above the longest shard (a dead worker's lease expires sooner)
     engines: tuple[str, ...]        # BATCHINF_ENGINES: the engines a worker has, comma-separated (set by
-                                    # `batchinf worker --engine`; default native): it claims only their jobs
+                                    # `batchinf worker --engine`; default native, and onnxruntime where it is
+                                    # installed): it claims only their jobs
     device: str                     # BATCHINF_DEVICE: a Celery worker's device, auto | cpu | cuda (set by
                                     # `batchinf worker --device`)
     dispatch_ahead: int             # BATCHINF_DISPATCH_AHEAD: shards the broker may hold beyond the worker processes
@@ -147,6 +148,13 @@ class Settings:
     @property
     def embedded(self) -> bool:
         return self.database_url.startswith("sqlite")
+
+
+def _default_engines() -> str:
+    """native, and onnxruntime where this environment has it (a bundle declares it where it is faster)."""
+    import importlib.util
+
+    return "native,onnxruntime" if importlib.util.find_spec("onnxruntime") is not None else "native"
 
 
 def _text(name: str) -> str | None:
@@ -253,7 +261,7 @@ def load_settings() -> Settings:
         price_per_worker_hour=_optional_float("BATCHINF_PRICE_PER_WORKER_HOUR"),
         queue=_text("BATCHINF_QUEUE") or "batchinf",
         visibility_timeout=_int("BATCHINF_VISIBILITY_TIMEOUT", 6 * 3600),
-        engines=tuple(e.strip() for e in (_text("BATCHINF_ENGINES") or "native").split(",") if e.strip()),
+        engines=tuple(e.strip() for e in (_text("BATCHINF_ENGINES") or _default_engines()).split(",") if e.strip()),
         device=_text("BATCHINF_DEVICE") or "auto",
         dispatch_ahead=max(0, _int("BATCHINF_DISPATCH_AHEAD", 2)),
         broker_timeout=max(0.1, _float("BATCHINF_BROKER_TIMEOUT", 10.0)),

@@ -96,7 +96,8 @@ def _engine(manifest: JobManifest, digest: str) -> str:
     from batchinf.engines import job_engine
     from batchinf.ledger.registry import meta
 
-    return job_engine(manifest.engine, meta(digest), manifest.task, manifest.bundle)
+    return job_engine(manifest.engine, meta(digest), manifest.task, manifest.bundle,
+                      getattr(manifest.options, "device", "auto"))
 
 
 def _device(manifest: JobManifest, digest: str, engine: str) -> str:

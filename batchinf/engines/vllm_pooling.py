@@ -27,6 +27,7 @@ import numpy as np
 from batchinf.errors import BundleError
 from batchinf.runtime.classifier import ClassifierRuntime
 from batchinf.runtime.embed import EmbedRuntime
+from batchinf.runtime.fixture_checks import check_embeddings, check_logits
 
 POOLING = {"cls": "CLS", "mean": "MEAN", "lasttoken": "LAST"}   # the bundle's mode -> vLLM's
 EMBED_MIN_COSINE = 0.9999          # as native's float32 fixtures (runtime/bundle.verify_model_fixtures)
@@ -117,15 +118,9 @@ class VllmEmbedRuntime(EmbedRuntime):
         """Each fixture's embedding through vLLM within cosine EMBED_MIN_COSINE of the recorded one."""
         fixtures = self.meta["fixtures"]
         got, _ = self.embed([fx["token_ids"] for fx in fixtures])
-        want = np.asarray([fx["embedding"] for fx in fixtures], dtype=np.float32)
-        cos = (got * want).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1) + 1e-12)
-        bad = np.flatnonzero(~(cos >= EMBED_MIN_COSINE))     # NaN is drift too
-        if bad.size:
-            i = int(bad[0])
-            raise BundleError(f"vllm fixture {i} of bundle {self.root} ({fixtures[i].get('text', '')[:60]!r}): "
-                              f"vLLM's embedding has cosine {cos[i]:.6f} < {EMBED_MIN_COSINE} to the recorded one: "
-                              "vLLM does not compute what the bundle pinned (weights changed, or another "
-                              "pooling); restore the bundle, or run it on native")
+        check_embeddings(got, fixtures, EMBED_MIN_COSINE, self.root, engine="vllm", whose="vLLM's",
+                         why="vLLM does not compute what the bundle pinned (weights changed, or another pooling)",
+                         fix="restore the bundle, or run it on native")
 
 
 class VllmClassifierRuntime(ClassifierRuntime):
@@ -151,11 +146,6 @@ class VllmClassifierRuntime(ClassifierRuntime):
         """Each fixture's logits through vLLM within LOGITS_TOLERANCE (relative to its largest) of the recorded."""
         fixtures = self.meta["fixtures"]
         got, _ = self.logits([f["input_ids"] for f in fixtures], [f["type_ids"] for f in fixtures])
-        want = np.asarray([f["logits"] for f in fixtures], dtype=np.float32)
-        err = np.abs(got - want).max(axis=1) / np.maximum(1.0, np.abs(want).max(axis=1))
-        bad = np.flatnonzero(~(err <= LOGITS_TOLERANCE))
-        if bad.size:
-            i = int(bad[0])
-            raise BundleError(f"vllm fixture {i} of bundle {self.root}: vLLM's logits {got[i].tolist()} are "
-                              f"{err[i]:.2e} away from the recorded {want[i].tolist()}: vLLM does not compute what "
-                              "the bundle pinned (weights changed); restore the bundle, or run it on native")
+        check_logits(got, fixtures, LOGITS_TOLERANCE, self.root, engine="vllm", whose="vLLM's",
+                     why="vLLM does not compute what the bundle pinned (weights changed)",
+                     fix="restore the bundle, or run it on native")

@@ -200,6 +200,11 @@ class Task:
         """This task's runtime executed by vLLM (batchinf/engines); only tasks in engines.TASKS["vllm"] have one."""
         raise NotImplementedError(f"engine vllm does not run task {self.name}")
 
+    def onnx_runtime(self, root: Path, meta: dict[str, Any], device: str) -> Any:
+        """This task's runtime executed by ONNX Runtime (batchinf/engines); only tasks in
+        engines.TASKS["onnxruntime"] have one."""
+        raise NotImplementedError(f"engine onnxruntime does not run task {self.name}")
+
     def verify_inputs(self, runtime: Any) -> None:
         """Check the bundle's input fixtures (tokenizer or preprocessor drift); BundleError if any drifts."""
         from batchinf.runtime.bundle import verify_tokenizer_fixtures

@@ -129,6 +129,11 @@ class Classify(Task):
 
         return VllmClassifierRuntime(root, meta, device=device)
 
+    def onnx_runtime(self, root: Path, meta: dict[str, Any], device: str) -> Any:
+        from batchinf.runtime.onnx_classifier import OrtClassifierRuntime
+
+        return OrtClassifierRuntime(root, meta, device=device)
+
     def verify_model(self, runtime: Any) -> None:
         from batchinf.runtime.classifier import verify_logit_fixtures
 

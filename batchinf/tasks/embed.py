@@ -247,6 +247,11 @@ class Embed(Task):
 
         return VllmEmbedRuntime(root, meta, device=device)
 
+    def onnx_runtime(self, root: Path, meta: dict[str, Any], device: str) -> Any:
+        from batchinf.runtime.onnx_encoder import OrtEmbedRuntime
+
+        return OrtEmbedRuntime(root, meta, device=device)
+
     def verify_model(self, runtime: Any) -> None:
         from batchinf.runtime import bundle as rb
 

@@ -42,6 +42,25 @@ def test_small_job_short_mode(minilm_dir: Path, tmp_path: Path) -> None:
     assert report["workers"] >= 1 and sum(w["shards"] for w in report["workers_median_run"]) >= 1
 
 
+def test_embed_peers_short_mode(minilm_dir: Path, tmp_path: Path) -> None:
+    """Every contender (batchinf on each engine, the ORT scripts, Ray Data where installed) embeds
+    the three tiny corpora; float32 vectors within cosine 0.9999 of sentence-transformers'."""
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "embed_peers.py"), "--short", "--json"],
+                       capture_output=True, text=True, timeout=1800, cwd=tmp_path)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    report = json.loads(r.stdout)
+    assert report["records"] == 40 and report["reps"] == 1
+    assert set(report["corpora"]) == {"short sentences", "docstrings", "mixed lengths"}
+    assert report["engine_chosen_at_import"] in ("native", "onnxruntime")
+    for kind, c in report["corpora"].items():
+        assert c["records"] == 40, kind
+        assert {"batchinf", "batchinf, onnxruntime", "ORT fp32 script", "ORT int8 script"} <= set(c["median_s"])
+        cos = c["min_cosine_vs_sentence_transformers"]
+        assert min(v for k, v in cos.items() if "int8" not in k) >= 0.9999, cos
+        assert min(cos.values()) >= 0.95, cos      # ORT's int8 script: about 0.98
+        assert all(v > 0 for v in c["batchinf_ratio"].values())
+
+
 def test_api_under_attack_short_mode(tmp_path: Path) -> None:
     """Every hostile manifest the attacker cycles through is refused with a 4xx, /healthz still
     answers, and both latency samples are measured (the script exits non-zero otherwise)."""
