@@ -30,8 +30,11 @@ CLASSIFIER_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 def problem(meta: dict[str, Any]) -> str | None:
     """Why this bundle's model cannot be exported for the onnxruntime engine, or None."""
-    if meta.get("task") not in ("embed", "score", "classify"):
-        return f"the onnxruntime engine runs embed, score and classify bundles, not {meta.get('task')}"
+    from batchinf.engines import TASKS
+
+    if meta.get("task") not in TASKS["onnxruntime"]:
+        return (f"the onnxruntime engine runs {', '.join(TASKS['onnxruntime'])} bundles, not "
+                f"{meta.get('task')}")
     if meta.get("encoder") or meta.get("family") not in ONNX_FAMILIES:
         return (f"the onnxruntime engine runs {', '.join(ONNX_FAMILIES)} encoders; this bundle is family "
                 f"{meta.get('family')!r}{' (' + meta['encoder'] + ')' if meta.get('encoder') else ''}")
@@ -104,7 +107,9 @@ def export(src: Path, meta: dict[str, Any], out: Path) -> dict[str, Any]:
 
     if (why := problem(meta)) is not None:
         raise BundleError(f"{src}: cannot add an ONNX export: {why}")
-    embed = meta["task"] == "embed"
+    from batchinf.tasks import get_task
+
+    embed = get_task(meta["task"]).onnx_output == "embedding"
     module, config = _embed_module(src, meta) if embed else _classifier_module(src)
     names = EMBED_INPUTS if embed else CLASSIFIER_INPUTS
     sample = torch.ones(2, 8, dtype=torch.long)

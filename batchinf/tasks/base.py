@@ -200,6 +200,10 @@ class Task:
         """This task's runtime executed by vLLM (batchinf/engines); only tasks in engines.TASKS["vllm"] have one."""
         raise NotImplementedError(f"engine vllm does not run task {self.name}")
 
+    # what the onnxruntime engine's graph of this task's bundles outputs: "embedding" (pooled,
+    # normalised as the bundle says) or "logits" (runtime/onnx_export.py); None: it has no graph
+    onnx_output: ClassVar[str | None] = None
+
     def onnx_runtime(self, root: Path, meta: dict[str, Any], device: str) -> Any:
         """This task's runtime executed by ONNX Runtime (batchinf/engines); only tasks in
         engines.TASKS["onnxruntime"] have one."""

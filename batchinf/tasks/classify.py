@@ -61,6 +61,7 @@ def top_labels(probs: np.ndarray, labels: list[str], k: int) -> list[list[dict[s
 
 class Classify(Task):
     name = "classify"
+    onnx_output = "logits"
     options = ClassifyOptions
     fields = ("text_field",)
     stage_schema = CLASSIFY_STAGE_SCHEMA

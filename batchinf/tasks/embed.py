@@ -149,6 +149,7 @@ def _fixed(vectors: list[np.ndarray | None], size: int) -> pa.Array:
 
 class Embed(Task):
     name = "embed"
+    onnx_output = "embedding"
     options = EmbedOptions
     stage_schema = EMBED_STAGE_SCHEMA
     fields = ("text_field",)

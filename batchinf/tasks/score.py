@@ -80,6 +80,7 @@ def _documents(fields: dict[str, Any], name: str, where: str) -> tuple[list[str]
 
 class Score(Task):
     name = "score"
+    onnx_output = "logits"
     options = ScoreOptions
     fields = ("query_field", "document_field", "documents_field")
     stage_schema = SCORE_STAGE_SCHEMA

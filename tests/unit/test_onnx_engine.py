@@ -185,7 +185,7 @@ def test_the_engine_a_job_gets_and_the_refusals(bi_home: Path, tiny_model_dir: P
 def test_the_export_is_refused_for_what_the_engine_does_not_run(bi_home: Path, tmp_path: Path) -> None:
     from tests.helpers.tiny_llama import make_tiny_llama
 
-    with pytest.raises(BundleError, match="the onnxruntime engine runs embed, score and classify bundles, not generate"):
+    with pytest.raises(BundleError, match="the onnxruntime engine runs embed, score, classify bundles, not generate"):
         import_bundle(make_tiny_llama(tmp_path / "llama"), "llama", onnx=True)
 
 
