@@ -12,9 +12,11 @@ score, classify) gains the graph the onnxruntime engine runs, pinned like every 
    middling and of long sequences, each about one default token budget), one thread each (the
    default layout: one worker process per core), alternated, the best of `REPEATS`, in CPU time
    of the calling thread (both compute there with one thread), so that other processes sharing
-   the machine do not decide the engine. Both
-   throughputs are written in `onnx.measured`; where ONNX Runtime is faster, the bundle declares
-   it (`engine: {name: onnxruntime}`), so jobs run on it unless their manifest says `engine: native`.
+   the machine do not decide the engine; and each engine's load in a fresh process (`load_cpu_s`:
+   native's imports PyTorch, about 2 CPU-seconds more). Both are written in `onnx.measured`;
+   where ONNX Runtime loads and computes a worker's share of a reference job (`reference_tokens`)
+   sooner, the bundle declares it (`engine: {name: onnxruntime}`), so jobs run on it unless their
+   manifest says `engine: native`.
 
 The measurement makes the digest of an --onnx import depend on this machine's timings (the engine a
 bundle declares is part of its identity); import once and move aliases, as for every bundle."""
@@ -82,11 +84,58 @@ def add_onnx(src: Path, meta: dict[str, Any], tmp: Path) -> tuple[Path, dict[str
         ort.verify_fixtures()
     except BundleError as exc:
         raise BundleError(f"{src}: refusing the --onnx import: {exc}") from None
-    out["onnx"]["measured"] = measure(_open(staged, out, "native"), ort, out)
-    speeds = out["onnx"]["measured"]["tokens_per_s"]
-    if speeds["onnxruntime"] > speeds["native"]:
+    measured = measure(_open(staged, out, "native"), ort, out)
+    measured["load_cpu_s"] = {e: load_cpu_seconds(staged, out, e) for e in ("native", "onnxruntime")}
+    measured["reference_tokens"] = reference_tokens()
+    out["onnx"]["measured"] = measured
+    if faster(measured) == "onnxruntime":
         out["engine"] = {"name": "onnxruntime"}
     return staged, out
+
+
+def reference_tokens() -> int:
+    """The work a worker of the job the choice is made for computes: its share of the smallest job
+    that gives every worker SHARDS_PER_WORKER full shards (planning/sizing.py). Smaller jobs weigh
+    the load more, larger ones the speed; the manifest's `engine:` decides for a job that differs."""
+    from batchinf.planning.sizing import SHARDS_PER_WORKER, min_shard_work
+
+    return SHARDS_PER_WORKER * min_shard_work()
+
+
+def faster(measured: dict[str, Any]) -> str:
+    """The engine whose worker loads the bundle and computes `reference_tokens` sooner (CPU
+    seconds): the load counts because a worker pays it once a job (native's imports PyTorch)."""
+    speed, load, tokens = measured["tokens_per_s"], measured["load_cpu_s"], measured["reference_tokens"]
+    return min(("native", "onnxruntime"), key=lambda e: load[e] + tokens / speed[e])
+
+
+LOAD_PROGRAM = """
+import json, sys
+from pathlib import Path
+from batchinf.engines import open_runtime
+from batchinf.tasks import get_task
+meta = json.loads(sys.argv[3])
+open_runtime(sys.argv[2], get_task(meta["task"]), Path(sys.argv[1]), meta, "cpu").load_model()
+"""
+
+
+def load_cpu_seconds(root: Path, meta: dict[str, Any], engine: str) -> float:
+    """CPU seconds a fresh worker process spends from its start to `engine`'s runtime of the bundle
+    loaded (interpreter, imports, weights), the best of two: CPU time, so that other processes
+    sharing the machine do not decide the engine."""
+    import json
+    import resource
+    import subprocess
+    import sys
+
+    best = float("inf")
+    for _ in range(2):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run([sys.executable, "-c", LOAD_PROGRAM, str(root), engine, json.dumps(meta)], check=True,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        best = min(best, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return round(best, 3)
 
 
 def _open(root: Path, meta: dict[str, Any], engine: str) -> Any:

@@ -21,7 +21,8 @@ from batchinf.ledger import jobs, shards
 from batchinf.manifest import parse_manifest
 from batchinf.runtime import int8
 from batchinf.runtime.bundle import read_meta
-from batchinf.runtime.onnx_bundle import GRAPH, INT8_GRAPH
+from batchinf.planning.sizing import SHARDS_PER_WORKER, min_shard_work
+from batchinf.runtime.onnx_bundle import GRAPH, INT8_GRAPH, faster, reference_tokens
 from batchinf.runtime.fixture_checks import cosines
 from batchinf.runtime.onnx_encoder import OrtEmbedRuntime
 from batchinf.submit import submit
@@ -55,9 +56,11 @@ def test_the_export_is_pinned_by_the_digest_and_computes_what_native_does(bi_hom
     assert meta["onnx"]["graph"] == GRAPH and meta["files"][GRAPH] == _sha256(root / GRAPH)
     # ORT's BERT optimizer fused what it recognises: GELU with its bias, the layer norms
     assert meta["onnx"]["fused"].get("BiasGelu") == 2 and meta["onnx"]["fused"].get("LayerNormalization")
-    speeds = meta["onnx"]["measured"]["tokens_per_s"]
+    measured = meta["onnx"]["measured"]
+    speeds, loads = measured["tokens_per_s"], measured["load_cpu_s"]
     assert speeds["native"] > 0 and speeds["onnxruntime"] > 0
-    assert (engines.declared(meta) == "onnxruntime") == (speeds["onnxruntime"] > speeds["native"])
+    assert loads["native"] > loads["onnxruntime"] > 0        # a native worker imports PyTorch, an ORT one does not
+    assert (engines.declared(meta) == "onnxruntime") == (faster(measured) == "onnxruntime")
     # the fixtures are native's, unchanged by the export
     assert meta["fixtures"] == read_meta(bundles.local_dir(plain))["fixtures"]
     got, want = _vectors(digest, "onnxruntime"), _vectors(digest, "native")
@@ -198,3 +201,15 @@ def test_an_embed_worker_on_onnxruntime_never_imports_torch(bi_home: Path, tiny_
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "False"
+
+
+def test_the_engine_chosen_computes_a_reference_share_sooner_load_included() -> None:
+    """ORT a little slower a token but two CPU-seconds lighter to load wins a worker's share of the
+    reference job; far slower, or the reference far larger, native wins."""
+    m = {"tokens_per_s": {"native": 4400, "onnxruntime": 4200}, "load_cpu_s": {"native": 2.6, "onnxruntime": 0.6},
+         "reference_tokens": reference_tokens()}
+    assert reference_tokens() == SHARDS_PER_WORKER * min_shard_work()
+    assert faster(m) == "onnxruntime"
+    assert faster({**m, "tokens_per_s": {"native": 4400, "onnxruntime": 2000}}) == "native"
+    assert faster({**m, "reference_tokens": 10_000_000}) == "native"
+    assert faster({**m, "load_cpu_s": {"native": 0.6, "onnxruntime": 0.6}}) == "native"
