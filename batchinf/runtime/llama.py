@@ -11,13 +11,16 @@ forward pass of its own. A forward pass is a list of `Segment`s that share the t
 On CPU with MKL, small-batch matmuls (decode, short prefills) may run against prepacked weights
 (`pack_weights`): where MKL repacks each weight matrix at every call, that costs more than the
 multiplication for a few rows (SmolLM2-135M, 1 thread, an Intel CPU: a decode step at 8 rows 201 ->
-132 ms). Elsewhere (an AMD EPYC here: plain and packed equally fast) the packed copy, 2 to 7 times the
-weight's size, is only memory, so it is kept only where it is measured faster at load.
+132 ms). Elsewhere (an AMD EPYC here: plain and packed equally fast for the layers' projections) the
+packed copy, 2 to 16 times the weight's size, is only memory, so it is kept only for the weight
+shapes measured faster at load.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import mmap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,14 +55,17 @@ class Linear(nn.Linear):
         return y.view(*x.shape[:-1], self.out_features)
 
 
-PACKED_WIN = 0.85       # packed weights are kept when a decode-sized product takes at most this share of the plain time
+PACKED_WIN = 0.85       # a packed copy is kept when decode-sized products take at most this share of the plain time
+PACKED_ROWS = (8, 64)   # ... at each of these row counts (a drain tail and a full batch)
 
 
 def pack_weights(model: nn.Module) -> bool:
-    """Give every Linear of a CPU float32 model an MKL-packed weight, if this torch build has MKL,
-    the packed product equals the plain one (checked per weight shape) and is clearly faster on this
-    machine (`packing_pays`) -> whether it packed. The packed copies cost 2 to 7 times the weights'
-    memory; BATCHINF_PACK_WEIGHTS=0 turns packing off."""
+    """Give a Linear of a CPU float32 model an MKL-packed weight where this torch build has MKL,
+    the packed product equals the plain one and is clearly faster on this machine for that weight's
+    shape (`packing_pays`, decided per distinct shape) -> whether any was packed. A packed copy
+    costs 2 to 16 times its weight's memory, so one shape that pays (SmolLM2's vocabulary
+    projection, on an AMD EPYC) never packs the others (its 2-16x projections, measured no faster
+    there: 800 MiB more per process). BATCHINF_PACK_WEIGHTS=0 turns packing off."""
     if not settings().pack_weights or not torch.backends.mkl.is_available() \
             or not hasattr(torch.ops.mkl, "_mkl_linear"):
         return False
@@ -67,39 +73,49 @@ def pack_weights(model: nn.Module) -> bool:
     if not linears or any(m.weight.device.type != "cpu" or m.weight.dtype != torch.float32 for m in linears):
         return False
     gen = torch.Generator().manual_seed(0)
+    pays: dict[tuple[int, int], bool] = {}
     with torch.no_grad():
-        if not packing_pays(max(linears, key=lambda m: m.weight.numel()), gen):
-            return False
-        packed = [torch.ops.mkl._mkl_reorder_linear_weight(m.weight, PACKED_MAX_ROWS) for m in linears]
-        checked: set[tuple[int, int]] = set()
-        for m, w in zip(linears, packed):
-            if m.weight.shape in checked:
-                continue
-            for rows in (1, 5, 64):     # one packed layout serves every row count: verify it does
-                x = torch.randn(rows, m.in_features, generator=gen)
-                got = torch.ops.mkl._mkl_linear(x, w, m.weight, None, rows)
-                if not torch.allclose(got, F.linear(x, m.weight), rtol=1e-4, atol=1e-4):
-                    return False
-            checked.add(tuple(m.weight.shape))
-    for m, w in zip(linears, packed):
+        for m in linears:
+            shape = tuple(m.weight.shape)
+            if shape not in pays:
+                pays[shape] = packing_pays(m, gen) and _packed_equals_plain(m, gen)
+        packed = [(m, torch.ops.mkl._mkl_reorder_linear_weight(m.weight, PACKED_MAX_ROWS))
+                  for m in linears if pays[tuple(m.weight.shape)]]
+    for m, w in packed:
         m.packed = w
+    return bool(packed)
+
+
+def _packed_equals_plain(m: nn.Linear, gen: torch.Generator) -> bool:
+    """One packed layout serves every row count: verify it does, for this weight."""
+    w = torch.ops.mkl._mkl_reorder_linear_weight(m.weight, PACKED_MAX_ROWS)
+    for rows in (1, 5, 64):
+        x = torch.randn(rows, m.in_features, generator=gen)
+        got = torch.ops.mkl._mkl_linear(x, w, m.weight, None, rows)
+        if not torch.allclose(got, F.linear(x, m.weight), rtol=1e-4, atol=1e-4):
+            return False
     return True
 
 
-def packing_pays(linear: nn.Linear, gen: torch.Generator, rows: int = 8, reps: int = 5) -> bool:
-    """Whether this machine multiplies a decode-sized batch faster against a packed copy of the
-    weight than against the weight itself: the best of `reps` alternated timings of each."""
+def packing_pays(linear: nn.Linear, gen: torch.Generator, reps: int = 5) -> bool:
+    """Whether this machine multiplies decode-sized batches (each of PACKED_ROWS) faster against a
+    packed copy of the weight than against the weight itself: the best of `reps` alternated timings
+    of each. Requiring the win at every row count keeps a timing disturbed by other work on the
+    machine from buying a copy that does not pay."""
     packed = torch.ops.mkl._mkl_reorder_linear_weight(linear.weight, PACKED_MAX_ROWS)
-    x = torch.randn(rows, linear.in_features, generator=gen)
-    best = {"plain": float("inf"), "packed": float("inf")}
-    for _ in range(reps):
-        for name, fn in (("plain", lambda: F.linear(x, linear.weight)),
-                         ("packed", lambda: torch.ops.mkl._mkl_linear(x, packed, linear.weight, None, rows))):
-            t0 = time.perf_counter()
-            for _ in range(4):
-                fn()
-            best[name] = min(best[name], time.perf_counter() - t0)
-    return best["packed"] <= PACKED_WIN * best["plain"]
+    for rows in PACKED_ROWS:
+        x = torch.randn(rows, linear.in_features, generator=gen)
+        best = {"plain": float("inf"), "packed": float("inf")}
+        for _ in range(reps):
+            for name, fn in (("plain", lambda: F.linear(x, linear.weight)),
+                             ("packed", lambda: torch.ops.mkl._mkl_linear(x, packed, linear.weight, None, rows))):
+                t0 = time.perf_counter()
+                for _ in range(4):
+                    fn()
+                best[name] = min(best[name], time.perf_counter() - t0)
+        if best["packed"] > PACKED_WIN * best["plain"]:
+            return False
+    return True
 
 
 class RMSNorm(nn.Module):
@@ -246,13 +262,29 @@ class Fill:
     lengths: Tensor          # [B] real tokens per row
 
 
+def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A zero tensor whose CPU memory is committed only where it is written: an anonymous private
+    map, which the kernel zero-fills a page at a time on first touch (reads of an untouched page see
+    the shared zero page). A KV cache sized for every slot's prompt + max_tokens then holds, in
+    memory, the positions sequences really reached: answers that stop early leave the rest of their
+    slot unmapped. torch.zeros writes, and so commits, all of it."""
+    device = torch.device(device)
+    count = math.prod(shape)
+    if device.type != "cpu" or count == 0:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    # private: reads of untouched pages map the zero page (a shared map would commit them); the
+    # tensor keeps the map alive, and it is unmapped with the tensor
+    buf = mmap.mmap(-1, count * dtype.itemsize, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.frombuffer(buf, dtype=dtype, count=count).view(shape)
+
+
 class LayerCache:
     """One layer's K/V for every slot: [slots, KV, T, Dh], preallocated."""
 
     def __init__(self, slots: int, kv_heads: int, capacity: int, head_dim: int, dtype: torch.dtype,
                  device: torch.device) -> None:
-        self.k = torch.zeros(slots, kv_heads, capacity, head_dim, dtype=dtype, device=device)
-        self.v = torch.zeros_like(self.k)
+        shape = (slots, kv_heads, capacity, head_dim)
+        self.k, self.v = lazy_zeros(shape, dtype, device), lazy_zeros(shape, dtype, device)
 
     def update(self, k: Tensor, v: Tensor, where: Where) -> tuple[Tensor, Tensor]:
         """Write k, v [B, KV, S, Dh] at `where` -> the keys and values to attend to [B, KV, keys, Dh]."""
