@@ -22,6 +22,7 @@ import json
 import math
 import mmap
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -267,7 +268,7 @@ def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device)
     map, which the kernel zero-fills a page at a time on first touch (reads of an untouched page see
     the shared zero page). A KV cache sized for every slot's prompt + max_tokens then holds, in
     memory, the positions sequences really reached: answers that stop early leave the rest of their
-    slot unmapped. torch.zeros writes, and so commits, all of it."""
+    slot unmapped. torch.zeros writes, and so commits, all of it. `forget` hands pages back."""
     device = torch.device(device)
     count = math.prod(shape)
     if device.type != "cpu" or count == 0:
@@ -275,7 +276,34 @@ def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device)
     # private: reads of untouched pages map the zero page (a shared map would commit them); the
     # tensor keeps the map alive, and it is unmapped with the tensor
     buf = mmap.mmap(-1, count * dtype.itemsize, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    return torch.frombuffer(buf, dtype=dtype, count=count).view(shape)
+    t = torch.frombuffer(buf, dtype=dtype, count=count).view(shape)
+    _LAZY[t.data_ptr()] = buf
+    return t
+
+
+_LAZY: weakref.WeakValueDictionary[int, mmap.mmap] = weakref.WeakValueDictionary()   # lazy_zeros' maps
+
+
+def forget(t: Tensor, index: int) -> None:
+    """t[index] (a tensor from lazy_zeros) := zeros, its whole pages handed back to the kernel
+    (MADV_DONTNEED: a private anonymous page reads as zero again and is committed on its next
+    write); the partial pages at its ends are zeroed in place. Any other tensor: zeroed."""
+    row = t[index]
+    buf = _LAZY.get(t.data_ptr())
+    if buf is None or not row.is_contiguous():
+        row.zero_()
+        return
+    start = row.data_ptr() - t.data_ptr()
+    end = start + row.numel() * row.element_size()
+    lo, hi = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, end // mmap.PAGESIZE * mmap.PAGESIZE
+    if lo >= hi:
+        row.zero_()
+        return
+    buf.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+    item = row.element_size()
+    flat = t.view(-1)
+    flat[start // item:lo // item].zero_()
+    flat[hi // item:end // item].zero_()
 
 
 class LayerCache:
@@ -317,10 +345,20 @@ class KVCache:
                        for _ in range(cfg.num_hidden_layers)]
 
     def move(self, src: int, dst: int, positions: int) -> None:
-        """Slot dst's first `positions` positions := slot src's."""
+        """Slot dst's first `positions` positions := slot src's; slot src is then empty (its
+        memory handed back, as `release`)."""
         for layer in self.layers:
             layer.k[dst, :, :positions].copy_(layer.k[src, :, :positions])   # [KV, n, Dh]
             layer.v[dst, :, :positions].copy_(layer.v[src, :, :positions])
+            forget(layer.k, src)
+            forget(layer.v, src)
+
+    def release(self, slot: int) -> None:
+        """A finished sequence's slot: its memory handed back (lazy_zeros), so the cache holds the
+        positions of live sequences, not every slot's high-water mark."""
+        for layer in self.layers:
+            forget(layer.k, slot)
+            forget(layer.v, slot)
 
 
 class LlamaForCausalLM(nn.Module):

@@ -395,3 +395,34 @@ def test_kv_cache_commits_only_what_is_written() -> None:
     t[3, 1, :16] = 1.0
     assert float(t.sum()) == 16 * 64 and anonymous_kib() - before < 16 * 1024
     assert torch.equal(lazy_zeros((2, 3), torch.float32, torch.device("cpu")), torch.zeros(2, 3))
+
+
+def test_a_finished_or_moved_slot_hands_its_cache_memory_back(tiny_dirs: dict[str, Path]) -> None:
+    """release(slot) and move(src, dst) leave the emptied slot all zeros, its pages returned;
+    the other slots keep their K/V."""
+    from batchinf.runtime.llama import forget, lazy_zeros
+
+    model = load_llama(tiny_dirs["qwen2"])
+    cache = model.new_cache(4, 300)
+    for layer in cache.layers:
+        for t in (layer.k, layer.v):
+            t.copy_(torch.arange(4, dtype=t.dtype)[:, None, None, None] + 1)
+    cache.move(3, 1, 300)
+    cache.release(2)
+    for layer in cache.layers:
+        for t in (layer.k, layer.v):
+            assert [float(t[i].abs().max()) for i in range(4)] == [1.0, 4.0, 0.0, 0.0]
+    big = lazy_zeros((8, 4, 1024, 64), torch.float32, torch.device("cpu"))     # 8 MiB, 1 MiB a slot
+    big.fill_(2.0)
+    before = Path("/proc/self/smaps_rollup").read_text()
+    for i in range(8):
+        forget(big, i)
+    after = Path("/proc/self/smaps_rollup").read_text()
+
+    def anon(text: str) -> int:
+        return next(int(line.split()[1]) for line in text.splitlines() if line.startswith("Anonymous:"))
+
+    assert anon(before) - anon(after) >= 6 * 1024 and float(big.abs().sum()) == 0.0
+    plain = torch.ones(3, 5)
+    forget(plain, 1)                                            # not a lazy tensor: zeroed in place
+    assert plain.sum().item() == 10.0
