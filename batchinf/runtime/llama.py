@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import mmap
+import os
 import time
 import weakref
 from dataclasses import dataclass
@@ -75,16 +76,59 @@ def pack_weights(model: nn.Module) -> bool:
         return False
     gen = torch.Generator().manual_seed(0)
     pays: dict[tuple[int, int], bool] = {}
+    known = _PackingMemory()
     with torch.no_grad():
         for m in linears:
             shape = tuple(m.weight.shape)
             if shape not in pays:
-                pays[shape] = packing_pays(m, gen) and _packed_equals_plain(m, gen)
+                pays[shape] = known.get(shape)
+                if pays[shape] is None:
+                    pays[shape] = known.put(shape, packing_pays(m, gen) and _packed_equals_plain(m, gen))
         packed = [(m, torch.ops.mkl._mkl_reorder_linear_weight(m.weight, PACKED_MAX_ROWS))
                   for m in linears if pays[tuple(m.weight.shape)]]
     for m, w in packed:
         m.packed = w
     return bool(packed)
+
+
+class _PackingMemory:
+    """What `packing_pays` measured on this machine, per weight shape, remembered in
+    $BATCHINF_HOME/cache/packing.json: measuring the shapes of a 135M model took 3 s of each
+    worker's load on the 2-core machine (and two workers timing at once disturb each other), for
+    an answer that depends only on the CPU, the torch build and the thread count."""
+
+    def __init__(self) -> None:
+        self.path = settings().home / "cache" / "packing.json"
+        self.prefix = f"{torch.__version__}|{_cpu_model()}|{torch.get_num_threads()}|{PACKED_ROWS}|{PACKED_WIN}|"
+        try:
+            self.seen: dict[str, bool] = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            self.seen = {}
+
+    def get(self, shape: tuple[int, ...]) -> bool | None:
+        value = self.seen.get(self.prefix + "x".join(map(str, shape)))
+        return value if isinstance(value, bool) else None
+
+    def put(self, shape: tuple[int, ...], pays: bool) -> bool:
+        self.seen[self.prefix + "x".join(map(str, shape))] = pays
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+            tmp.write_text(json.dumps(self.seen, indent=0, sort_keys=True))
+            os.replace(tmp, self.path)
+        except OSError:     # a read-only home: measured again next time
+            pass
+        return pays
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip() + "|" + torch.backends.cpu.get_cpu_capability()
+    except OSError:
+        pass
+    return torch.backends.cpu.get_cpu_capability()
 
 
 def _packed_equals_plain(m: nn.Linear, gen: torch.Generator) -> bool:

@@ -5,6 +5,7 @@ with transformers is in tests/parity/test_llama_parity.py."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -146,12 +147,27 @@ def test_common_prefix() -> None:
     assert common_prefix([7], [1], 10) == 0 and common_prefix([], [1], 10) == 0
 
 
-def test_packed_weights_match_plain_ones(tiny_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def fresh_home(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Path], None]]:
+    """Points BATCHINF_HOME at a directory whose cache remembers no packing decision
+    (pack_weights keeps them there); settings are read afresh after the test."""
+    def use(home: Path) -> None:
+        monkeypatch.setenv("BATCHINF_HOME", str(home))
+        settings.cache_clear()
+
+    yield use
+    monkeypatch.undo()
+    settings.cache_clear()
+
+
+def test_packed_weights_match_plain_ones(tiny_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
+                                         tmp_path: Path, fresh_home: Callable[[Path], None]) -> None:
     import torch.nn.functional as F
 
     from batchinf.runtime import llama
     from batchinf.runtime.llama import Linear
 
+    fresh_home(tmp_path)
     monkeypatch.setattr(llama, "packing_pays", lambda *a: True)     # packed where MKL is, faster or not
     packed = load_llama(tiny_dirs["qwen2"])
     monkeypatch.setenv("BATCHINF_PACK_WEIGHTS", "0")
@@ -176,11 +192,14 @@ def test_packed_weights_match_plain_ones(tiny_dirs: dict[str, Path], monkeypatch
     assert (steps[0] - steps[1]).abs().max().item() <= 1e-4
 
 
-def test_packing_is_kept_only_where_it_is_faster(tiny_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_packing_is_kept_only_where_it_is_faster(tiny_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
+                                                 tmp_path: Path, fresh_home: Callable[[Path], None]) -> None:
     """The packed copies cost memory (2-16x the weights): a machine where they are not faster keeps
-    none, and one shape that pays packs that shape alone (each distinct shape timed once)."""
+    none, and one shape that pays packs that shape alone (each distinct shape timed once, and the
+    answer remembered in the home's cache: the next load times nothing)."""
     from batchinf.runtime import llama
 
+    fresh_home(tmp_path / "a")
     seen: list[tuple[int, int]] = []
 
     def slower(linear: torch.nn.Linear, gen: torch.Generator) -> bool:
@@ -195,7 +214,10 @@ def test_packing_is_kept_only_where_it_is_faster(tiny_dirs: dict[str, Path], mon
         return
     shapes = {tuple(m.weight.shape) for m in linears}
     assert sorted(seen) == sorted(shapes)
+    load_llama(tiny_dirs["qwen2"])
+    assert len(seen) == len(shapes)                     # remembered: nothing timed again
     largest = max(shapes, key=lambda s: s[0] * s[1])
+    fresh_home(tmp_path / "b")
     monkeypatch.setattr(llama, "packing_pays", lambda linear, gen: tuple(linear.weight.shape) == largest)
     model = load_llama(tiny_dirs["qwen2"])
     for m in model.modules():
