@@ -18,7 +18,8 @@ from batchinf.runtime.generation.kv import common_prefix
 from batchinf.runtime.generation.runtime import GenerateRuntime
 from batchinf.runtime.generation.sampling import SamplingParams, derive_seed
 from batchinf.runtime.generation.seq import GenRequest, GenStats
-from batchinf.runtime.llama import Fill, KVCache, load_llama, pack_weights
+from batchinf.runtime.llama import Fill, KVCache, load_llama
+from batchinf.runtime.packing import pack_weights
 from benchmarks.static_batching import StaticScheduler
 from tests.helpers.tiny_llama import FAMILIES, make_family_dirs, make_tiny_llama
 
@@ -164,11 +165,11 @@ def test_packed_weights_match_plain_ones(tiny_dirs: dict[str, Path], monkeypatch
                                          tmp_path: Path, fresh_home: Callable[[Path], None]) -> None:
     import torch.nn.functional as F
 
-    from batchinf.runtime import llama
-    from batchinf.runtime.llama import Linear
+    from batchinf.runtime import packing
+    from batchinf.runtime.packing import Linear
 
     fresh_home(tmp_path)
-    monkeypatch.setattr(llama, "packing_pays", lambda *a: True)     # packed where MKL is, faster or not
+    monkeypatch.setattr(packing, "packing_pays", lambda *a: True)     # packed where MKL is, faster or not
     packed = load_llama(tiny_dirs["qwen2"])
     monkeypatch.setenv("BATCHINF_PACK_WEIGHTS", "0")
     settings.cache_clear()                  # settings are read once per process
@@ -197,7 +198,7 @@ def test_packing_is_kept_only_where_it_is_faster(tiny_dirs: dict[str, Path], mon
     """The packed copies cost memory (2-16x the weights): a machine where they are not faster keeps
     none, and one shape that pays packs that shape alone (each distinct shape timed once, and the
     answer remembered in the home's cache: the next load times nothing)."""
-    from batchinf.runtime import llama
+    from batchinf.runtime import packing
 
     fresh_home(tmp_path / "a")
     seen: list[tuple[int, int]] = []
@@ -206,9 +207,9 @@ def test_packing_is_kept_only_where_it_is_faster(tiny_dirs: dict[str, Path], mon
         seen.append(tuple(linear.weight.shape))
         return False
 
-    monkeypatch.setattr(llama, "packing_pays", slower)
+    monkeypatch.setattr(packing, "packing_pays", slower)
     model = load_llama(tiny_dirs["qwen2"])
-    linears = [m for m in model.modules() if isinstance(m, llama.Linear)]
+    linears = [m for m in model.modules() if isinstance(m, packing.Linear)]
     assert all(m.packed is None for m in linears)
     if not torch.backends.mkl.is_available():
         return
@@ -218,10 +219,10 @@ def test_packing_is_kept_only_where_it_is_faster(tiny_dirs: dict[str, Path], mon
     assert len(seen) == len(shapes)                     # remembered: nothing timed again
     largest = max(shapes, key=lambda s: s[0] * s[1])
     fresh_home(tmp_path / "b")
-    monkeypatch.setattr(llama, "packing_pays", lambda linear, gen: tuple(linear.weight.shape) == largest)
+    monkeypatch.setattr(packing, "packing_pays", lambda linear, gen: tuple(linear.weight.shape) == largest)
     model = load_llama(tiny_dirs["qwen2"])
     for m in model.modules():
-        if isinstance(m, llama.Linear):
+        if isinstance(m, packing.Linear):
             assert (m.packed is not None) == (tuple(m.weight.shape) == largest), m.weight.shape
 
 
@@ -401,7 +402,7 @@ def test_tampered_weights_are_refused(bi_home: Path, tiny_dirs: dict[str, Path],
 
 def test_kv_cache_commits_only_what_is_written() -> None:
     """The cache starts as zeros whose memory the kernel commits a page at a time on first write."""
-    from batchinf.runtime.llama import lazy_zeros
+    from batchinf.runtime.lazy_memory import lazy_zeros
 
     def anonymous_kib() -> int:
         for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
@@ -422,7 +423,7 @@ def test_kv_cache_commits_only_what_is_written() -> None:
 def test_a_finished_or_moved_slot_hands_its_cache_memory_back(tiny_dirs: dict[str, Path]) -> None:
     """release(slot) and move(src, dst) leave the emptied slot all zeros, its pages returned;
     the other slots keep their K/V."""
-    from batchinf.runtime.llama import forget, lazy_zeros
+    from batchinf.runtime.lazy_memory import forget, lazy_zeros
 
     model = load_llama(tiny_dirs["qwen2"])
     cache = model.new_cache(4, 300)
