@@ -81,9 +81,10 @@ def finish_plan(job: Job, workers: int | None = None) -> None:
     workers = m.shards.target_workers or workers
     prompt_work, decode_work = sum(L * c for L, c in merged.items()), sum(sum(e.values()) for e in extra)
     task = get_task(m.task)
-    target = target_work(prompt_work + decode_work, workers, m.shards.max_tokens, task.min_shard_work)
+    floor = task.shard_floor(m.options, sum(merged.values()), prompt_work + decode_work, workers)
+    target = target_work(prompt_work + decode_work, workers, m.shards.max_tokens, floor)
     planned = bucketing.cut_all(bounds, valid, invalid, m.shards.max_records, m.shards.max_tokens,
-                                target if workers and workers > 1 else None, extra, task.min_shard_work)
+                                target if workers and workers > 1 else None, extra, floor)
 
     source_uris = pa.array(uris, pa.string())
     shard_rows, padded = [], 0

@@ -8,17 +8,14 @@ same prefix) written into the cache in the same pass, so that joining a running 
 forward pass of its own. A forward pass is a list of `Segment`s that share the token-wise work
 (projections, MLP) and differ in how they attend.
 
-On CPU with MKL, small-batch matmuls (decode, short prefills) may run against prepacked weights
-(`pack_weights`): where MKL repacks each weight matrix at every call, that costs more than the
-multiplication for a few rows (SmolLM2-135M, 1 thread, an Intel CPU: a decode step at 8 rows 201 ->
-132 ms). Elsewhere (an AMD EPYC here: plain and packed equally fast) the packed copy, 2 to 7 times the
-weight's size, is only memory, so it is kept only where it is measured faster at load.
+On CPU, a Linear multiplies small batches against an MKL-packed copy of its weight where that was
+measured faster (runtime/packing.py), and the KV cache's memory is committed as positions are
+written and handed back as sequences end (runtime/lazy_memory.py).
 """
 
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,78 +25,15 @@ import torch.nn.functional as F
 from batchinf.runtime.weights import load_safetensors
 from torch import Tensor, nn
 
-from batchinf.config import settings
 from batchinf.errors import BundleError
 from batchinf.runtime.decoder_config import LLAMA_TYPES, LlamaConfig, rope_inv_freq
 from batchinf.runtime.empty import empty_weights
 from batchinf.runtime.gemma import GEMMA_TYPES, gemma_config
+from batchinf.runtime.lazy_memory import forget, lazy_zeros
+from batchinf.runtime.packing import Linear, pack_weights
 
 __all__ = ["LlamaConfig", "rope_inv_freq", "MODEL_TYPES", "load_llama", "config_of"]
 MODEL_TYPES = LLAMA_TYPES + GEMMA_TYPES
-PACKED_MAX_ROWS = 128   # above this many rows MKL's own packing is amortised and plain sgemm is as fast
-
-
-class Linear(nn.Linear):
-    """nn.Linear that multiplies small batches against a prepacked copy of its weight when it has one."""
-
-    packed: Tensor | None = None
-
-    def forward(self, x: Tensor) -> Tensor:
-        if self.packed is None or x.numel() > PACKED_MAX_ROWS * self.in_features:
-            return F.linear(x, self.weight, self.bias)
-        rows = x.reshape(-1, self.in_features)
-        y = torch.ops.mkl._mkl_linear(rows, self.packed, self.weight, self.bias, rows.shape[0])
-        return y.view(*x.shape[:-1], self.out_features)
-
-
-PACKED_WIN = 0.85       # packed weights are kept when a decode-sized product takes at most this share of the plain time
-
-
-def pack_weights(model: nn.Module) -> bool:
-    """Give every Linear of a CPU float32 model an MKL-packed weight, if this torch build has MKL,
-    the packed product equals the plain one (checked per weight shape) and is clearly faster on this
-    machine (`packing_pays`) -> whether it packed. The packed copies cost 2 to 7 times the weights'
-    memory; BATCHINF_PACK_WEIGHTS=0 turns packing off."""
-    if not settings().pack_weights or not torch.backends.mkl.is_available() \
-            or not hasattr(torch.ops.mkl, "_mkl_linear"):
-        return False
-    linears = [m for m in model.modules() if isinstance(m, Linear)]
-    if not linears or any(m.weight.device.type != "cpu" or m.weight.dtype != torch.float32 for m in linears):
-        return False
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        if not packing_pays(max(linears, key=lambda m: m.weight.numel()), gen):
-            return False
-        packed = [torch.ops.mkl._mkl_reorder_linear_weight(m.weight, PACKED_MAX_ROWS) for m in linears]
-        checked: set[tuple[int, int]] = set()
-        for m, w in zip(linears, packed):
-            if m.weight.shape in checked:
-                continue
-            for rows in (1, 5, 64):     # one packed layout serves every row count: verify it does
-                x = torch.randn(rows, m.in_features, generator=gen)
-                got = torch.ops.mkl._mkl_linear(x, w, m.weight, None, rows)
-                if not torch.allclose(got, F.linear(x, m.weight), rtol=1e-4, atol=1e-4):
-                    return False
-            checked.add(tuple(m.weight.shape))
-    for m, w in zip(linears, packed):
-        m.packed = w
-    return True
-
-
-def packing_pays(linear: nn.Linear, gen: torch.Generator, rows: int = 8, reps: int = 5) -> bool:
-    """Whether this machine multiplies a decode-sized batch faster against a packed copy of the
-    weight than against the weight itself: the best of `reps` alternated timings of each."""
-    packed = torch.ops.mkl._mkl_reorder_linear_weight(linear.weight, PACKED_MAX_ROWS)
-    x = torch.randn(rows, linear.in_features, generator=gen)
-    best = {"plain": float("inf"), "packed": float("inf")}
-    for _ in range(reps):
-        for name, fn in (("plain", lambda: F.linear(x, linear.weight)),
-                         ("packed", lambda: torch.ops.mkl._mkl_linear(x, packed, linear.weight, None, rows))):
-            t0 = time.perf_counter()
-            for _ in range(4):
-                fn()
-            best[name] = min(best[name], time.perf_counter() - t0)
-    return best["packed"] <= PACKED_WIN * best["plain"]
 
 
 class RMSNorm(nn.Module):
@@ -251,8 +185,8 @@ class LayerCache:
 
     def __init__(self, slots: int, kv_heads: int, capacity: int, head_dim: int, dtype: torch.dtype,
                  device: torch.device) -> None:
-        self.k = torch.zeros(slots, kv_heads, capacity, head_dim, dtype=dtype, device=device)
-        self.v = torch.zeros_like(self.k)
+        shape = (slots, kv_heads, capacity, head_dim)
+        self.k, self.v = lazy_zeros(shape, dtype, device), lazy_zeros(shape, dtype, device)
 
     def update(self, k: Tensor, v: Tensor, where: Where) -> tuple[Tensor, Tensor]:
         """Write k, v [B, KV, S, Dh] at `where` -> the keys and values to attend to [B, KV, keys, Dh]."""
@@ -285,10 +219,20 @@ class KVCache:
                        for _ in range(cfg.num_hidden_layers)]
 
     def move(self, src: int, dst: int, positions: int) -> None:
-        """Slot dst's first `positions` positions := slot src's."""
+        """Slot dst's first `positions` positions := slot src's; slot src is then empty (its
+        memory handed back, as `release`)."""
         for layer in self.layers:
             layer.k[dst, :, :positions].copy_(layer.k[src, :, :positions])   # [KV, n, Dh]
             layer.v[dst, :, :positions].copy_(layer.v[src, :, :positions])
+            forget(layer.k, src)
+            forget(layer.v, src)
+
+    def release(self, slot: int) -> None:
+        """A finished sequence's slot: its memory handed back (lazy_zeros), so the cache holds the
+        positions of live sequences, not every slot's high-water mark."""
+        for layer in self.layers:
+            forget(layer.k, slot)
+            forget(layer.v, slot)
 
 
 class LlamaForCausalLM(nn.Module):

@@ -118,6 +118,12 @@ class Task:
         return min(getattr(options, "max_length", None) or limit, limit), bool(getattr(options, "truncate", True))
 
     # --- plan -------------------------------------------------------------------------------
+    def shard_floor(self, options: Any, records: int, work: int, workers: int | None) -> int | None:
+        """The least work a planned shard of this job holds (`records` valid records, `work` in
+        all, for `workers` workers); None: BATCHINF_MIN_SHARD_TOKENS. Default: the task's
+        `min_shard_work`."""
+        return self.min_shard_work
+
     def stage(self, obj: Any, runtime: Any, records: Iterator[Any]) -> pa.Table:
         """One input object's records -> its staged table (stage_schema). `obj` is the planning
         task (pin, max_length, truncate, options)."""

@@ -188,6 +188,22 @@ class Generate(Task):
             row.update(n_tokens=len(ids), input_ids=ids, kind=kind, **params)
         return rows.table()
 
+    def shard_floor(self, options: Any, records: int, work: int, workers: int | None) -> int | None:
+        """A shard runs as one continuous batch of up to `max_slots` sequences, a worker's shards
+        one after the other: a shard of fewer records than slots leaves them empty for its whole
+        run (a worse step per token), while the fixed cost the general floor guards against
+        (BATCHINF_MIN_SHARD_TOKENS, ~0.2 s a shard) is under 1% of decoding one full batch. So
+        the floor is one full batch's work (or an equal share of the workers, for a job smaller
+        than a batch each), capped by the general floor: 128 chat prompts on two workers are two
+        shards that start together (the general floor made them one, which a split then cut
+        unevenly, one worker idle a third of the job)."""
+        from batchinf.planning.sizing import min_shard_work
+
+        if records <= 0:
+            return None
+        batch = min((options or GenerateOptions()).max_slots, -(-records // max(1, workers or 1)))
+        return max(1, min(min_shard_work(), batch * work // records))
+
     def result_schema(self, meta: dict[str, Any], options: Any = None) -> pa.Schema:
         return GENERATION_SCHEMA
 

@@ -199,3 +199,13 @@ def test_the_scheduler_and_kv_manager_import_no_torch() -> None:
     code = ("import sys; import batchinf.runtime.generation.scheduler, batchinf.runtime.generation.stops; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_resolving_a_records_sampling_params_imports_no_torch() -> None:
+    """Planning resolves every record's params and seed (tasks/generate.py record_params): a planner
+    that imported torch for that paid seconds of its plan and the memory of a torch process."""
+    code = ("import sys; from batchinf.tasks.generate import GenerateOptions, record_params; "
+            "p = record_params(GenerateOptions(temperature=0.5), 'r1', {'max_tokens': 3}); "
+            "import batchinf.runtime.generation.sampling, batchinf.runtime.generation.runtime; "
+            "sys.exit(2 if p['max_tokens'] != 3 else 'torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

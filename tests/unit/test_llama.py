@@ -5,6 +5,7 @@ with transformers is in tests/parity/test_llama_parity.py."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,8 @@ from batchinf.runtime.generation.kv import common_prefix
 from batchinf.runtime.generation.runtime import GenerateRuntime
 from batchinf.runtime.generation.sampling import SamplingParams, derive_seed
 from batchinf.runtime.generation.seq import GenRequest, GenStats
-from batchinf.runtime.llama import Fill, KVCache, load_llama, pack_weights
+from batchinf.runtime.llama import Fill, KVCache, load_llama
+from batchinf.runtime.packing import pack_weights
 from benchmarks.static_batching import StaticScheduler
 from tests.helpers.tiny_llama import FAMILIES, make_family_dirs, make_tiny_llama
 
@@ -146,13 +148,28 @@ def test_common_prefix() -> None:
     assert common_prefix([7], [1], 10) == 0 and common_prefix([], [1], 10) == 0
 
 
-def test_packed_weights_match_plain_ones(tiny_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def fresh_home(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Path], None]]:
+    """Points BATCHINF_HOME at a directory whose cache remembers no packing decision
+    (pack_weights keeps them there); settings are read afresh after the test."""
+    def use(home: Path) -> None:
+        monkeypatch.setenv("BATCHINF_HOME", str(home))
+        settings.cache_clear()
+
+    yield use
+    monkeypatch.undo()
+    settings.cache_clear()
+
+
+def test_packed_weights_match_plain_ones(tiny_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
+                                         tmp_path: Path, fresh_home: Callable[[Path], None]) -> None:
     import torch.nn.functional as F
 
-    from batchinf.runtime import llama
-    from batchinf.runtime.llama import Linear
+    from batchinf.runtime import packing
+    from batchinf.runtime.packing import Linear
 
-    monkeypatch.setattr(llama, "packing_pays", lambda *a: True)     # packed where MKL is, faster or not
+    fresh_home(tmp_path)
+    monkeypatch.setattr(packing, "packing_pays", lambda *a: True)     # packed where MKL is, faster or not
     packed = load_llama(tiny_dirs["qwen2"])
     monkeypatch.setenv("BATCHINF_PACK_WEIGHTS", "0")
     settings.cache_clear()                  # settings are read once per process
@@ -176,22 +193,37 @@ def test_packed_weights_match_plain_ones(tiny_dirs: dict[str, Path], monkeypatch
     assert (steps[0] - steps[1]).abs().max().item() <= 1e-4
 
 
-def test_packing_is_kept_only_where_it_is_faster(tiny_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    """The packed copies cost memory (2-7x the weights): a machine where they are not faster keeps none."""
-    from batchinf.runtime import llama
+def test_packing_is_kept_only_where_it_is_faster(tiny_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
+                                                 tmp_path: Path, fresh_home: Callable[[Path], None]) -> None:
+    """The packed copies cost memory (2-16x the weights): a machine where they are not faster keeps
+    none, and one shape that pays packs that shape alone (each distinct shape timed once, and the
+    answer remembered in the home's cache: the next load times nothing)."""
+    from batchinf.runtime import packing
 
+    fresh_home(tmp_path / "a")
     seen: list[tuple[int, int]] = []
 
     def slower(linear: torch.nn.Linear, gen: torch.Generator) -> bool:
         seen.append(tuple(linear.weight.shape))
         return False
 
-    monkeypatch.setattr(llama, "packing_pays", slower)
+    monkeypatch.setattr(packing, "packing_pays", slower)
     model = load_llama(tiny_dirs["qwen2"])
-    assert all(m.packed is None for m in model.modules() if isinstance(m, llama.Linear))
-    if torch.backends.mkl.is_available():       # timed on the largest projection, once
-        largest = max(m.weight.numel() for m in model.modules() if isinstance(m, llama.Linear))
-        assert len(seen) == 1 and seen[0][0] * seen[0][1] == largest
+    linears = [m for m in model.modules() if isinstance(m, packing.Linear)]
+    assert all(m.packed is None for m in linears)
+    if not torch.backends.mkl.is_available():
+        return
+    shapes = {tuple(m.weight.shape) for m in linears}
+    assert sorted(seen) == sorted(shapes)
+    load_llama(tiny_dirs["qwen2"])
+    assert len(seen) == len(shapes)                     # remembered: nothing timed again
+    largest = max(shapes, key=lambda s: s[0] * s[1])
+    fresh_home(tmp_path / "b")
+    monkeypatch.setattr(packing, "packing_pays", lambda linear, gen: tuple(linear.weight.shape) == largest)
+    model = load_llama(tiny_dirs["qwen2"])
+    for m in model.modules():
+        if isinstance(m, packing.Linear):
+            assert (m.packed is not None) == (tuple(m.weight.shape) == largest), m.weight.shape
 
 
 def _mapped_from(t: torch.Tensor, path: Path) -> bool:
@@ -366,3 +398,54 @@ def test_tampered_weights_are_refused(bi_home: Path, tiny_dirs: dict[str, Path],
     pack_weights(rt.model)                  # the packed copy (CPU, MKL) is a snapshot of the weights
     with pytest.raises(BundleError, match="greedy continuation"):
         rb.verify_model_fixtures(rt)
+
+
+def test_kv_cache_commits_only_what_is_written() -> None:
+    """The cache starts as zeros whose memory the kernel commits a page at a time on first write."""
+    from batchinf.runtime.lazy_memory import lazy_zeros
+
+    def anonymous_kib() -> int:
+        for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
+            if line.startswith("Anonymous:"):
+                return int(line.split()[1])
+        raise AssertionError("no Anonymous line")
+
+    before = anonymous_kib()
+    t = lazy_zeros((64, 4, 1024, 64), torch.float32, torch.device("cpu"))     # 64 MiB
+    assert t.shape == (64, 4, 1024, 64) and t.dtype == torch.float32 and t.is_contiguous()
+    assert float(t[::7, :, ::100].abs().sum()) == 0.0          # reads see zeros and commit nothing
+    assert anonymous_kib() - before < 16 * 1024
+    t[3, 1, :16] = 1.0
+    assert float(t.sum()) == 16 * 64 and anonymous_kib() - before < 16 * 1024
+    assert torch.equal(lazy_zeros((2, 3), torch.float32, torch.device("cpu")), torch.zeros(2, 3))
+
+
+def test_a_finished_or_moved_slot_hands_its_cache_memory_back(tiny_dirs: dict[str, Path]) -> None:
+    """release(slot) and move(src, dst) leave the emptied slot all zeros, its pages returned;
+    the other slots keep their K/V."""
+    from batchinf.runtime.lazy_memory import forget, lazy_zeros
+
+    model = load_llama(tiny_dirs["qwen2"])
+    cache = model.new_cache(4, 300)
+    for layer in cache.layers:
+        for t in (layer.k, layer.v):
+            t.copy_(torch.arange(4, dtype=t.dtype)[:, None, None, None] + 1)
+    cache.move(3, 1, 300)
+    cache.release(2)
+    for layer in cache.layers:
+        for t in (layer.k, layer.v):
+            assert [float(t[i].abs().max()) for i in range(4)] == [1.0, 4.0, 0.0, 0.0]
+    big = lazy_zeros((8, 4, 1024, 64), torch.float32, torch.device("cpu"))     # 8 MiB, 1 MiB a slot
+    big.fill_(2.0)
+    before = Path("/proc/self/smaps_rollup").read_text()
+    for i in range(8):
+        forget(big, i)
+    after = Path("/proc/self/smaps_rollup").read_text()
+
+    def anon(text: str) -> int:
+        return next(int(line.split()[1]) for line in text.splitlines() if line.startswith("Anonymous:"))
+
+    assert anon(before) - anon(after) >= 6 * 1024 and float(big.abs().sum()) == 0.0
+    plain = torch.ones(3, 5)
+    forget(plain, 1)                                            # not a lazy tensor: zeroed in place
+    assert plain.sum().item() == 10.0

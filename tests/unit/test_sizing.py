@@ -199,3 +199,24 @@ def test_generate_work_counts_the_max_tokens_the_summaries_sum() -> None:
     with_decode = cut_all([5], [{5: 4}], [{}], 100, 10**6, target=22, extra=extra)
     assert [_records(s.slices) for s in with_decode] == [2, 2]
     assert [_records(s.slices) for s in cut_all([5], [{5: 4}], [{}], 100, 10**6, target=22)] == [4]
+
+
+def test_a_generate_job_of_two_full_batches_is_two_shards_on_two_workers() -> None:
+    """A generate shard is one continuous batch: the floor is a full batch of max_slots records
+    (or an equal share of the workers), so 128 prompts of 41 tokens + 64 to decode on two workers
+    are two shards of 64 that run side by side (the general floor of 10,000 made them one)."""
+    from batchinf.tasks.generate import Generate, GenerateOptions
+
+    g, opts = Generate(), GenerateOptions(max_tokens=64, max_slots=64)
+    lengths = np.full(128, 41)
+    work = int(lengths.sum()) + 128 * 64
+    floor = g.shard_floor(opts, 128, work, 2)
+    assert floor == 64 * work // 128
+    groups = [(0, 41, 128)]
+    runs = cut_groups_balanced(groups, [work], target_work(work, 2, 10**9, floor), 4096, 10**9, floor)
+    assert [_records(r) for r in runs] == [64, 64]
+    # smaller than a batch a worker: an equal share each; far larger: SHARDS_PER_WORKER a worker
+    assert target_work(40 * 105, 2, 10**9, g.shard_floor(opts, 40, 40 * 105, 2)) == 20 * 105
+    big = target_work(4000 * 105, 2, 10**9, g.shard_floor(opts, 4000, 4000 * 105, 2))
+    assert -(-4000 * 105 // big) == 2 * SHARDS_PER_WORKER
+    assert g.shard_floor(opts, 0, 0, 2) is None

@@ -101,6 +101,11 @@ class Engine:
         stats.joined += len(plan.copies)
         self.advance(live, logits[[s.slot for s in live]] if len(live) < len(rows) else logits)
 
+    def release(self, s: Seq) -> None:
+        """A finished sequence's slot memory handed back (a cache that can: runtime/llama.py)."""
+        if (release := getattr(self.cache, "release", None)) is not None:
+            release(s.slot)
+
     def advance(self, seqs: list[Seq], logits: torch.Tensor) -> None:
         """Pick each sequence's next token from its logits row [len(seqs), V] (greedy, sampled,
         masked by its grammar; logprobs where asked) and check stops."""

@@ -122,4 +122,5 @@ class GenerateRuntime(Prompts):
             while sched.busy and not (abort is not None and abort()):
                 engine.run(sched.schedule())
                 for seq in sched.update():
+                    engine.release(seq)
                     yield seq.result(self.decode)

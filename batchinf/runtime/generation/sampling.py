@@ -1,11 +1,16 @@
-"""Sampling for generation: per-record parameters, seeds and generators, and one token from logits."""
+"""Sampling for generation: per-record parameters, seeds and generators, and one token from logits.
+torch is imported by the functions that need it: planning resolves each record's params and seed
+here, and a planner that imported torch for that paid seconds (6 of a loaded machine's 8-second
+plan of 128 chat prompts) and its memory."""
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,8 @@ def derive_seed(job_seed: int, record_id: str) -> int:
 
 def sample(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator) -> int:
     """One token from logits [V] with temperature, top-k and top-p (as transformers' warpers)."""
+    import torch
+
     x = logits.float() / p.temperature
     if p.top_k > 0 and p.top_k < x.numel():
         kth = torch.topk(x, p.top_k).values[-1]
@@ -47,6 +54,8 @@ def generator(p: SamplingParams, device: torch.device) -> torch.Generator | None
     """A sampled sequence's own generator, seeded with its seed; None when greedy."""
     if p.temperature <= 0:
         return None
+    import torch
+
     gen = torch.Generator(device=device)
     gen.manual_seed(p.seed)
     return gen
