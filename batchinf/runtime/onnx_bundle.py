@@ -93,13 +93,16 @@ def add_onnx(src: Path, meta: dict[str, Any], tmp: Path) -> tuple[Path, dict[str
     return staged, out
 
 
+REFERENCE_SHARDS = 4      # planning/sizing.SHARDS_PER_WORKER (a test keeps them equal; planning sits above runtime)
+
+
 def reference_tokens() -> int:
     """The work a worker of the job the choice is made for computes: its share of the smallest job
-    that gives every worker SHARDS_PER_WORKER full shards (planning/sizing.py). Smaller jobs weigh
-    the load more, larger ones the speed; the manifest's `engine:` decides for a job that differs."""
-    from batchinf.planning.sizing import SHARDS_PER_WORKER, min_shard_work
+    that gives every worker its SHARDS_PER_WORKER shards of BATCHINF_MIN_SHARD_TOKENS. Smaller jobs
+    weigh the load more, larger ones the speed; the manifest's `engine:` decides for a job that differs."""
+    from batchinf.config import settings
 
-    return SHARDS_PER_WORKER * min_shard_work()
+    return REFERENCE_SHARDS * settings().min_shard_tokens
 
 
 def faster(measured: dict[str, Any]) -> str:
@@ -132,7 +135,7 @@ def load_cpu_seconds(root: Path, meta: dict[str, Any], engine: str) -> float:
     for _ in range(2):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         subprocess.run([sys.executable, "-c", LOAD_PROGRAM, str(root), engine, json.dumps(meta)], check=True,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True)
+                       capture_output=True)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         best = min(best, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
     return round(best, 3)

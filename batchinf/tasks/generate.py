@@ -197,12 +197,12 @@ class Generate(Task):
         than a batch each), capped by the general floor: 128 chat prompts on two workers are two
         shards that start together (the general floor made them one, which a split then cut
         unevenly, one worker idle a third of the job)."""
-        from batchinf.planning.sizing import min_shard_work
+        from batchinf.config import settings
 
         if records <= 0:
             return None
         batch = min((options or GenerateOptions()).max_slots, -(-records // max(1, workers or 1)))
-        return max(1, min(min_shard_work(), batch * work // records))
+        return max(1, min(settings().min_shard_tokens, batch * work // records))
 
     def result_schema(self, meta: dict[str, Any], options: Any = None) -> pa.Schema:
         return GENERATION_SCHEMA

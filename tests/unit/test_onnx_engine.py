@@ -22,7 +22,7 @@ from batchinf.manifest import parse_manifest
 from batchinf.runtime import int8
 from batchinf.runtime.bundle import read_meta
 from batchinf.planning.sizing import SHARDS_PER_WORKER, min_shard_work
-from batchinf.runtime.onnx_bundle import GRAPH, INT8_GRAPH, faster, reference_tokens
+from batchinf.runtime.onnx_bundle import GRAPH, INT8_GRAPH, REFERENCE_SHARDS, faster, reference_tokens
 from batchinf.runtime.fixture_checks import cosines
 from batchinf.runtime.onnx_encoder import OrtEmbedRuntime
 from batchinf.submit import submit
@@ -208,7 +208,7 @@ def test_the_engine_chosen_computes_a_reference_share_sooner_load_included() -> 
     reference job; far slower, or the reference far larger, native wins."""
     m = {"tokens_per_s": {"native": 4400, "onnxruntime": 4200}, "load_cpu_s": {"native": 2.6, "onnxruntime": 0.6},
          "reference_tokens": reference_tokens()}
-    assert reference_tokens() == SHARDS_PER_WORKER * min_shard_work()
+    assert REFERENCE_SHARDS == SHARDS_PER_WORKER and reference_tokens() == SHARDS_PER_WORKER * min_shard_work()
     assert faster(m) == "onnxruntime"
     assert faster({**m, "tokens_per_s": {"native": 4400, "onnxruntime": 2000}}) == "native"
     assert faster({**m, "reference_tokens": 10_000_000}) == "native"
