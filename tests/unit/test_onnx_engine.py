@@ -25,6 +25,7 @@ from batchinf.planning.sizing import SHARDS_PER_WORKER, min_shard_work
 from batchinf.runtime.onnx_bundle import GRAPH, INT8_GRAPH, REFERENCE_SHARDS, faster, reference_tokens
 from batchinf.runtime.fixture_checks import cosines
 from batchinf.runtime.onnx_encoder import OrtEmbedRuntime
+from batchinf.scopes import Caller
 from batchinf.submit import submit
 from tests.helpers.env import OPERATOR
 from tests.helpers.stages import plan_job, publish_job
@@ -37,13 +38,14 @@ def _vectors(digest: str, engine: str, texts: list[str] = ENCODER_TEXTS) -> np.n
     return rt.embed([e.ids for e in rt.tokenizer.encode_batch(texts)])[0]
 
 
-def _job(tmp_path: Path, name: str, bundle: str, engine: str | None = None, **options: object) -> str:
+def _job(tmp_path: Path, name: str, bundle: str, engine: str | None = None, caller: Caller = OPERATOR,
+         **options: object) -> str:
     inp = tmp_path / f"{name}.jsonl"
     inp.write_text("".join(json.dumps({"id": f"r{i}", "text": t}) + "\n" for i, t in enumerate(ENCODER_TEXTS)))
     raw = {"name": name, "task": "embed", "bundle": bundle, "input": {"uri": str(inp)},
            "output": {"uri": str(tmp_path / "out" / name)}, **({"engine": engine} if engine else {}),
            **({"options": options} if options else {})}
-    return submit(parse_manifest(raw), OPERATOR)[0]
+    return submit(parse_manifest(raw), caller)[0]
 
 
 def test_the_export_is_pinned_by_the_digest_and_computes_what_native_does(bi_home: Path, tmp_path: Path) -> None:
@@ -213,3 +215,16 @@ def test_the_engine_chosen_computes_a_reference_share_sooner_load_included() -> 
     assert faster({**m, "tokens_per_s": {"native": 4400, "onnxruntime": 2000}}) == "native"
     assert faster({**m, "reference_tokens": 10_000_000}) == "native"
     assert faster({**m, "load_cpu_s": {"native": 0.6, "onnxruntime": 0.6}}) == "native"
+
+
+def test_a_job_on_onnxruntime_passes_the_same_grants(bi_home: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The engine changes what computes, not what a tenant may read or write: a tenant without
+    grants is refused at job creation, and one granted elsewhere cannot read this input."""
+    from batchinf import scopes
+
+    import_bundle(tiny_model_dir, "tiny", alias="onnx", onnx=True)
+    with pytest.raises(ManifestError, match="batchinf tenant grant drifter --read PREFIX"):
+        _job(tmp_path, "ungranted", "tiny@onnx", "onnxruntime", Caller("drifter"))
+    scopes.grant("drifter", read=[str(tmp_path / "elsewhere")], write=[str(tmp_path / "out")])
+    with pytest.raises(ManifestError, match="outside the prefixes tenant 'drifter' may"):
+        _job(tmp_path, "outside", "tiny@onnx", "onnxruntime", Caller("drifter"))
