@@ -5,14 +5,15 @@
 Each contender is a whole process, JSONL in and Parquet out, timed from its start to its exit:
   batchinf            `batchinf run MANIFEST` in its default layout (one worker process per core),
                       the bundle imported with --onnx: the engine its import measured faster;
-  batchinf, onnxruntime  the same with `engine: onnxruntime` in the manifest;
-  batchinf int8       the bundle imported --precision int8 --onnx (where ORT's int8 graph passes the
-                      int8 gate; else --precision int8 alone: batchinf's own int8 runtime);
+  batchinf, onnxruntime  the same with `engine: onnxruntime` in the manifest (left out where the
+                      bundle already declares onnxruntime: it would be the same job);
+  batchinf int8       the bundle imported --precision int8 --onnx (its int8 graph: runtime/onnx_int8.py;
+                      where the import is refused, --precision int8 alone: batchinf's own int8 runtime);
   ORT fp32 / ORT int8 the plain script: 2 intra-op threads, records sorted by token length,
                       batches of 64 (its graph exported once beforehand, untimed, as batchinf's
                       bundle is imported once);
   Ray Data            one actor per core, batches of 64 (skipped, and said so, when `import ray`
-                      fails in --ray-python).
+                      fails in --ray-python, or with --no-ray).
 Three corpora made deterministically (short sentences of 10-30 words; docstrings of this Python's
 standard library; mixed lengths: log-normal word counts, a heavy tail past 256 tokens), `--records`
 each. Within each repetition the contenders alternate (per corpus: batchinf, each peer, ...), so
@@ -94,7 +95,7 @@ class Contenders:
         cli(self.env, "bundle", "import", str(self.model), "--name", "minilm", "--alias", "fp32", "--onnx")
         self.meta = {"fp32": self._meta("minilm@fp32")}
         self.int8 = None
-        if int8:       # with ORT's int8 graph where it passes the int8 gate, else batchinf's own int8 alone
+        if int8:       # with the int8 ONNX graph where its import passes the int8 gate, else batchinf's own int8 alone
             for extra in (["--onnx"], []):
                 r = subprocess.run([sys.executable, "-m", "batchinf.cli", "bundle", "import", str(self.model), "--name",
                                     "minilm", "--alias", "int8", "--precision", "int8", *extra], env=self.env,
@@ -118,7 +119,9 @@ class Contenders:
                            "bundle.json").read_text())
 
     def names(self) -> list[str]:
-        out = ["batchinf", "batchinf, onnxruntime", *(["batchinf int8"] if "int8" in self.meta else []),
+        declared = (self.meta["fp32"].get("engine") or {}).get("name")
+        out = ["batchinf", *(["batchinf, onnxruntime"] if declared != "onnxruntime" else []),
+               *(["batchinf int8"] if "int8" in self.meta else []),
                "ORT fp32 script", "ORT int8 script"]
         return out + (["Ray Data"] if self.ray_exe else [])
 
@@ -181,6 +184,7 @@ def main() -> None:
     ap.add_argument("--ray-python", default=None, help="an interpreter with ray[data] and sentence-transformers "
                                                        f"(default: {RAY_VENV}/bin/python, else this one)")
     ap.add_argument("--no-int8", action="store_true", help="leave the int8 contenders out")
+    ap.add_argument("--no-ray", action="store_true", help="leave Ray Data out")
     ap.add_argument("--short", action="store_true", help="tiny corpora, one repetition: correctness only")
     ap.add_argument("--json", action="store_true", help="print only the JSON report")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
@@ -188,7 +192,7 @@ def main() -> None:
     records, reps = args.records or (40 if args.short else 5000), args.reps or (1 if args.short else 3)
     cores = os.cpu_count() or 1
     root = Path(tempfile.mkdtemp(prefix="batchinf-peers-"))
-    ray_exe = ray_python(args.ray_python)
+    ray_exe = None if args.no_ray else ray_python(args.ray_python)
     def log(*a: Any) -> None:
         print(*a, file=sys.stderr, flush=True)
     log(f"work dir {root}; Ray Data: {ray_exe or 'not available'}")
@@ -212,7 +216,7 @@ def main() -> None:
         "records": records, "reps": reps, "cores": cores, "model": "all-MiniLM-L6-v2", "max_length": 256,
         "engine_chosen_at_import": (contenders.meta["fp32"].get("engine") or {}).get("name", "native"),
         "import_measured_tokens_per_s": contenders.meta["fp32"]["onnx"]["measured"]["tokens_per_s"],
-        "int8": contenders.int8 or "not run", "ray_data": ray_exe or "not available: `import ray` failed",
+        "int8": contenders.int8 or "not run", "ray_data": ray_exe or ("left out (--no-ray)" if args.no_ray else "not available: `import ray` failed"),
         "load_average": os.getloadavg(), "corpora": {}}
     for kind, path in corpora.items():
         want = reference(path)

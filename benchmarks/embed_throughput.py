@@ -362,7 +362,7 @@ def int8_model(args: argparse.Namespace) -> None:
     import torch
 
     from batchinf.config import settings
-    from batchinf.runtime import int8
+    from batchinf.runtime import int8, int8_linear
     from batchinf.runtime.encoder import load_encoder
     from batchinf.runtime.malloc import keep_freed_memory
 
@@ -372,7 +372,7 @@ def int8_model(args: argparse.Namespace) -> None:
     mask = torch.ones(B, S, dtype=torch.long)
     schemes = [s for s, v in int8.SCHEMES.items() if int8.has_vnni() or not v.needs_vnni]
     models = {"float32": load_encoder(minilm_dir()),
-              **{f"int8 {s}": int8.quantize_encoder(load_encoder(minilm_dir()), s) for s in schemes}}
+              **{f"int8 {s}": int8_linear.quantize_encoder(load_encoder(minilm_dir()), s) for s in schemes}}
     report: dict = {"batch": [B, S], "repeats": args.repeats, "cpu_has_vnni": int8.has_vnni()}
     for threads in sorted({1, args.threads}):
         torch.set_num_threads(threads)

@@ -51,9 +51,10 @@ class EmbedRuntime:
             self.model = load_encoder(self.root, device=self.device, dtype=getattr(torch, dtype))
         if self.meta.get("precision") == "int8":
             from batchinf.runtime import int8
+            from batchinf.runtime.int8_linear import quantize_encoder
 
             int8.check_supported(self.meta, self.device)
-            int8.quantize_encoder(self.model, int8.scheme_of(self.meta))
+            quantize_encoder(self.model, int8.scheme_of(self.meta))
         self.dense = load_dense(self.root, self.meta, self.device, getattr(torch, dtype))
 
     def encode_fixture(self, text: str) -> list[int]:

@@ -2,9 +2,9 @@
 
 Weights: int8 with one scale per output channel (symmetric). Activations: quantised per token
 (per row, asymmetric, u8) just before each GEMM, so a record's vector never depends on the
-records batched beside it. The GEMM is oneDNN's (`torch.ops.onednn.qlinear_*`, PyTorch's own x86
-int8 kernels, fed plain u8/s8 tensors); the row scales, zero points and bias are applied to its
-float32 output in one pass.
+records batched beside it. Native's GEMM is oneDNN's (runtime/int8_linear.py); the
+onnxruntime engine's, MLAS's (runtime/onnx_int8.py). This module is the precision's definition
+(schemes, the gate, what a worker can run) and imports no PyTorch.
 
 Two schemes, chosen at import and recorded in bundle.json (`int8_scheme`), because what is exact
 depends on the CPU's int8 instruction:
@@ -28,8 +28,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
-from torch import Tensor, nn
 
 from batchinf.errors import BundleError
 
@@ -51,6 +49,17 @@ SCHEMES = {"vnni": Scheme(wmax=127, ffn_output=True, needs_vnni=True),
 
 
 def has_vnni() -> bool:
+    """Whether this CPU has AVX-512 VNNI or AVX-VNNI: from the kernel's CPU flags (a worker on the
+    onnxruntime engine never imports PyTorch), else from PyTorch's CPU capability."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), None)
+    except OSError:
+        flags = None
+    if flags is not None:
+        return "avx512_vnni" in flags or "avx_vnni" in flags
+    import torch
+
     caps = torch._C._cpu._get_cpu_capability()
     return bool(caps.get("avx512_vnni") or caps.get("avx_vnni"))
 
@@ -62,68 +71,6 @@ def best_scheme() -> str:
 
 def scheme_of(meta: dict[str, Any]) -> str:
     return str(meta.get("int8_scheme", "avx2"))
-
-
-class Int8Linear(nn.Module):
-    """y = x W^T + b (+ residual) with int8 per-channel weights and per-token u8 activations.
-
-    Each row x_i is quantised over [min(x_i, 0), max(x_i, 0)] in 254 steps: q_i = x_i / step_i +
-    zp_i. The GEMM itself subtracts the zero points: q carries T more columns that each hold zp_i,
-    and W8 T more columns, each within ±wmax, that sum to -sum_k W8[j, k]; so acc = (q_i - zp_i) . W8_j
-    and y_i = step_i * acc_i + b is one pass over the output."""
-
-    def __init__(self, weight: Tensor, bias: Tensor | None, wmax: int) -> None:
-        super().__init__()
-        w = weight.detach().float()
-        scale = w.abs().amax(1).clamp_min(1e-12) / wmax
-        w8 = torch.round(w / scale[:, None]).clamp_(-wmax, wmax).to(torch.int64)      # [N, K]
-        neg = -w8.sum(1, keepdim=True)                                                  # [N, 1]
-        t = max(1, -(-int(neg.abs().max()) // wmax))
-        t += -(w.shape[1] + t) % 4                   # K + T a multiple of VNNI's groups of 4
-        base, rest = torch.div(neg, t, rounding_mode="floor"), neg.remainder(t)
-        cols = base + (torch.arange(t) < rest).long()                                   # [N, T], sums to neg
-        self.in_features, self.out_features, self.zp_columns = w.shape[1], w.shape[0], t
-        self.packed = torch.ops.onednn.qlinear_prepack(torch.cat([w8, cols], 1).to(torch.int8), None)
-        self.scale = scale
-        self.zeros = torch.zeros(w.shape[0], dtype=torch.int64)
-        self.bias = bias.detach().float() if bias is not None else torch.zeros(w.shape[0])
-
-    def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
-        shape, k = x.shape, self.in_features
-        x = x.reshape(-1, k)                                                             # [M, K]
-        lo, hi = x.amin(-1, keepdim=True).clamp_max_(0), x.amax(-1, keepdim=True).clamp_min_(0)
-        step = (hi - lo).clamp_min_(1e-12).div_(_STEPS)                                  # [M, 1]
-        zp = lo.div_(step).neg_().round_()                                               # 0..254
-        q = torch.empty(x.shape[0], k + self.zp_columns, dtype=torch.uint8)            # [M, K + T]
-        # x / step + zp lies in [-0.5, 254.5]; + 0.5 and truncation rounds it into 0..255
-        q[:, :k] = torch.addcmul(zp + 0.5, x, step.reciprocal())
-        q[:, k:] = zp
-        acc = torch.ops.onednn.qlinear_pointwise(q, 1.0, 0, self.packed, self.scale, self.zeros, None, 1.0, 0,
-                                                 torch.float32, "none", [], "")         # [M, N]
-        y = torch.addcmul(self.bias, acc, step, out=acc)
-        if residual is not None:
-            y.add_(residual.reshape(y.shape))
-        return y.view(*shape[:-1], self.out_features)
-
-
-def quantize_encoder(model: nn.Module, scheme: str = "avx2") -> nn.Module:
-    """Switch a BertEncoder's linear layers to int8 in place under `scheme` (see the module
-    docstring for which); their float32 weights, and prepacked copies of them, are dropped."""
-    s = SCHEMES[scheme]
-    for layer in model.encoder.layer:
-        for m in (layer.attention.self, layer.attention.output, layer.intermediate):
-            m.packed = None
-        sa = layer.attention.self
-        sa.int8 = Int8Linear(*sa.qkv_weights(), s.wmax)
-        sa.query = sa.key = sa.value = None
-        sa._fused = None
-        residuals = [layer.attention.output] + ([layer.output] if s.ffn_output else [])
-        for out in residuals:
-            out.packed = None
-            out.int8 = Int8Linear(out.dense.weight, out.dense.bias, s.wmax)
-            out.dense = None
-        layer.intermediate.dense = Int8Linear(layer.intermediate.dense.weight, layer.intermediate.dense.bias, s.wmax)
-    return model
 
 
 def check_supported(meta: dict[str, Any], device: str) -> None:

@@ -64,7 +64,9 @@ def _stage(src: Path, files: dict[str, str], dst: Path) -> Path:
 
 def add_onnx(src: Path, meta: dict[str, Any], tmp: Path) -> tuple[Path, dict[str, Any]]:
     """(the directory to import, bundle.json) with the ONNX export added, checked and measured."""
-    from batchinf.runtime.onnx_export import export, problem, quantize
+    from batchinf.runtime.int8 import scheme_of
+    from batchinf.runtime.onnx_export import export, problem
+    from batchinf.runtime.onnx_int8 import quantize
 
     if (why := problem(meta)) is not None:
         raise BundleError(f"{src}: --onnx: {why}")
@@ -74,7 +76,7 @@ def add_onnx(src: Path, meta: dict[str, Any], tmp: Path) -> tuple[Path, dict[str
     info = export(staged, meta, fp32)
     graph = GRAPH
     if meta.get("precision") == "int8":
-        info.update(quantize(fp32, staged / INT8_GRAPH))
+        info.update(quantize(fp32, staged / INT8_GRAPH, scheme_of(meta)))
         fp32.unlink()
         graph = INT8_GRAPH
     out = {**meta, "files": {**meta["files"], graph: sha256_file(staged / graph)}, "onnx": {"graph": graph, **info}}

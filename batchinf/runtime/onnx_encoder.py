@@ -80,6 +80,10 @@ class OrtEmbedRuntime(EmbedRuntime):
 
     def load_model(self) -> None:
         if self.model is None:
+            if self.meta.get("precision") == "int8":
+                from batchinf.runtime import int8
+
+                int8.check_supported(self.meta, "cpu")
             self.model = session(graph_path(self.root, self.meta), worker_threads())
 
     def embed(self, batch: list[list[int]]) -> tuple[np.ndarray, int]:

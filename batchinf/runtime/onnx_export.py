@@ -11,8 +11,7 @@ inside the same graph, written by the very functions native runs (runtime/st_mod
 and `head`: the bundle's pooling, Dense layers and normalisation; or the classifier's own head), so
 a worker on this engine computes the bundle's output with ONNX Runtime alone (no PyTorch import).
 
-int8: ONNX Runtime's dynamic quantizer (int8 weights per channel, activations quantised per batch
-by the MatMulInteger kernels) over the optimised float32 graph."""
+int8: runtime/onnx_int8.py rewrites the optimised float32 graph into native's int8 computation."""
 
 from __future__ import annotations
 
@@ -132,15 +131,3 @@ def export(src: Path, meta: dict[str, Any], out: Path) -> dict[str, Any]:
             "exporter": f"torch {torch.__version__} torch.onnx.export (TorchScript) of batchinf's encoder",
             "optimizer": f"onnxruntime {ort_version} onnxruntime.transformers.optimizer (model_type bert)",
             "fused": dict(sorted(fused.items()))}
-
-
-def quantize(fp32: Path, out: Path) -> dict[str, Any]:
-    """ONNX Runtime's dynamic int8 quantisation of the graph at `fp32` into `out`."""
-    from onnx import TensorProto
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        quantize_dynamic(str(fp32), str(out), weight_type=QuantType.QInt8, per_channel=True,
-                         extra_options={"DefaultTensorType": TensorProto.FLOAT})
-    return {"quantizer": "onnxruntime.quantization.quantize_dynamic (QInt8 weights, per channel)"}

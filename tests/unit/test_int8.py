@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from batchinf import bundles
 from batchinf.bundles import import_bundle, list_bundles, open_runtime
 from batchinf.errors import BundleError
-from batchinf.runtime import int8
+from batchinf.runtime import int8, int8_linear
 from batchinf.runtime.bundle import FIXTURE_TEXTS, read_meta
 from tests.helpers.tiny_models import with_activation_outlier
 
@@ -39,8 +39,8 @@ def test_int8_import_records_precision_and_runs_int8(bi_home: Path, tiny_model_d
     bundles._loaded.clear()
     rt = open_runtime(q)                  # verified at load against the float32 fixtures
     layer = rt.model.encoder.layer[0]
-    assert isinstance(layer.attention.self.int8, int8.Int8Linear) and layer.attention.self.query is None
-    assert isinstance(layer.intermediate.dense, int8.Int8Linear)
+    assert isinstance(layer.attention.self.int8, int8_linear.Int8Linear) and layer.attention.self.query is None
+    assert isinstance(layer.intermediate.dense, int8_linear.Int8Linear)
     got, want = _vectors(q, TEXTS), _vectors(f32, TEXTS)
     assert int8.cosines(got, want).min() >= int8.MIN_COSINE
     assert not np.allclose(got, want, atol=1e-6)      # it really is another computation
@@ -94,20 +94,20 @@ def test_int8_linear_matches_float_linear() -> None:
     want = torch.nn.functional.linear(x, w, b)
     # a CPU without VNNI saturates the 8-bit scheme's pair sums: it refuses those bundles (below)
     for scheme in (s for s in int8.SCHEMES.values() if int8.has_vnni() or not s.needs_vnni):
-        lin = int8.Int8Linear(w, b, scheme.wmax)
+        lin = int8_linear.Int8Linear(w, b, scheme.wmax)
         for got, ref in ((lin(x), want), (lin(x, r), want + r)):   # the residual add fused or not
             assert got.shape == ref.shape
             rel = (got - ref).norm(dim=-1) / ref.norm(dim=-1)
             assert float(rel.max()) < 0.03, rel
     # 254 steps between a row's extremes: both map inside u8, exactly onto its ends
-    lin = int8.Int8Linear(torch.eye(40), None, 127)
+    lin = int8_linear.Int8Linear(torch.eye(40), None, 127)
     rows = torch.stack([torch.linspace(-3, 5, 40), torch.linspace(0, 1e-3, 40), torch.full((40,), 7.0)])
     assert torch.allclose(lin(rows), rows, atol=float((rows.amax(1) - rows.amin(1)).max()) / 254)
 
 
 def _layers_in_int8(digest: str) -> list[bool]:
     layer = open_runtime(digest).model.encoder.layer[0]
-    return [isinstance(m, int8.Int8Linear) for m in (layer.attention.self.int8, layer.attention.output.int8,
+    return [isinstance(m, int8_linear.Int8Linear) for m in (layer.attention.self.int8, layer.attention.output.int8,
                                                       layer.intermediate.dense, layer.output.int8)]
 
 

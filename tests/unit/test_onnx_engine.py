@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pyarrow.parquet as pq
 import pytest
 
@@ -123,20 +124,34 @@ def test_a_graph_that_computes_something_else_fails_its_fixtures_at_load(bi_home
         OrtEmbedRuntime(root2, meta2).verify_fixtures()
 
 
-def test_int8_goes_through_ort_dynamic_quantizer_under_the_int8_gate(bi_home: Path, tiny_model_dir: Path,
-                                                                    tmp_path: Path) -> None:
+@pytest.mark.parametrize("scheme", [s for s, v in int8.SCHEMES.items() if int8.has_vnni() or not v.needs_vnni])
+def test_int8_graph_computes_natives_int8_under_the_int8_gate(bi_home: Path, tiny_model_dir: Path, scheme: str,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     f32 = import_bundle(tiny_model_dir, "tiny", alias="f32").digest
-    q = import_bundle(tiny_model_dir, "tiny", alias="int8", precision="int8", onnx=True).digest
+    native8 = import_bundle(tiny_model_dir, "tiny", alias="native8", precision="int8", int8_scheme=scheme).digest
+    q = import_bundle(tiny_model_dir, "tiny", alias="int8", precision="int8", int8_scheme=scheme, onnx=True).digest
     meta = read_meta(bundles.local_dir(q))
     assert meta["precision"] == "int8" and meta["onnx"]["graph"] == INT8_GRAPH and GRAPH not in meta["files"]
-    assert "quantize_dynamic" in meta["onnx"]["quantizer"]
+    assert "per-token int8" in meta["onnx"]["quantizer"]
     got, ref = _vectors(q, "onnxruntime"), _vectors(f32, "native")
     assert cosines(got, ref).min() >= int8.MIN_COSINE
     assert not np.allclose(got, ref, atol=1e-6)          # it really is another computation
+    # ... native's int8 one: per-token u8 activations, per-channel int8 weights (float32's own
+    # rounding differences can move a value across a quantisation step, hence not bit-equal)
+    assert cosines(got, _vectors(native8, "native")).min() >= 0.9999
+    ops = [n.op_type for n in onnx.load(str(bundles.local_dir(q) / INT8_GRAPH)).graph.node]
+    layers = json.loads((tiny_model_dir / "config.json").read_text())["num_hidden_layers"]
+    # each layer's QKV, attention output, FFN input and (vnni only) FFN output projections
+    assert ops.count("MatMulIntegerToFloat") == layers * (4 if scheme == "vnni" else 3)
+    assert "DynamicQuantizeMatMul" not in ops
     # the load check holds the int8 graph to the gate's bound, not float32's
     strict = {**meta, "precision_gate": {**meta["precision_gate"], "min_cosine": 1.000001}}
     with pytest.raises(BundleError, match=r"onnxruntime fixture \d .* < 1\.000001"):
         OrtEmbedRuntime(bundles.local_dir(q), strict).verify_fixtures()
+    if scheme == "vnni":       # as native: a worker whose CPU lacks VNNI refuses the 8-bit weights (MLAS would saturate)
+        monkeypatch.setattr(int8, "has_vnni", lambda: False)
+        with pytest.raises(BundleError, match="'vnni' scheme .* needs a CPU with AVX-512 VNNI or AVX-VNNI"):
+            OrtEmbedRuntime(bundles.local_dir(q), meta).load_model()
 
 
 def test_a_job_runs_on_onnxruntime_and_writes_natives_vectors(bi_home: Path, tiny_model_dir: Path,
@@ -194,8 +209,10 @@ def test_the_export_is_refused_for_what_the_engine_does_not_run(bi_home: Path, t
         import_bundle(make_tiny_llama(tmp_path / "llama"), "llama", onnx=True)
 
 
-def test_an_embed_worker_on_onnxruntime_never_imports_torch(bi_home: Path, tiny_model_dir: Path) -> None:
-    digest = import_bundle(tiny_model_dir, "tiny", onnx=True).digest
+@pytest.mark.parametrize("precision", ["float32", "int8"])
+def test_an_embed_worker_on_onnxruntime_never_imports_torch(bi_home: Path, tiny_model_dir: Path,
+                                                            precision: str) -> None:
+    digest = import_bundle(tiny_model_dir, "tiny", onnx=True, precision=precision, int8_scheme="avx2").digest
     code = ("import sys\nfrom batchinf.bundles import open_runtime\n"
             f"rt = open_runtime({digest!r}, engine='onnxruntime')\n"
             "rt.embed([rt.tokenizer.encode('hello world').ids])\n"
