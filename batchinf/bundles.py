@@ -157,7 +157,8 @@ _unreported: dict[str, float] = {}     # digest -> seconds this process spent lo
 
 def open_runtime(digest: str, *, device: str = "cpu", with_model: bool = True, engine: str = "native") -> Any:
     """Load a bundle once per process and engine: every digest, and every fixture through the
-    engine, is verified before it is returned. The runtime is the bundle's task's (an EmbedRuntime,
+    engine, is verified before it is returned (a replay this machine passed under the same
+    software is remembered: engines/replayed.py). The runtime is the bundle's task's (an EmbedRuntime,
     a GenerateRuntime, ...), executed by `engine` (batchinf/engines); without the model (planning:
     the tokenizer only) every engine's is the native one."""
     engine = engine if with_model else "native"
@@ -181,8 +182,10 @@ def take_load_seconds(digest: str) -> float:
         return _unreported.pop(digest, 0.0)
 
 
-def _load(key: tuple[str, str, bool, str]) -> Any:
+def _load(key: tuple[str, str, bool, str], replay: bool = False) -> Any:
+    """`replay`: replay the fixtures even where this machine remembers they passed (engines/replayed.py)."""
     from batchinf import engines
+    from batchinf.engines.replayed import replay_once
 
     digest, device, with_model, engine = key
     root = local_dir(digest)
@@ -196,7 +199,11 @@ def _load(key: tuple[str, str, bool, str]) -> Any:
         if getattr(runtime, "uses_torch", task.uses_torch):
             use_torch_threads()
         runtime.load_model()
-        engines.verify_model(task, runtime)
+        if replay:
+            engines.verify_model(task, runtime)
+        else:
+            replay_once(lambda: engines.verify_model(task, runtime), digest, engine, device,
+                        settings().home / "cache" / "replayed")
         release_freed_memory()
     _loaded[key] = runtime
     return runtime
@@ -213,8 +220,9 @@ def require_device(device: str) -> None:
 
 
 def verify_bundle(ref: str) -> dict[str, Any]:
+    """Every file against its digest and every fixture replayed, now (what a load may remember)."""
     digest = resolve_ref(ref)
-    _loaded.pop((digest, "cpu", True, "native"), None)
-    runtime = open_runtime(digest, device="cpu")
+    with _loading:
+        runtime = _load((digest, "cpu", True, "native"), replay=True)
     return {"digest": digest, "ok": True, "files": len(runtime.meta["files"]),
             "fixtures": len(runtime.meta["fixtures"])}
