@@ -69,6 +69,20 @@ def best_scheme() -> str:
     return "vnni" if has_vnni() else "avx2"
 
 
+def zero_point_columns(w8: np.ndarray, wmax: int) -> np.ndarray:
+    """The weights' zero-point rows for int8 weights `w8` [K, N]: T rows [T, N], each within ±wmax,
+    summing to -sum_k w8[k, :]; K + T a multiple of VNNI's groups of 4. A GEMM of activations
+    quantised per row (q_i, zero point zp_i) with T more columns each holding zp_i, against
+    w8 with these rows below it, accumulates (q_i - zp_i) . w8 exactly: no per-row zero point
+    needed in the kernel."""
+    k = w8.shape[0]
+    neg = -w8.astype(np.int64).sum(0)
+    t = max(1, -(-int(np.abs(neg).max()) // wmax))
+    t += -(k + t) % 4
+    base, rest = np.floor_divide(neg, t), np.remainder(neg, t)
+    return base[None, :] + (np.arange(t)[:, None] < rest[None, :])
+
+
 def scheme_of(meta: dict[str, Any]) -> str:
     return str(meta.get("int8_scheme", "avx2"))
 

@@ -23,11 +23,8 @@ class Int8Linear(nn.Module):
         w = weight.detach().float()
         scale = w.abs().amax(1).clamp_min(1e-12) / wmax
         w8 = torch.round(w / scale[:, None]).clamp_(-wmax, wmax).to(torch.int64)      # [N, K]
-        neg = -w8.sum(1, keepdim=True)                                                  # [N, 1]
-        t = max(1, -(-int(neg.abs().max()) // wmax))
-        t += -(w.shape[1] + t) % 4                   # K + T a multiple of VNNI's groups of 4
-        base, rest = torch.div(neg, t, rounding_mode="floor"), neg.remainder(t)
-        cols = base + (torch.arange(t) < rest).long()                                   # [N, T], sums to neg
+        cols = torch.from_numpy(int8.zero_point_columns(w8.numpy().T, wmax).T.copy())     # [N, T]
+        t = cols.shape[1]
         self.in_features, self.out_features, self.zp_columns = w.shape[1], w.shape[0], t
         self.packed = torch.ops.onednn.qlinear_prepack(torch.cat([w8, cols], 1).to(torch.int8), None)
         self.scale = scale

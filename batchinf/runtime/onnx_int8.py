@@ -27,21 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from batchinf.runtime.int8 import _STEPS, SCHEMES
+from batchinf.runtime.int8 import _STEPS, SCHEMES, zero_point_columns
 
 LAYER = re.compile(r"/encoder/layer\.\d+/")       # the encoder layers' scope in the exported graph's node names
 RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
 ELEMENTWISE = ("Add", "Sub", "Mul", "Div", "Erf", "Tanh", "Pow", "Sigmoid", "Gelu", "BiasGelu", "FastGelu", "Relu")
-
-
-def zero_point_columns(w8: np.ndarray, wmax: int) -> np.ndarray:
-    """T rows [T, N], each within ±wmax, summing to -sum_k w8[k, :]; K + T a multiple of 4 (VNNI's groups)."""
-    k = w8.shape[0]
-    neg = -w8.astype(np.int64).sum(0)
-    t = max(1, -(-int(np.abs(neg).max()) // wmax))
-    t += -(k + t) % 4
-    base, rest = np.floor_divide(neg, t), np.remainder(neg, t)
-    return base[None, :] + (np.arange(t)[:, None] < rest[None, :])
 
 
 class _Rewriter:
