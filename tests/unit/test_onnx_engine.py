@@ -245,3 +245,13 @@ def test_a_job_on_onnxruntime_passes_the_same_grants(bi_home: Path, tiny_model_d
     scopes.grant("drifter", read=[str(tmp_path / "elsewhere")], write=[str(tmp_path / "out")])
     with pytest.raises(ManifestError, match="outside the prefixes tenant 'drifter' may"):
         _job(tmp_path, "outside", "tiny@onnx", "onnxruntime", Caller("drifter"))
+
+
+def test_int8_graph_with_a_dense_head_computes_natives_int8(bi_home: Path, tmp_path: Path) -> None:
+    src = make_st_bert(tmp_path / "m", ["cls"], dense_out=24)
+    native8 = import_bundle(src, "m", alias="native8", precision="int8", int8_scheme="avx2").digest
+    q = import_bundle(src, "m", alias="ort8", precision="int8", int8_scheme="avx2", onnx=True).digest
+    texts = ["int8 on another family", "a second, longer sentence to embed with the same bundle"]
+    assert cosines(_vectors(q, "onnxruntime", texts), _vectors(native8, "native", texts)).min() >= 0.9999
+    ops = [n.op_type for n in onnx.load(str(bundles.local_dir(q) / INT8_GRAPH)).graph.node]
+    assert ops.count("MatMulIntegerToFloat") >= 3      # the layers' projections, not the Dense head
