@@ -124,6 +124,14 @@ def test_a_packs_segments_go_back_to_their_files_in_their_own_time() -> None:
     # a segment running across the gap: both files are decoded alone
     mine, unsure = split_pack(pack, [seg(0.0, 6.5, " one two")], RATE, RATE)
     assert unsure == [7, 9] and mine == {}
+    # timestamps that lost the clips (seen on tiny.en with a pack of clips saying one sentence):
+    # a 4-second clip given 22 words, its neighbours' among them; no segment of the pack is trusted
+    lost = " please call me back when you get home tonight" * 2 + " please call me back"
+    mine, unsure = split_pack(pack, [seg(0.0, 4.0, lost), seg(5.2, 7.8, " please call me back")], RATE, RATE)
+    assert unsure == [7, 9] and mine == {}
+    # as many words as fast speech holds (4.5 a second) are one clip's
+    mine, unsure = split_pack(pack, [seg(0.0, 4.0, " word" * 18), seg(5.2, 7.8, " two")], RATE, RATE)
+    assert unsure == [] and len(mine[7][0]["text"].split()) == 18
 
 
 def test_a_window_that_opened_a_segment_and_stopped_stopped_short() -> None:

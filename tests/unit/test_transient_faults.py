@@ -165,15 +165,22 @@ def store_faults():  # noqa: ANN201
 
 def test_a_storage_fault_in_verification_is_retried_after_a_backoff(
         tmp_path: Path, tiny_bundle: str, store_faults, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
-    monkeypatch.setenv("BATCHINF_STEP_RETRY_CAP", "0.3")
+    from batchinf.retry_policy import RetryPolicy
+
+    monkeypatch.setattr(RetryPolicy, "backoff", lambda self, stage, attempt: 1.0)   # no jitter: a backoff to test inside
     job_id = _verifying_job(tmp_path, "v")
     store_faults(True)
     assert not step(job_id, InProcess())                # publishing failed: charged, not fatal
     job = jobs.get(job_id)
     assert job.status == JobStatus.VERIFYING and job.step_failures == 1, job.error
-    while retry_in(job_id) > 0:                         # until the backoff is over, the job waits
+    backoff_ends = time.monotonic() + retry_in(job_id)
+    assert backoff_ends > time.monotonic()
+    # well inside the backoff the job waits: a step does not try again (a margin, so that a step
+    # slowed by a loaded machine does not run past the backoff's end)
+    while backoff_ends - time.monotonic() > 0.5:
         assert step(job_id, InProcess()) and jobs.get(job_id).step_failures == 1
         time.sleep(0.05)
+    time.sleep(max(0.0, backoff_ends - time.monotonic()))
     store_faults(False)
     assert step(job_id, InProcess())
     job = jobs.get(job_id)

@@ -2,7 +2,8 @@
 alone pays for 30 s of encoding. Clips that fit are laid end to end, `GAP_SECONDS` of silence
 apart, in one window; the window is decoded with timestamps, and each segment goes back to the
 clip it falls in, its times made the clip's own. A segment that runs across the gap between two
-clips leaves both to be decoded alone (`split_pack` returns them as unsure), and a pack where a
+clips, or a clip given more words than its sound can hold, is decoded alone (`split_pack`
+returns them as unsure), and a pack where a
 clip with sound gets no text is decoded clip by clip (tasks/transcribe.py), so packing never
 costs a word.
 
@@ -18,7 +19,8 @@ from typing import Any
 import numpy as np
 
 GAP_SECONDS = 1.0       # silence between packed clips: Whisper ends a segment at such a pause
-SPILL_SECONDS = 0.5     # how much of another clip's sound a segment may cover and still be one clip's
+SPILL_SECONDS = 0.1     # how much of another clip's sound a segment may cover and still be one clip's
+MAX_WORDS_PER_SECOND = 4.5   # more words a second of a clip's sound than fast speech: the timestamps lost
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,12 @@ def split_pack(pack: Pack, segments: list[dict[str, Any]], rate: int,
     decode alone). A segment belongs to the file its middle falls in (a file's span reaching half
     a gap either side); one that also covers more than SPILL_SECONDS of another file's sound holds
     words of both, and both are decoded alone. (Timestamps are coarse: a segment may reach into
-    the gaps.)"""
+    the gaps.) Timestamps can also be wrong: on a pack of clips that say the same words, tiny.en
+    gave a clip of 2.9 s the segment "get home to hide, please call me Mac when you get home to
+    hide, please call me Mac when", its neighbours' words, inside its own span (five segments for
+    seven clips, each holding about two clips' words); where a file is given more than
+    MAX_WORDS_PER_SECOND words a second of its sound (whitespace-separated: scripts without
+    spaces are not caught), every file of the pack is decoded alone."""
     spans = [((at - gap / 2) / rate, (at + n + gap / 2) / rate) for at, n in zip(pack.offsets, pack.sizes)]
     sound = [(at / rate, (at + n) / rate) for at, n in zip(pack.offsets, pack.sizes)]
     mine: dict[int, list[dict[str, Any]]] = {f: [] for f in pack.files}
@@ -94,6 +101,9 @@ def split_pack(pack: Pack, segments: list[dict[str, Any]], rate: int,
             unsure.update(pack.files[i] for i in [k, *others])
             continue
         mine[pack.files[k]].append(_shifted(s, pack.offsets[k] / rate, pack.sizes[k] / rate))
+    if any(sum(len(s["text"].split()) for s in mine[f]) > MAX_WORDS_PER_SECOND * max(n / rate, 1.0)
+           for f, n in zip(pack.files, pack.sizes)):
+        unsure.update(pack.files)       # the decoder lost the clips' places: no segment of the pack is sure
     return {f: segs for f, segs in mine.items() if f not in unsure}, sorted(unsure)
 
 
