@@ -69,18 +69,21 @@ def best_scheme() -> str:
     return "vnni" if has_vnni() else "avx2"
 
 
-def zero_point_columns(w8: np.ndarray, wmax: int) -> np.ndarray:
-    """The weights' zero-point rows for int8 weights `w8` [K, N]: T rows [T, N], each within ±wmax,
-    summing to -sum_k w8[k, :]; K + T a multiple of VNNI's groups of 4. A GEMM of activations
-    quantised per row (q_i, zero point zp_i) with T more columns each holding zp_i, against
-    w8 with these rows below it, accumulates (q_i - zp_i) . w8 exactly: no per-row zero point
-    needed in the kernel."""
-    k = w8.shape[0]
-    neg = -w8.astype(np.int64).sum(0)
+def int8_weights(w: np.ndarray, wmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """Float weights `w` [K, N] -> (int8 weights [K + T, N], float32 scale per output channel [N]).
+    Each channel's weights within ±wmax of its scale, then T zero-point rows, each within ±wmax,
+    summing to minus the channel's int8 weights (K + T a multiple of VNNI's groups of 4): a GEMM
+    of activations quantised per row (q_i, zero point zp_i) given T more columns that each hold
+    zp_i accumulates (q_i - zp_i) . w8 exactly, with no per-row zero point in the kernel."""
+    w = np.asarray(w, dtype=np.float32)
+    scale = np.maximum(np.abs(w).max(0) / np.float32(wmax), np.float32(1e-12)).astype(np.float32)
+    w8 = np.clip(np.round(w / scale), -wmax, wmax).astype(np.int64)
+    neg = -w8.sum(0)
     t = max(1, -(-int(np.abs(neg).max()) // wmax))
-    t += -(k + t) % 4
+    t += -(w.shape[0] + t) % 4
     base, rest = np.floor_divide(neg, t), np.remainder(neg, t)
-    return base[None, :] + (np.arange(t)[:, None] < rest[None, :])
+    cols = base[None, :] + (np.arange(t)[:, None] < rest[None, :])
+    return np.concatenate([w8, cols]).astype(np.int8), scale
 
 
 def scheme_of(meta: dict[str, Any]) -> str:

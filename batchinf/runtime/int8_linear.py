@@ -20,22 +20,19 @@ class Int8Linear(nn.Module):
 
     def __init__(self, weight: Tensor, bias: Tensor | None, wmax: int) -> None:
         super().__init__()
-        w = weight.detach().float()
-        scale = w.abs().amax(1).clamp_min(1e-12) / wmax
-        w8 = torch.round(w / scale[:, None]).clamp_(-wmax, wmax).to(torch.int64)      # [N, K]
-        cols = torch.from_numpy(int8.zero_point_columns(w8.numpy().T, wmax).T.copy())     # [N, T]
-        t = cols.shape[1]
-        self.in_features, self.out_features, self.zp_columns = w.shape[1], w.shape[0], t
-        self.packed = torch.ops.onednn.qlinear_prepack(torch.cat([w8, cols], 1).to(torch.int8), None)
-        self.scale = scale
-        self.zeros = torch.zeros(w.shape[0], dtype=torch.int64)
-        self.bias = bias.detach().float() if bias is not None else torch.zeros(w.shape[0])
+        w8, scale = int8.int8_weights(weight.detach().float().numpy().T, wmax)           # [K + T, N], [N]
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        self.zp_columns = w8.shape[0] - self.in_features
+        self.packed = torch.ops.onednn.qlinear_prepack(torch.from_numpy(w8.T.copy()), None)
+        self.scale = torch.from_numpy(scale)
+        self.zeros = torch.zeros(self.out_features, dtype=torch.int64)
+        self.bias = bias.detach().float() if bias is not None else torch.zeros(self.out_features)
 
     def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
         shape, k = x.shape, self.in_features
         x = x.reshape(-1, k)                                                             # [M, K]
         lo, hi = x.amin(-1, keepdim=True).clamp_max_(0), x.amax(-1, keepdim=True).clamp_min_(0)
-        step = (hi - lo).clamp_min_(1e-12).div_(int8._STEPS)                                  # [M, 1]
+        step = (hi - lo).clamp_min_(1e-12).div_(int8._STEPS)                            # [M, 1]
         zp = lo.div_(step).neg_().round_()                                               # 0..254
         q = torch.empty(x.shape[0], k + self.zp_columns, dtype=torch.uint8)            # [M, K + T]
         # x / step + zp lies in [-0.5, 254.5]; + 0.5 and truncation rounds it into 0..255

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from batchinf.runtime.int8 import _STEPS, SCHEMES, zero_point_columns
+from batchinf.runtime.int8 import _STEPS, SCHEMES, int8_weights
 
 LAYER = re.compile(r"/encoder/layer\.\d+/")       # the encoder layers' scope in the exported graph's node names
 RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
@@ -38,7 +38,7 @@ class _Rewriter:
     def __init__(self, graph: Any, wmax: int) -> None:
         from onnx import numpy_helper
 
-        self.graph, self.wmax = graph, wmax
+        self.wmax = wmax
         self.inits = {i.name: i for i in graph.initializer}
         self.to_array = numpy_helper.to_array
         self.from_array = numpy_helper.from_array
@@ -74,17 +74,15 @@ class _Rewriter:
         from onnx.helper import make_node as mk
 
         k, n = w.shape
-        scale = np.maximum(np.abs(w).max(0) / self.wmax, 1e-12).astype(np.float32)           # [N]
-        w8 = np.clip(np.round(w / scale), -self.wmax, self.wmax).astype(np.int64)
-        cols = zero_point_columns(w8, self.wmax)
+        w8, scale = int8_weights(w, self.wmax)                       # [K + T, N] with the zero-point rows, [N]
         p = "int8" + node.name.replace("/", "_") + "_"
         x, y = node.input[0], node.output[0]
         c = {name: self.const(p + name, v) for name, v in {
-            "w": np.concatenate([w8, cols]).astype(np.int8), "scale": scale,
+            "w": w8, "scale": scale,
             "rows": np.array([-1, k], np.int64), "flat": np.array([-1], np.int64),
             "zero": np.array(0, np.float32), "tiny": np.array(1e-12, np.float32),
             "steps": np.array(_STEPS, np.float32), "one": np.array(1, np.float32),
-            "zp_tile": np.array([1, cols.shape[0]], np.int64), "first": np.array([0], np.int64),
+            "zp_tile": np.array([1, w8.shape[0] - k], np.int64), "first": np.array([0], np.int64),
             "n": np.array([n], np.int64)}.items()}
         nodes = [
             mk("Reshape", [x, c["rows"]], [p + "x"]),
