@@ -216,7 +216,8 @@ def main() -> None:
         "records": records, "reps": reps, "cores": cores, "model": "all-MiniLM-L6-v2", "max_length": 256,
         "engine_chosen_at_import": (contenders.meta["fp32"].get("engine") or {}).get("name", "native"),
         "import_measured_tokens_per_s": contenders.meta["fp32"]["onnx"]["measured"]["tokens_per_s"],
-        "int8": contenders.int8 or "not run", "ray_data": ray_exe or ("left out (--no-ray)" if args.no_ray else "not available: `import ray` failed"),
+        "int8": contenders.int8 or "not run",
+        "ray_data": ray_exe or ("left out (--no-ray)" if args.no_ray else "not available: `import ray` failed"),
         "load_average": os.getloadavg(), "corpora": {}}
     for kind, path in corpora.items():
         want = reference(path)

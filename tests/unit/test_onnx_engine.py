@@ -148,7 +148,7 @@ def test_int8_graph_computes_natives_int8_under_the_int8_gate(bi_home: Path, tin
     strict = {**meta, "precision_gate": {**meta["precision_gate"], "min_cosine": 1.000001}}
     with pytest.raises(BundleError, match=r"onnxruntime fixture \d .* < 1\.000001"):
         OrtEmbedRuntime(bundles.local_dir(q), strict).verify_fixtures()
-    if scheme == "vnni":       # as native: a worker whose CPU lacks VNNI refuses the 8-bit weights (MLAS would saturate)
+    if scheme == "vnni":       # as native: a CPU without VNNI refuses the 8-bit weights (MLAS would saturate)
         monkeypatch.setattr(int8, "has_vnni", lambda: False)
         with pytest.raises(BundleError, match="'vnni' scheme .* needs a CPU with AVX-512 VNNI or AVX-VNNI"):
             OrtEmbedRuntime(bundles.local_dir(q), meta).load_model()

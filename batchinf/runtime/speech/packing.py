@@ -2,10 +2,9 @@
 alone pays for 30 s of encoding. Clips that fit are laid end to end, `GAP_SECONDS` of silence
 apart, in one window; the window is decoded with timestamps, and each segment goes back to the
 clip it falls in, its times made the clip's own. A segment that runs across the gap between two
-clips, or a clip given more words than its sound can hold, is decoded alone (`split_pack`
-returns them as unsure), and a pack where a
-clip with sound gets no text is decoded clip by clip (tasks/transcribe.py), so packing never
-costs a word.
+clips, or a clip given more words than its sound can hold, is decoded alone (`split_pack` returns
+them as unsure), and a pack where a clip with sound gets no text is decoded clip by clip
+(tasks/transcribe.py), so packing never costs a word.
 
 Plain functions: `pack_files` chooses the packs (in the order given, so the same rows give the
 same packs and a retry the same bytes), `pack_samples` builds a pack's window, `split_pack` hands
