@@ -34,12 +34,21 @@ def error_row(record_id: str | None, source: str, ordinal: int, error: str, mess
 STAGE_ROW_GROUP = 1024   # rows per row group in staged files: what a worker holds at once
 
 
+def codec(schema: pa.Schema) -> str:
+    """A file's Parquet codec: zstd, but lz4 where a column is binary (staged audio samples, image
+    bytes). Such payloads are dense already: zstd shrinks 16-bit PCM by a quarter in 16x lz4's
+    time (a 2.5-minute file: 81 ms to write and 62 to read, against 5 and 2), paid on the critical
+    path by planning's staged and shard files and by each worker's read. One codec per file,
+    since pyarrow's per-column codecs name nested columns by their leaves."""
+    return "lz4" if any(pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type) for f in schema) else "zstd"
+
+
 def write_table(uri: str, table: pa.Table, row_group_size: int | None = None) -> str:
     """Write a Parquet file to uri (atomically for local files); returns its sha256."""
     fd, tmp = tempfile.mkstemp(suffix=".parquet")
     os.close(fd)
     try:
-        pq.write_table(table, tmp, compression="zstd", row_group_size=row_group_size)
+        pq.write_table(table, tmp, compression=codec(table.schema), row_group_size=row_group_size)
         digest = sha256_file(tmp)
         get_store(uri).put_file(uri, tmp)
         return digest
@@ -53,7 +62,7 @@ def write_scratch_table(uri: str, table: pa.Table, row_group_size: int | None = 
     files): encoded in memory (a small file costs one write, not a temporary file, its hash and a
     copy) and stored without fsync (Store.put_bytes, durable=False). Returns its size in bytes."""
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="zstd", row_group_size=row_group_size)
+    pq.write_table(table, sink, compression=codec(table.schema), row_group_size=row_group_size)
     data = sink.getvalue().to_pybytes()
     get_store(uri).put_bytes(uri, data, durable=False)
     return len(data)

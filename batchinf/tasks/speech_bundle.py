@@ -112,14 +112,13 @@ def fixture_samples() -> np.ndarray:
     """The fixture clip, 16 kHz int16: FIXTURE_TEXT spoken by espeak-ng, else a chirp."""
     exe = shutil.which("espeak-ng")
     if exe is not None:
-        from batchinf.runtime.speech.audio import decode
+        from batchinf.runtime.speech.audio import decode_s16
 
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "clip.wav"
             subprocess.run([exe, "-v", "en-us", "-s", "160", "-w", str(out), FIXTURE_TEXT], check=True,
                            capture_output=True, timeout=60)
-            samples, _ = decode(out.read_bytes(), 16000, 60)
-        return np.round(samples * 32768).astype(np.int16)
+            return decode_s16(out.read_bytes(), 16000, 60)[0]
     t = np.arange(4 * 16000) / 16000
     return (0.3 * np.sin(2 * np.pi * (200 + 150 * t) * t) * 32767).astype(np.int16)
 

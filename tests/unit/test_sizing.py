@@ -220,3 +220,27 @@ def test_a_generate_job_of_two_full_batches_is_two_shards_on_two_workers() -> No
     big = target_work(4000 * 105, 2, 10**9, g.shard_floor(opts, 4000, 4000 * 105, 2))
     assert -(-4000 * 105 // big) == 2 * SHARDS_PER_WORKER
     assert g.shard_floor(opts, 0, 0, 2) is None
+
+
+def test_a_few_long_audio_files_are_one_shard_a_worker_of_full_batches() -> None:
+    """A transcribe shard's windows run in batches of max_batch_windows, and a small batch decodes
+    each window slower: the floor is a full batch of windows (or an equal share of the workers),
+    so three 2.6-minute files staged as six pieces of about 80 s are two shards of three pieces on
+    two workers (the task's one-minute floor made them six), while a long job is still cut
+    SHARDS_PER_WORKER a worker and the floor never drops under the minute."""
+    from batchinf.tasks.transcribe import Transcribe
+    from batchinf.tasks.transcribe_options import TranscribeOptions
+
+    t, opts = Transcribe(), TranscribeOptions(max_batch_windows=16)
+    groups, work = [(0, 77, 3), (0, 78, 1), (0, 81, 2)], [231, 78, 162]
+    total = sum(work)
+    floor = t.shard_floor(opts, 6, total, 2)
+    assert floor == total // 2
+    runs = cut_groups_balanced(groups, work, target_work(total, 2, 10**9, floor), 4096, 10**9, floor)
+    assert [_records(r) for r in runs] == [3, 3]
+    six = cut_groups_balanced(groups, work, target_work(total, 2, 10**9, 60), 4096, 10**9, 60)
+    assert len(six) == 6
+    assert t.shard_floor(opts, 2000, 3600 * 100, 2) == 16 * 30          # a full batch of windows
+    hours = target_work(3600 * 100, 2, 10**9, t.shard_floor(opts, 2000, 3600 * 100, 2))
+    assert -(-3600 * 100 // hours) == 2 * SHARDS_PER_WORKER
+    assert t.shard_floor(TranscribeOptions(max_batch_windows=1), 10, 100, 8) == t.min_shard_work

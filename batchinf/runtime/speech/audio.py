@@ -96,8 +96,14 @@ def wav_claimed_seconds(data: bytes) -> float | None:
 
 
 def decode(data: bytes, sample_rate: int, max_seconds: float) -> tuple[np.ndarray, Probe]:
-    """Mono float32 samples at `sample_rate` ([n]) and the probe. Refuses a header that claims more
-    than `max_seconds`, and stops decoding at `max_seconds` (audio_too_long) whatever it claims."""
+    """Mono float32 samples at `sample_rate` ([n], in [-1, 1)) and the probe: `decode_s16`'s."""
+    pcm, info = decode_s16(data, sample_rate, max_seconds)
+    return pcm.astype(np.float32) / 32768.0, info
+
+
+def decode_s16(data: bytes, sample_rate: int, max_seconds: float) -> tuple[np.ndarray, Probe]:
+    """Mono 16-bit samples at `sample_rate` ([n] int16) and the probe. Refuses a header that claims
+    more than `max_seconds`, and stops decoding at `max_seconds` (audio_too_long) whatever it claims."""
     av = need("av")
 
     container = _open(data)
@@ -116,7 +122,7 @@ def decode(data: bytes, sample_rate: int, max_seconds: float) -> tuple[np.ndarra
         try:
             for frame in container.decode(stream):
                 for out in resampler.resample(frame):
-                    pieces.append(out.to_ndarray().reshape(-1).astype(np.float32) / 32768.0)
+                    pieces.append(out.to_ndarray().reshape(-1))
                     n += pieces[-1].size
                 if n > limit:
                     raise AudioProblem("audio_too_long", f"decodes to more than {max_seconds:g} s, over the limit "
@@ -125,7 +131,7 @@ def decode(data: bytes, sample_rate: int, max_seconds: float) -> tuple[np.ndarra
                     raise AudioProblem("audio_decode_timeout", "took too long to decode; re-encode it (e.g. "
                                                                "`ffmpeg -i IN -ar 16000 -ac 1 OUT.flac`)")
             for out in resampler.resample(None):
-                pieces.append(out.to_ndarray().reshape(-1).astype(np.float32) / 32768.0)
+                pieces.append(out.to_ndarray().reshape(-1))
         except av.error.FFmpegError as exc:
             if not pieces:
                 raise AudioProblem("bad_audio", f"cannot be decoded ({_why(exc)}); the file is damaged or "
@@ -134,11 +140,11 @@ def decode(data: bytes, sample_rate: int, max_seconds: float) -> tuple[np.ndarra
                                                   "the file is truncated or damaged: upload it again") from None
     finally:
         container.close()
-    samples = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
-    if samples.size == 0:
+    pcm = np.concatenate(pieces).astype(np.int16, copy=False) if pieces else np.zeros(0, np.int16)
+    if pcm.size == 0:
         raise AudioProblem("bad_audio", f"holds no audio samples (codec {info.codec}); the file is damaged "
                                         "or truncated: upload it again")
-    if info.seconds is not None and samples.size < 0.9 * info.seconds * sample_rate - sample_rate:
-        raise AudioProblem("truncated_audio", f"decodes to {samples.size / sample_rate:.1f} s but its header "
+    if info.seconds is not None and pcm.size < 0.9 * info.seconds * sample_rate - sample_rate:
+        raise AudioProblem("truncated_audio", f"decodes to {pcm.size / sample_rate:.1f} s but its header "
                                               f"says {info.seconds:.1f} s; the file is truncated: upload it again")
-    return np.ascontiguousarray(samples, dtype=np.float32), info
+    return np.ascontiguousarray(pcm), info
