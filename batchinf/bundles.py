@@ -157,8 +157,8 @@ _unreported: dict[str, float] = {}     # digest -> seconds this process spent lo
 
 def open_runtime(digest: str, *, device: str = "cpu", with_model: bool = True, engine: str = "native") -> Any:
     """Load a bundle once per process and engine: every digest, and every fixture through the
-    engine, is verified before it is returned (a replay this machine passed under the same
-    software is remembered: engines/replayed.py). The runtime is the bundle's task's (an EmbedRuntime,
+    engine, is verified before it is returned (an input check or replay this machine passed under
+    the same software is remembered: engines/replayed.py). The runtime is the bundle's task's (an EmbedRuntime,
     a GenerateRuntime, ...), executed by `engine` (batchinf/engines); without the model (planning:
     the tokenizer only) every engine's is the native one."""
     engine = engine if with_model else "native"
@@ -193,7 +193,11 @@ def _load(key: tuple[str, str, bool, str], replay: bool = False) -> Any:
     rb.verify_files(root, meta, digest, cache_dir=settings().home / "cache" / "verified")
     task = get_task(meta.get("task", "embed"))
     runtime = engines.open_runtime(engine, task, root, meta, device)
-    task.verify_inputs(runtime)
+    cache = settings().home / "cache"
+    if replay:
+        task.verify_inputs(runtime)
+    else:
+        replay_once(lambda: task.verify_inputs(runtime), digest, engine, device, cache / "inputs-checked")
     if with_model:
         keep_freed_memory(settings().malloc_keep_bytes)
         if getattr(runtime, "uses_torch", task.uses_torch):
@@ -202,8 +206,7 @@ def _load(key: tuple[str, str, bool, str], replay: bool = False) -> Any:
         if replay:
             engines.verify_model(task, runtime)
         else:
-            replay_once(lambda: engines.verify_model(task, runtime), digest, engine, device,
-                        settings().home / "cache" / "replayed")
+            replay_once(lambda: engines.verify_model(task, runtime), digest, engine, device, cache / "replayed")
         release_freed_memory()
     _loaded[key] = runtime
     return runtime

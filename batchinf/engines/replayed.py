@@ -1,7 +1,10 @@
 """Fixture replays remembered per machine: a worker that loads a bundle replays its fixtures
 through the engine (engines.verify_model) unless this machine already replayed them, with the
 same result guaranteed, for the same bundle on the same engine and device, under the same
-software and CPU.
+software and CPU. The same goes for a bundle's input checks (Task.verify_inputs: its tokenizer's
+fixtures, a speech bundle's fixture clip decoded to features), which every load runs, the
+planning driver's included, before the model: remembered apart (`cache/inputs-checked/`), under a
+key taken once the libraries they run on are loaded (the tokenizer's, the audio decoder's).
 
 The replay is deterministic given what the key covers: the bundle's digest (every file is checked
 against it at each load, runtime/bundle.verify_files), the engine and device, the versions of the
@@ -13,7 +16,9 @@ key changes, so the next load replays again. What is remembered is a marker file
 
 Why: a replay is a forward pass per fixture, on one thread often the largest part of a worker's
 load (a Whisper fixture window: 0.45 s of the 1.4 s a CPU worker takes to load tiny.en), paid by
-every worker of every job. An `openai-http` engine is always replayed: its server can change
+every worker of every job; a speech bundle's input check (its clip decoded and turned into
+features, its tokenizer loaded to decode the clip's tokens) was 0.35 s of a driver's planning.
+An `openai-http` engine is always replayed: its server can change
 between two requests without anything here changing."""
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from typing import Callable
 
 ALWAYS = ("openai-http",)
 LIBRARIES = ("torch", "ctranslate2", "onnxruntime", "vllm", "transformers", "numpy", "tokenizers", "av",
-             "safetensors", "jinja2")
+             "safetensors", "jinja2", "PIL", "diffusers")
 
 
 @lru_cache(maxsize=1)

@@ -32,7 +32,10 @@ def reference() -> object:
 def test_engine_matches_transformers_whisper(bi_home: Path, reference: object) -> None:
     root = local_dir(import_bundle(whisper_tiny_en_dir(), "tiny-en").digest)
     meta = read_meta(root)
-    engine = WhisperEngine(root, {**meta, "compute_type": {"cpu": "float32"}}, "cpu", threads=2)
+    import tokenizers
+
+    tokenizer = tokenizers.Tokenizer.from_file(str(root / "tokenizer.json"))
+    engine = WhisperEngine(root, {**meta, "compute_type": {"cpu": "float32"}}, tokenizer, "cpu", threads=2)
     clips = [decode((root / meta["fixtures"][0]["clip"]).read_bytes(), 16000, 60)[0]]
     clips += [decode(synth(SENTENCES[i], voice, 170), 16000, 60)[0] for i, voice in ((3, "en-gb"), (10, "en+f3"))]
     feats = batch_features(clips, FeatureSpec())

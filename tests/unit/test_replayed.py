@@ -1,6 +1,7 @@
 """Fixture replays remembered per machine (engines/replayed.py): a second load of the same bundle
 under the same software skips the replay; anything the result depends on replays it again; a
-failed replay is never remembered; `bundle verify` and openai-http always replay."""
+failed replay is never remembered; `bundle verify` and openai-http always replay. Input checks
+(tokenizer fixtures) likewise, apart from the model's replays."""
 
 from __future__ import annotations
 
@@ -82,3 +83,38 @@ def test_an_http_engine_is_always_replayed(tmp_path: Path) -> None:
     assert replayed.replay_once(lambda: ran.append(2), "sha256:" + "c" * 64, "native", "cpu", tmp_path)
     assert not replayed.replay_once(lambda: ran.append(3), "sha256:" + "c" * 64, "native", "cpu", tmp_path)
     assert ran == [1, 1, 2]
+
+
+def test_input_checks_are_remembered_apart_and_a_failed_one_refuses_every_load(
+        bi_home: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from batchinf.tasks import base
+
+    digest = import_bundle(tiny_model_dir, "tiny").digest
+    checked: list[bool] = []
+    real = base.Task.verify_inputs
+    drift = False
+
+    def verify_inputs(self, runtime):  # type: ignore[no-untyped-def]
+        checked.append(True)
+        if drift:
+            raise BundleError("tokenizer fixture 0 no longer gives its recorded ids")
+        real(self, runtime)
+
+    monkeypatch.setattr(base.Task, "verify_inputs", verify_inputs)
+    bundles._loaded.clear()
+    open_runtime(digest, with_model=False)      # planning: checks the inputs
+    bundles._loaded.clear()
+    open_runtime(digest, with_model=False)      # remembered
+    assert len(checked) == 1
+    assert len(list((bi_home / "cache" / "inputs-checked").iterdir())) == 1
+    verify_bundle(digest)                       # `bundle verify` checks whatever is remembered
+    assert len(checked) == 2
+    # a check that fails is never remembered: another machine state (here, new code) refuses each load
+    replayed._code_stamp.cache_clear()
+    monkeypatch.setattr(replayed, "_code_stamp", lambda: "batchinf's code edited")
+    drift = True
+    for _ in range(2):
+        bundles._loaded.clear()
+        with pytest.raises(BundleError, match="tokenizer fixture 0"):
+            open_runtime(digest, with_model=False)
+    assert len(checked) == 4 and len(list((bi_home / "cache" / "inputs-checked").iterdir())) == 1

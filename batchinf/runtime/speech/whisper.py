@@ -69,14 +69,13 @@ def compression_ratio(text: str) -> float:
 class WhisperEngine:
     """One loaded model (per worker process)."""
 
-    def __init__(self, root: Path, meta: dict[str, Any], device: str = "cpu", threads: int = 1) -> None:
-        import tokenizers
-
+    def __init__(self, root: Path, meta: dict[str, Any], tokenizer: Any, device: str = "cpu",
+                 threads: int = 1) -> None:
         ctranslate2 = need("ctranslate2")
         self.meta = meta
         self.specials = meta["special_tokens"]
         self.multilingual = bool(meta["multilingual"])
-        self.tokenizer = tokenizers.Tokenizer.from_file(str(root / "tokenizer.json"))
+        self.tokenizer = tokenizer      # the bundle's tokenizer.json, loaded by its SpeechRuntime
         kind = self.device = "cuda" if device.startswith("cuda") else "cpu"
         files = {name: (root / stored).read_bytes() for name, stored in CT2_FILES.items()}
         files.update({v: (root / v).read_bytes() for v in VOCABULARIES if v in meta["files"]})
