@@ -474,9 +474,10 @@ class WorkerPool(Dispatcher):
         driver runs those shards at once, not after their leases expire."""
         self.work.close()
         stopped = [worker_name(p.pid) for p in self.procs]
-        for p in self.procs:
-            if timeout <= 0:
+        if timeout <= 0:
+            for p in self.procs:     # all at once: each exits (frees its model) while the next is signalled
                 p.terminate()
+        for p in self.procs:
             p.join(timeout)
             if p.is_alive():
                 p.kill()

@@ -1,7 +1,8 @@
 """`batchinf` command line: a thin wrapper over the library. Every command that prints a result
 has --json.
 
-`main` is the console-script entry point (`batchinf.cli:main`). Each command module defines its
+`main` is the command group; `entry` runs it as the console script (`batchinf.cli:entry`) and
+`python -m batchinf`. Each command module defines its
 commands on its own and lists them in `COMMANDS`; they are added to `main` here, so no module
 imports this one back. Library modules never import `batchinf.cli`.
 
@@ -59,4 +60,39 @@ for _module in (jobs, bundles, db, service, schedules, fleet, tenants, info, bat
     for _command in _module.COMMANDS:
         main.add_command(_command)
 
-__all__ = ["main"]
+
+
+def entry() -> None:
+    """Run the command, then leave without the interpreter's teardown once its exit handlers ran
+    (logging flushed, child processes reaped, temporary files removed): freeing the ~85,000 objects
+    its imports made (SQLAlchemy, pydantic, pyarrow) cost 0.15-0.3 s per command, the most of
+    what a small `batchinf run` spent after publishing. With a non-daemon thread still running,
+    it exits as Python does, which waits for it."""
+    import atexit
+    import os
+    import sys
+    import threading
+
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code
+    else:
+        code = 0
+    if threading.active_count() > 1 and any(not t.daemon for t in threading.enumerate()
+                                            if t is not threading.main_thread()):
+        sys.exit(code)
+    if not isinstance(code, int):
+        if code is not None:
+            print(code, file=sys.stderr)
+        code = 0 if code is None else 1
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):       # closed, or a reader that went away
+            pass
+    os._exit(code)
+
+
+__all__ = ["entry", "main"]

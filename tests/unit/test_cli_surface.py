@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from batchinf.cli import main
+from batchinf.version import __version__
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -182,3 +184,25 @@ def test_status_prints_a_transcribe_jobs_audio_in_hours(capsys: pytest.CaptureFi
                                "audio_seconds_per_second": 42.0, "steps_planned": None}})
     out = capsys.readouterr().out
     assert "audio    0.50 of 2.00 hours, 42.0 audio-seconds/s" in out and "steps" not in out
+
+
+@pytest.mark.parametrize("argv, code", [(["--version"], 0), (["no-such-command"], 2)])
+def test_the_console_entry_runs_exit_handlers_flushes_and_keeps_the_exit_code(argv: list[str], code: int,
+                                                                                tmp_path: Path) -> None:
+    """`entry` (the console script, `python -m batchinf`) leaves without the interpreter's teardown:
+    the exit handlers still run, what was printed is all there, and the exit code is the command's."""
+    program = ("import atexit, sys\n"
+               "atexit.register(lambda: print('handlers ran', file=sys.stderr))\n"
+               f"sys.argv = ['batchinf', *{argv!r}]\n"
+               "print('x' * 200000, end='')\n"
+               "from batchinf.cli import entry\n"
+               "entry()\n")
+    r = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, "BATCHINF_HOME": str(tmp_path)}, timeout=120)
+    assert r.returncode == code, r.stderr
+    assert r.stdout.startswith("x" * 200000)
+    assert r.stderr.rstrip().endswith("handlers ran")
+    if code == 0:
+        assert r.stdout[200000:].strip().endswith(__version__)
+    else:
+        assert "No such command" in r.stderr
