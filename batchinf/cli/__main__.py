@@ -1,6 +1,6 @@
 """`python -m batchinf.cli`: the same as the `batchinf` command."""
 
-from batchinf.cli import main
+from batchinf.cli import entry
 
 if __name__ == "__main__":
-    main()
+    entry()
