@@ -61,7 +61,6 @@ for _module in (jobs, bundles, db, service, schedules, fleet, tenants, info, bat
         main.add_command(_command)
 
 
-
 def entry() -> None:
     """Run the command, then leave without the interpreter's teardown once its exit handlers ran
     (logging flushed, child processes reaped, temporary files removed): freeing the ~85,000 objects
@@ -79,8 +78,7 @@ def entry() -> None:
         code = exc.code
     else:
         code = 0
-    if threading.active_count() > 1 and any(not t.daemon for t in threading.enumerate()
-                                            if t is not threading.main_thread()):
+    if any(not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
         sys.exit(code)
     if not isinstance(code, int):
         if code is not None:

@@ -26,8 +26,9 @@ def refuse_embedded(what: str) -> None:
               "of jobs that need it or any, and claims only their shards.")
 @click.option("--threads", type=int, default=None, help="Torch threads per process (default: cores / concurrency).")
 @click.option("--engine", "engines", multiple=True, type=click.Choice(["native", "vllm", "openai-http", "onnxruntime"]),
-              help="An engine this worker has (repeat for several; default native, and onnxruntime where installed): it reads their queues and "
-              "claims only their jobs' shards. Refused when the engine's package is missing.")
+              help="An engine this worker has (repeat for several; default native, and onnxruntime where "
+              "installed): it reads their queues and claims only their jobs' shards. Refused when the engine's "
+              "package is missing.")
 @click.option("--hostname", "-n", default="batchinf@%h", show_default=True,
               help="The Celery node name, stable across restarts (%h: this host). Several workers on one host "
               "need one name each, e.g. batchinf-2@%h.")

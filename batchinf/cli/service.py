@@ -18,8 +18,8 @@ from batchinf.cli.common import emit, friendly, json_option
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--threads", type=int, default=None, help="Torch threads per worker (default: cores / workers).")
 @click.option("--engine", "engines", multiple=True, type=click.Choice(["native", "vllm", "openai-http", "onnxruntime"]),
-              help="Embedded ledger: an engine the local workers have (repeat for several; default native, and onnxruntime where installed); "
-              "jobs on other engines wait queued.")
+              help="Embedded ledger: an engine the local workers have (repeat for several; default native, and "
+              "onnxruntime where installed); jobs on other engines wait queued.")
 @friendly
 def serve(host: str, port: int, log_level: str, workers: int, device: str, threads: int | None,
           engines: tuple[str, ...]) -> None:
