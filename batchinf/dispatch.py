@@ -389,6 +389,7 @@ class WorkerPool(Dispatcher):
         self._checked: set[str] = set()  # jobs whose leases of an earlier process were looked at
         self.reports = Reports(self.ctx)   # one job's workers: ready and loaded (see `worker_reports`)
         self._spawned: dict[str, float] = {}   # worker name -> when its process was started
+        self._named: set[str] = set()          # the workers `worker_reports` has named
 
     def start(self, n: int | None = None) -> None:
         """Start workers now, up to `n` (e.g. while the job plans, so their start-up overlaps it)."""
@@ -404,8 +405,12 @@ class WorkerPool(Dispatcher):
 
     def worker_reports(self) -> dict[str, dict[str, float]]:
         """What the workers reported since the last call, by worker name (`spawned_at`, `ready_at`,
-        `loaded_at`): the phase marks of a one-job pool's job (`ledger.jobs.note_workers`)."""
-        out: dict[str, dict[str, float]] = {}
+        `loaded_at`): the phase marks of a one-job pool's job (`ledger.jobs.note_workers`). Each
+        worker is named from its spawn on, so one still loading when a small job ends is listed
+        too (up and idle, never ready), not left out."""
+        out: dict[str, dict[str, float]] = {name: {"spawned_at": t} for name, t in self._spawned.items()
+                                            if name not in self._named}
+        self._named.update(out)
         for r in self.reports.drain():
             name = r.pop("worker")
             out[name] = {**({"spawned_at": self._spawned[name]} if name in self._spawned else {}), **r}

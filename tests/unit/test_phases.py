@@ -46,6 +46,17 @@ def test_start_and_load_hidden_behind_planning_cost_the_job_nothing() -> None:
     assert idle == {"h:1": (0.8, 2.2, 1), "h:2": (0.0, 2.5, 0)}     # h:2 loaded, never ran a shard
 
 
+def test_a_worker_still_loading_when_the_job_ended_is_listed_up_and_idle() -> None:
+    """The pool names each worker from its spawn (WorkerPool.worker_reports): one that had not
+    reported ready when a small job ended is listed, never ready, idle all the time it was up."""
+    m = marks(planning=C + 0.1, running=C + 0.6, verifying=C + 2.0)
+    m["workers"] = {"h:1": {"spawned_at": C + 0.05, "ready_at": C + 0.5, "loaded_at": C + 1.0},
+                    "h:2": {"spawned_at": C + 0.05}}
+    ph = compute(m, C, now=C + 2.1, attempts=[AttemptSpan("h:1", C + 1.1, C + 1.9)])
+    late = next(w for w in ph["workers"] if w["worker"] == "h:2")
+    assert late == {"worker": "h:2", "start": None, "model_load": None, "busy": 0.0, "idle": 1.95, "shards": 0}
+
+
 def test_without_reports_the_first_attempt_says_when_a_worker_was_ready() -> None:
     """A Celery worker reports to no driver: the first attempt's start ends the wait for a worker,
     the load it paid (on its attempt row) is model load; workers count from the execute phase."""
