@@ -405,13 +405,17 @@ class WorkerPool(Dispatcher):
 
     def worker_reports(self) -> dict[str, dict[str, float]]:
         """What the workers reported since the last call, by worker name (`spawned_at`, `ready_at`,
-        `loaded_at`): the phase marks of a one-job pool's job (`ledger.jobs.note_workers`). Each
-        worker is named from its spawn on, so one still loading when a small job ends is listed
-        too (up and idle, never ready), not left out."""
+        `loaded_at`): the phase marks of a one-job pool's job (`ledger.jobs.note_workers`). With
+        the first report, every worker spawned is named, so one still loading when a small job
+        ends is listed too (up and idle, never ready), not left out. Nothing reported: nothing
+        (the driver then keeps the job it read, one read a step)."""
+        drained = self.reports.drain()
+        if not drained:
+            return {}
         out: dict[str, dict[str, float]] = {name: {"spawned_at": t} for name, t in self._spawned.items()
                                             if name not in self._named}
         self._named.update(out)
-        for r in self.reports.drain():
+        for r in drained:
             name = r.pop("worker")
             out[name] = {**({"spawned_at": self._spawned[name]} if name in self._spawned else {}), **r}
         return out
