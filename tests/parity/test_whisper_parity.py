@@ -112,3 +112,38 @@ def test_word_timestamps_match_faster_whisper(bi_home: Path) -> None:
         for s in out.results[i]["segments"]:
             assert all(s["start"] <= x["start"] <= x["end"] <= s["end"] for x in s["words"])
     assert same_end >= 0.9 * ends
+
+
+def test_a_window_that_stopped_short_is_decoded_on_from_its_last_timestamp(bi_home: Path) -> None:
+    """The first window of a long file (cut at a pause, as planning cuts it) ends its first pass by
+    opening a segment seconds before its sound ends. The engine decodes it on, once, from that
+    timestamp, its first pass as context: the window's tokens grow from the first pass's and say
+    the last sentence's end; a window that closed its last segment is left as it was."""
+    from batchinf.runtime.speech.segments import stopped_short
+    from batchinf.runtime.speech.windows import plan_windows, sound_end
+    from tests.helpers.speech import long_clip, words
+
+    root = local_dir(import_bundle(whisper_tiny_en_dir(), "tiny-en").digest)
+    meta = read_meta(root)
+    import tokenizers
+
+    engine = WhisperEngine(root, meta, tokenizers.Tokenizer.from_file(str(root / "tokenizer.json")), "cpu", threads=2)
+    samples = decode(long_clip(0, 1)[1], 16000, 600)[0]
+    windows = plan_windows(samples, 16000)
+    clips = [samples[a:b] for a, b in windows[:2]]
+    feats = batch_features(clips, FeatureSpec())
+    d = Decoding(beam_size=5)
+    first, _ = engine.generate(feats, d)            # no sound ends given: nothing is continued
+    ends = [sound_end(c, 16000) for c in clips]
+    short = [stopped_short(r.tokens, engine.eot, engine.timestamp_begin, e - 0.3) for r, e in zip(first, ends)]
+    assert short == [True, False], [engine.decode_text(r.tokens)[-60:] for r in first]
+
+    prompt = engine.continuation_prompt(d, None, first[0].tokens)
+    sot = meta["special_tokens"]["<|startoftranscript|>"]
+    assert prompt == [meta["special_tokens"]["<|startofprev|>"], *first[0].tokens[:-1], sot, first[0].tokens[-1]]
+
+    got, _ = engine.generate(feats, d, ends)
+    assert got[1].tokens == first[1].tokens
+    assert got[0].tokens[:len(first[0].tokens)] == first[0].tokens and len(got[0].tokens) > len(first[0].tokens)
+    added = words(engine.decode_text(got[0].tokens[len(first[0].tokens):]))
+    assert added[-3:] == ["looking", "for", "work"], added

@@ -146,3 +146,27 @@ def test_a_window_that_opened_a_segment_and_stopped_stopped_short() -> None:
     assert not stopped_short([t(0), 10, 11, t(3), t(3), 12, t(5)], eot, ts, 20.0)  # ends closing a segment
     assert not stopped_short([t(0), 10, 11], eot, ts, 20.0)                        # text left open
     assert not stopped_short([10, 11, eot], eot, ts, 20.0)                         # no timestamps
+
+
+def test_a_continuation_prompt_is_context_then_the_start_sequence_then_the_opened_timestamp() -> None:
+    """What `WhisperEngine._continue` decodes from: the initial prompt and the window's tokens
+    before its last as previous text (at most MAX_PROMPT of them, the latest), the start sequence
+    (with language and task on a multilingual model), then the timestamp that opened a segment."""
+    from batchinf.runtime.speech.whisper import MAX_PROMPT, Decoding, WhisperEngine
+
+    class Vocab:
+        def token_to_id(self, name: str) -> int:
+            return {"<|de|>": 50261}[name]
+
+    specials = {"<|startofprev|>": 50361, "<|startoftranscript|>": 50258, "<|transcribe|>": 50359,
+                "<|translate|>": 50358}
+    engine = WhisperEngine.__new__(WhisperEngine)
+    engine.specials, engine.tokenizer, engine.multilingual = specials, Vocab(), True
+    tokens = [50365, 11, 12, 50400, 50410]          # <|0.04|> text <|0.74|> <|0.94|>: opened and stopped
+    got = engine.continuation_prompt(Decoding(initial_prompt=[7, 8], task="translate"), "de", tokens)
+    assert got == [50361, 7, 8, 50365, 11, 12, 50400, 50258, 50261, 50358, 50410]
+    long = list(range(300)) + [50410]
+    got = engine.continuation_prompt(Decoding(), "de", long)
+    assert got[0] == 50361 and got[1:1 + MAX_PROMPT] == list(range(300 - MAX_PROMPT, 300))
+    engine.multilingual = False
+    assert engine.continuation_prompt(Decoding(), None, tokens)[-2:] == [50258, 50410]

@@ -189,30 +189,42 @@ class WhisperEngine:
         """Whisper sometimes closes a segment, opens the next and stops, seconds before its window's
         sound ends, the last words unsaid (its own loop seeks there and decodes the rest in the
         next window). Such a window is decoded on from where it stopped, once: its tokens so far
-        are the prompt's prefix and the first new token may not end it (`suppress_blank`); its
-        scores stay the first pass's. At temperature 0 the continuation is greedy: beams over the
-        long prefix cost as much as the window's whole first pass, for the few words left (on the
-        benchmark's long files, the same tokens in 45% of the time). Nothing but the window itself
-        decides it. A window that stopped where only quiet is left (a cut at a pause leaves some)
-        is taken as it is: its continuation would cost a decoding and say nothing."""
+        become the previous-text context (`<|startofprev|>`, as an initial prompt is), and the
+        timestamp that opened the last segment is the one forced token after the start sequence, so
+        the decoder goes on from that time with everything said before in view. CTranslate2 reads a
+        context in one pass but feeds forced tokens one decoding step each: the window's whole
+        first pass as forced tokens (about 100) cost 4-5 times this. At temperature 0 the
+        continuation is greedy: beams cost as much as the window's first pass, for the few words
+        left. Nothing but the window itself decides it: windows are continued together only where
+        their contexts are as long (CTranslate2 wants the start sequence at one place in a batch).
+        A window that stopped where only quiet is left (a cut at a pause leaves some) is taken as
+        it is: its continuation would cost a decoding and say nothing."""
         from batchinf.runtime.speech.segments import stopped_short
 
         todo = [i for i, r in enumerate(results)
                 if stopped_short(r.tokens, self.eot, self.timestamp_begin, sound_ends[i] - MIN_UNSAID_SECONDS)]
         if not todo:
             return
-        prompts = [self.prompt(d, langs[i]) + results[i].tokens for i in todo]
-        by_temp: dict[float, list[int]] = {}
-        for j, i in enumerate(todo):
-            by_temp.setdefault(results[i].temperature, []).append(j)
-        for temperature, js in by_temp.items():
+        prompts = {i: self.continuation_prompt(d, langs[i], results[i].tokens) for i in todo}
+        groups: dict[tuple[float, int], list[int]] = {}
+        for i in todo:
+            groups.setdefault((results[i].temperature, len(prompts[i])), []).append(i)
+        for (temperature, _), rows in groups.items():
             step = d.temperatures.index(temperature) if temperature in d.temperatures else 0
-            got = self._run(self._rows(encoded, features, [todo[j] for j in js]), [prompts[j] for j in js],
+            got = self._run(self._rows(encoded, features, rows), [prompts[i] for i in rows],
                             replace(d, beam_size=1), temperature, step, scores=False)
-            for j, tokens in zip(js, got):
-                r = results[todo[j]]
-                if tokens[:len(r.tokens)] == r.tokens and len(tokens) > len(r.tokens):
-                    r.tokens = tokens
+            for i, tokens in zip(rows, got):
+                r = results[i]
+                if len(tokens) > 1 and tokens[0] == r.tokens[-1]:     # from the forced timestamp on
+                    r.tokens = r.tokens + tokens[1:]
+
+    def continuation_prompt(self, d: Decoding, language: str | None, tokens: list[int]) -> list[int]:
+        """The prompt that decodes a window on from its last token, a timestamp that opened a
+        segment: the initial prompt and the tokens before it as context, the start sequence, then
+        that timestamp."""
+        s = self.specials
+        context = [*d.initial_prompt, *tokens[:-1]][-MAX_PROMPT:]
+        return [s["<|startofprev|>"], *context, *self.sot_sequence(language, d.task), tokens[-1]]
 
     def _run(self, encoded: Any, prompts: list[list[int]], d: Decoding, temperature: float,
              step: int, scores: bool = True) -> Any:
@@ -225,7 +237,7 @@ class WhisperEngine:
             kw = dict(beam_size=d.beam_size)
         out = self.model.generate(encoded, prompts, max_length=d.max_length, return_scores=True,
                                   return_no_speech_prob=True, suppress_blank=True, suppress_tokens=[-1], **kw)
-        if not scores:      # each window's best tokens (a continuation's: its prompt's prefix included)
+        if not scores:      # each window's best tokens (a continuation's: from its forced timestamp on)
             return [list(r.sequences_ids[max(range(len(r.sequences_ids)), key=lambda h: r.scores[h])]) for r in out]
         results = []
         for r in out:
