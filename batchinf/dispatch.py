@@ -183,8 +183,29 @@ def plan_objects_here(job: Job, idxs: list[int], processes: int) -> None:
 
 PLAN_HERE_BYTES = 32 << 20   # a job's driver stages less input than this itself: a planning pool's start (~1.5 s
                              # on 2 cores) costs more than tokenizing or decoding it here
+# A worker process is forked from its driver where nothing in the driver would break in the child:
+# it then starts with the driver's imports (spawn re-imports them: about a CPU-second a worker on
+# the critical path of a small job). These threads' state is reset in a forked child
+# (store/watch.py); any other could hold a lock the child would wait on forever.
+FORK_SAFE_THREADS = frozenset({"batchinf-store-watch"})
+# ... and these libraries keep thread pools or device state that a fork leaves broken in the child
+FORK_UNSAFE_MODULES = ("torch", "ctranslate2", "onnxruntime", "tokenizers", "vllm")
 IDLE_RECHECK_SECONDS = 1.0   # an idle worker looks again this often unwoken (a driver that died, a missed wake)
 POLL_SECONDS = 0.01          # how often a sleeping worker reads the signal's words
+
+
+def start_method() -> str:
+    """How a pool starts its next worker: 'fork' where this process runs no thread but the main one
+    and FORK_SAFE_THREADS and has loaded none of FORK_UNSAFE_MODULES (a job's driver before it
+    plans), else 'spawn'."""
+    if "fork" not in mp.get_all_start_methods():
+        return "spawn"
+    others = {t.name for t in threading.enumerate() if t is not threading.main_thread()}
+    import sys
+
+    if others <= FORK_SAFE_THREADS and not any(m in sys.modules for m in FORK_UNSAFE_MODULES):
+        return "fork"
+    return "spawn"
 
 
 class WorkSignal:
@@ -306,6 +327,7 @@ def worker_main(job_ids: list[str] | None, bundle_digest: str | None, device: st
     from batchinf.engines import worker_devices
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the driver's to handle
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked worker would keep a server driver's handler
     if settings().log_format == "json":            # `batchinf --log-format json run`: these lines too
         logs.configure()
     set_worker_threads(threads)         # PyTorch gets them when a bundle that needs it loads
@@ -394,7 +416,8 @@ class WorkerPool(Dispatcher):
     def start(self, n: int | None = None) -> None:
         """Start workers now, up to `n` (e.g. while the job plans, so their start-up overlaps it)."""
         while len(self.procs) < min(self.n, self.n if n is None else n):
-            p = self.ctx.Process(target=worker_main, name="batchinf-worker", daemon=True,
+            # the pool's queues and events are the spawn context's: a forked worker inherits them
+            p = mp.get_context(start_method()).Process(target=worker_main, name="batchinf-worker", daemon=True,
                                  args=(self.job_ids, self.bundle_digest, self.device, self.threads, os.getpid(),
                                        self.twins, self.work, self.wake, self.engines,
                                        self.reports if self.job_ids else None))

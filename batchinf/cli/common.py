@@ -61,10 +61,13 @@ metrics_port_option = click.option("--metrics-port", type=int, default=None,
 
 
 def progress(as_json: bool) -> Progress:
-    """A records progress bar on stderr; silent with --json or when stderr is not a terminal."""
+    """A records progress bar on stderr; silent with --json or when stderr is not a terminal. It is
+    drawn at each tick (`ticker`), not by a thread of its own: a driver with no other thread forks
+    its workers (dispatch.start_method)."""
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TextColumn("records"), TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
-                    TimeRemainingColumn(), console=console, disable=as_json or not console.is_terminal)
+                    TimeRemainingColumn(), console=console, auto_refresh=False,
+                    disable=as_json or not console.is_terminal)
 
 
 def ticker(bar_progress: Progress, job_id: str) -> Callable[[], dict[str, Any]]:
@@ -79,6 +82,7 @@ def ticker(bar_progress: Progress, job_id: str) -> Callable[[], dict[str, Any]]:
                             description=f"{job_id} {s['status']}")
         speed = bar_progress.tasks[0].speed
         bar_progress.update(bar, rate=f"{speed:,.0f}/s" if speed else "")
+        bar_progress.refresh()
         return s
     return tick
 
