@@ -19,6 +19,7 @@ import multiprocessing as mp
 import os
 import queue
 import socket
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -201,8 +202,6 @@ def start_method() -> str:
     if "fork" not in mp.get_all_start_methods():
         return "spawn"
     others = {t.name for t in threading.enumerate() if t is not threading.main_thread()}
-    import sys
-
     if others <= FORK_SAFE_THREADS and not any(m in sys.modules for m in FORK_UNSAFE_MODULES):
         return "fork"
     return "spawn"
