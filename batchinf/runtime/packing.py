@@ -4,8 +4,9 @@ On CPU with MKL, small-batch matmuls (decode, short prefills) may run against pr
 (`pack_weights`): where MKL repacks each weight matrix at every call, that costs more than the
 multiplication for a few rows (SmolLM2-135M, 1 thread, an Intel CPU: a decode step at 8 rows 201 ->
 132 ms). Elsewhere (an AMD EPYC here: plain and packed equally fast for the layers' projections) the
-packed copy, 2 to 16 times the weight's size, is only memory, so it is kept only for the weight
-shapes measured faster, and what was measured is remembered per machine.
+packed copy, 2 to 21 times the weight's size, is only memory, so it is kept only for the weight
+shapes measured faster, within a memory budget (PACKED_BUDGET), and what was measured is
+remembered per machine.
 """
 
 from __future__ import annotations
@@ -38,16 +39,21 @@ class Linear(nn.Linear):
 
 
 PACKED_WIN = 0.85       # a packed copy is kept when decode-sized products take at most this share of the plain time
+# ... and the packed copies together take at most this share of the model's weights' memory: on a
+# Xeon (AMX) packing paid for SmolLM2-135M's vocabulary, down, q and o projections one product at a
+# time (0.46-0.87x the plain time at 8 and 64 rows) but not for a whole generate job (200.5 against
+# 200.0 tokens/s), where the copies took 800 MiB more in each worker process
+PACKED_BUDGET = 0.25
 PACKED_ROWS = (8, 64)   # ... at each of these row counts (a drain tail and a full batch)
 
 
 def pack_weights(model: nn.Module) -> bool:
     """Give a Linear of a CPU float32 model an MKL-packed weight where this torch build has MKL,
     the packed product equals the plain one and is clearly faster on this machine for that weight's
-    shape (`packing_pays`, decided per distinct shape) -> whether any was packed. A packed copy
-    costs 2 to 16 times its weight's memory, so one shape that pays (SmolLM2's vocabulary
-    projection, on an AMD EPYC) never packs the others (its 2-16x projections, measured no faster
-    there: 800 MiB more per process). BATCHINF_PACK_WEIGHTS=0 turns packing off."""
+    shape (`packing_pays`, decided per distinct shape), within PACKED_BUDGET -> whether any was
+    packed. A packed copy costs 2 to 21 times its weight's memory, so the shapes that pay are
+    packed cheapest first while their copies fit the budget (every Linear of a shape or none).
+    BATCHINF_PACK_WEIGHTS=0 turns packing off."""
     if not settings().pack_weights or not torch.backends.mkl.is_available() \
             or not hasattr(torch.ops.mkl, "_mkl_linear"):
         return False
@@ -55,42 +61,58 @@ def pack_weights(model: nn.Module) -> bool:
     if not linears or any(m.weight.device.type != "cpu" or m.weight.dtype != torch.float32 for m in linears):
         return False
     gen = torch.Generator().manual_seed(0)
-    pays: dict[tuple[int, int], bool] = {}
+    shapes: dict[tuple[int, int], list[Linear]] = {}
+    for m in linears:
+        shapes.setdefault(tuple(m.weight.shape), []).append(m)
     known = _PackingMemory()
+    paying: list[tuple[int, list[Linear]]] = []       # (bytes of the shape's packed copies, its Linears)
     with torch.no_grad():
-        for m in linears:
-            shape = tuple(m.weight.shape)
-            if shape not in pays:
-                pays[shape] = known.get(shape)
-                if pays[shape] is None:
-                    pays[shape] = known.put(shape, packing_pays(m, gen) and _packed_equals_plain(m, gen))
-        packed = [(m, torch.ops.mkl._mkl_reorder_linear_weight(m.weight, PACKED_MAX_ROWS))
-                  for m in linears if pays[tuple(m.weight.shape)]]
+        for shape, group in shapes.items():
+            seen = known.get(shape)
+            if seen is None:
+                m = group[0]
+                pays = packing_pays(m, gen) and _packed_equals_plain(m, gen)
+                seen = known.put(shape, pays, _packed_bytes(m) if pays else 0)
+            if seen[0]:
+                paying.append((seen[1] * len(group), group))
+        budget = PACKED_BUDGET * sum(m.weight.nbytes for m in linears)
+        packed = []
+        for cost, group in sorted(paying, key=lambda p: p[0]):
+            if cost > budget:
+                break
+            budget -= cost
+            packed += [(m, torch.ops.mkl._mkl_reorder_linear_weight(m.weight, PACKED_MAX_ROWS)) for m in group]
     for m, w in packed:
         m.packed = w
     return bool(packed)
 
 
+def _packed_bytes(m: nn.Linear) -> int:
+    return torch.ops.mkl._mkl_reorder_linear_weight(m.weight, PACKED_MAX_ROWS).nbytes
+
+
 class _PackingMemory:
-    """What `packing_pays` measured on this machine, per weight shape, remembered in
-    $BATCHINF_HOME/cache/packing.json: measuring the shapes of a 135M model took 3 s of each
-    worker's load on the 2-core machine (and two workers timing at once disturb each other), for
-    an answer that depends only on the CPU, the torch build and the thread count."""
+    """What `packing_pays` measured on this machine, and the packed copy's size, per weight shape,
+    remembered in $BATCHINF_HOME/cache/packing.json: measuring the shapes of a 135M model took 3 s
+    of each worker's load on the 2-core machine (and two workers timing at once disturb each other),
+    for an answer that depends only on the CPU, the torch build and the thread count."""
 
     def __init__(self) -> None:
         self.path = settings().home / "cache" / "packing.json"
         self.prefix = f"{torch.__version__}|{_cpu_model()}|{torch.get_num_threads()}|{PACKED_ROWS}|{PACKED_WIN}|"
         try:
-            self.seen: dict[str, bool] = json.loads(self.path.read_text())
+            self.seen: dict[str, list] = json.loads(self.path.read_text())
         except (OSError, ValueError):
             self.seen = {}
 
-    def get(self, shape: tuple[int, ...]) -> bool | None:
+    def get(self, shape: tuple[int, ...]) -> tuple[bool, int] | None:
         value = self.seen.get(self.prefix + "x".join(map(str, shape)))
-        return value if isinstance(value, bool) else None
+        if isinstance(value, list) and len(value) == 2 and isinstance(value[0], bool) and isinstance(value[1], int):
+            return value[0], value[1]
+        return None     # never measured, or remembered before sizes were
 
-    def put(self, shape: tuple[int, ...], pays: bool) -> bool:
-        self.seen[self.prefix + "x".join(map(str, shape))] = pays
+    def put(self, shape: tuple[int, ...], pays: bool, nbytes: int) -> tuple[bool, int]:
+        self.seen[self.prefix + "x".join(map(str, shape))] = [pays, nbytes]
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
@@ -98,7 +120,7 @@ class _PackingMemory:
             os.replace(tmp, self.path)
         except OSError:     # a read-only home: measured again next time
             pass
-        return pays
+        return pays, nbytes
 
 
 def _cpu_model() -> str:

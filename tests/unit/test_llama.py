@@ -170,6 +170,7 @@ def test_packed_weights_match_plain_ones(tiny_dirs: dict[str, Path], monkeypatch
 
     fresh_home(tmp_path)
     monkeypatch.setattr(packing, "packing_pays", lambda *a: True)     # packed where MKL is, faster or not
+    monkeypatch.setattr(packing, "PACKED_BUDGET", float("inf"))        # ... and whatever the memory
     packed = load_llama(tiny_dirs["qwen2"])
     monkeypatch.setenv("BATCHINF_PACK_WEIGHTS", "0")
     settings.cache_clear()                  # settings are read once per process
@@ -220,10 +221,42 @@ def test_packing_is_kept_only_where_it_is_faster(tiny_dirs: dict[str, Path], mon
     largest = max(shapes, key=lambda s: s[0] * s[1])
     fresh_home(tmp_path / "b")
     monkeypatch.setattr(packing, "packing_pays", lambda linear, gen: tuple(linear.weight.shape) == largest)
+    monkeypatch.setattr(packing, "PACKED_BUDGET", float("inf"))
     model = load_llama(tiny_dirs["qwen2"])
     for m in model.modules():
         if isinstance(m, packing.Linear):
             assert (m.packed is not None) == (tuple(m.weight.shape) == largest), m.weight.shape
+
+
+def test_packed_copies_fit_a_budget_cheapest_shapes_first(tiny_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
+                                                           tmp_path: Path, fresh_home: Callable[[Path], None]) -> None:
+    """Where every shape pays, the packed copies (2 to 21 times their weights) still fit the budget:
+    whole shapes, the cheapest in memory first; a shape that does not fit is not packed, and the
+    sizes remembered with the timings serve the next load."""
+    from batchinf.runtime import packing
+
+    if not torch.backends.mkl.is_available():
+        pytest.skip("MKL packing needs a torch build with MKL")
+    fresh_home(tmp_path)
+    monkeypatch.setattr(packing, "packing_pays", lambda *a: True)
+    model = load_llama(tiny_dirs["qwen2"])
+    linears = [m for m in model.modules() if isinstance(m, packing.Linear)]
+    groups: dict[tuple[int, int], list[packing.Linear]] = {}
+    for m in linears:
+        groups.setdefault(tuple(m.weight.shape), []).append(m)
+    cost = {s: len(g) * packing._packed_bytes(g[0]) for s, g in groups.items()}
+    order = sorted(cost, key=cost.get)
+    weights = sum(m.weight.nbytes for m in linears)
+    # a budget that fits the two cheapest shapes and not the third
+    budget = (cost[order[0]] + cost[order[1]] + cost[order[2]] / 2) / weights
+    monkeypatch.setattr(packing, "PACKED_BUDGET", budget)
+    monkeypatch.setattr(packing, "packing_pays", lambda *a: pytest.fail("timed again: the answer was remembered"))
+    model = load_llama(tiny_dirs["qwen2"])
+    for m in model.modules():
+        if isinstance(m, packing.Linear):
+            assert (m.packed is not None) == (tuple(m.weight.shape) in order[:2]), m.weight.shape
+    monkeypatch.setattr(packing, "PACKED_BUDGET", 0.0)
+    assert not packing.pack_weights(load_llama(tiny_dirs["qwen2"]))
 
 
 def _mapped_from(t: torch.Tensor, path: Path) -> bool:
