@@ -42,7 +42,7 @@ PACKED_WIN = 0.85       # a packed copy is kept when decode-sized products take 
 # ... and the packed copies together take at most this share of the model's weights' memory: on a
 # Xeon (AMX) packing paid for SmolLM2-135M's vocabulary, down, q and o projections one product at a
 # time (0.46-0.87x the plain time at 8 and 64 rows) but not for a whole generate job (200.5 against
-# 200.0 tokens/s), where the copies took 800 MiB more in each worker process
+# 200.0 tokens/s), where the copies took 819 MiB more across its two worker processes
 PACKED_BUDGET = 0.25
 PACKED_ROWS = (8, 64)   # ... at each of these row counts (a drain tail and a full batch)
 
