@@ -249,7 +249,9 @@ def test_progress_counts_denoising_steps_and_images_wait_for_publish(tmp_path: P
     t.start()
     seen: list[int] = []
     while t.is_alive():
-        early = _images(out)        # listed before the status is read: while it was running, or earlier
+        # names only, listed before the status is read (while it was running, or earlier); publish
+        # may be renaming a staged image into images/ right now, so nothing is opened here
+        early = [f.name for f in (out / "images").glob("*")] if (out / "images").exists() else []
         st = status(job_id)
         if st["status"] == JobStatus.RUNNING:
             assert not early, f"images under images/ while the job runs: {sorted(early)}"
