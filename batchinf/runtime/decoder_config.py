@@ -99,9 +99,11 @@ def common_fields(c: dict[str, Any]) -> dict[str, Any]:
 
 
 def rope_inv_freq(cfg: LlamaConfig, theta: float | None = None, scaled: bool = True) -> Tensor:
-    """[Dh/2] inverse frequencies, with HF's "linear" and "llama3" scalings."""
+    """[Dh/2] inverse frequencies, with HF's "linear" and "llama3" scalings. On the CPU even inside
+    `empty_weights()`: a meta tensor's arithmetic runs torch's reference kernels, whose first use
+    imports torch._dynamo (2.4 s and its memory in every worker that builds a decoder)."""
     d = cfg.head_dim
-    inv = 1.0 / ((theta or cfg.rope_theta) ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    inv = 1.0 / ((theta or cfg.rope_theta) ** (torch.arange(0, d, 2, dtype=torch.int64, device="cpu").float() / d))
     sc = (cfg.rope_scaling or {}) if scaled else {}
     kind = sc.get("rope_type", sc.get("type", "default"))
     if kind == "default":
