@@ -12,7 +12,10 @@ once, before timing, as a user would), greedy, the same `max_tokens`, EOS honour
 Alternated A B A B ..., medians. Output tokens/s = output tokens (batchinf's `output_tokens`,
 llama-server's `usage.completion_tokens`) / wall seconds. Peak memory: the largest sum, over the
 process and its children, of proportional set size (PSS: a page shared by two processes counts
-half in each), sampled every 20 ms; the largest sum of RSS is printed beside it.
+half in each), sampled every `--sample-every` seconds (default 0.25: reading smaps_rollup walks a
+process's page tables, and every 20 ms that slowed both contenders on a 2-core machine, see
+docs/performance/generate_vs_llama_server.md); the largest sum of RSS is printed beside it.
+`--also-env KEY=VALUE` adds a batchinf contender with that variable set (BATCHINF_Q4_WEIGHTS=1).
 
     python benchmarks/generate_vs_llama_server.py                 # 128 prompts, 64 tokens, 3 reps
     python benchmarks/generate_vs_llama_server.py --short --json  # CI: 8 prompts, 8 tokens, 1 rep
@@ -66,7 +69,7 @@ def _memory(pid: int) -> tuple[int, int]:
 class PeakMemory:
     """Samples a process tree's memory until stopped; `pss`/`rss`: the largest sums seen."""
 
-    def __init__(self, pid: int, every: float = 0.02) -> None:
+    def __init__(self, pid: int, every: float) -> None:
         self.pid, self.every, self.pss, self.rss = pid, every, 0, 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -83,14 +86,15 @@ class PeakMemory:
         self._thread.join()
 
 
-def run_batchinf(manifest: Path, out: Path, env: dict[str, str], layout: list[str]) -> dict[str, Any]:
+def run_batchinf(manifest: Path, out: Path, env: dict[str, str], layout: list[str],
+                 sample_every: float = 0.25) -> dict[str, Any]:
     from batchinf.parts import read_table
     from batchinf.verify import MANIFEST
 
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "batchinf", "run", str(manifest), "--json", *layout],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    peak = PeakMemory(proc.pid)
+    peak = PeakMemory(proc.pid, sample_every)
     stdout, stderr = proc.communicate()
     seconds = time.perf_counter() - t0
     peak.stop()
@@ -121,14 +125,15 @@ async def _ask_all(base_url: str, messages: list[list[dict]], max_tokens: int) -
 CONTEXT_PER_SLOT = 256   # each slot's KV cache: a prompt here (< 100 tokens) and max_tokens fit; more is memory only
 
 
-def run_llama_server(gguf: Path, messages: list[list[dict]], max_tokens: int, threads: int, log: Path) -> dict[str, Any]:
+def run_llama_server(gguf: Path, messages: list[list[dict]], max_tokens: int, threads: int, log: Path,
+                     sample_every: float = 0.25) -> dict[str, Any]:
     from tests.helpers.llama_server import MODEL, LlamaServer
 
     server = LlamaServer(gguf, log, slots=min(64, len(messages)), threads=threads, alias=MODEL,
                          context=max(CONTEXT_PER_SLOT, max_tokens + 192))
     t0 = time.perf_counter()
     server.start()
-    peak = PeakMemory(server.proc.pid)      # from the model loaded: its peak is while it decodes
+    peak = PeakMemory(server.proc.pid, sample_every)      # from the model loaded: its peak is while it decodes
     try:
         answers = asyncio.run(_ask_all(server.base_url, messages, max_tokens))
     finally:
@@ -147,7 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layout", default="", help="batchinf run's options, e.g. '--workers 1 --threads 2' "
                     "(default: none, the job's own choice)")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--sample-every", type=float, default=0.25, help="seconds between memory samples")
     ap.add_argument("--only", choices=("batchinf", "llama-server"), help="run one contender (no ratios)")
+    ap.add_argument("--also-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="one more batchinf contender with this variable set, run after batchinf in each rep "
+                         "(e.g. BATCHINF_Q4_WEIGHTS=1); repeat for one variable each")
     ap.add_argument("--short", action="store_true")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
@@ -170,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     inp.write_text("".join(json.dumps({"id": f"q{i}", "messages": m}) + "\n" for i, m in enumerate(messages)))
 
     results: dict[str, list[dict[str, Any]]] = {k: [] for k in ("batchinf", "llama-server") if a.only in (None, k)}
+    variants = {f"batchinf {kv}": dict(env, **dict([kv.split("=", 1)])) for kv in a.also_env} \
+        if "batchinf" in results else {}
     for rep in range(a.reps):
         out = tmp / "out" / f"r{rep}"
         manifest = tmp / f"job-{rep}.json"
@@ -178,10 +189,14 @@ def main(argv: list[str] | None = None) -> int:
             "input": {"uri": str(inp), "messages_field": "messages"}, "output": {"uri": str(out)},
             "options": {"max_tokens": a.max_tokens, "temperature": 0}}))
         if "batchinf" in results:
-            results["batchinf"].append(run_batchinf(manifest, out, env, a.layout.split()))
+            results["batchinf"].append(run_batchinf(manifest, out, env, a.layout.split(), a.sample_every))
+        for i, (name, venv) in enumerate(variants.items()):
+            vout, vmanifest = tmp / "out" / f"r{rep}-v{i}", tmp / f"job-{rep}-v{i}.json"
+            vmanifest.write_text(manifest.read_text().replace(json.dumps(str(out)), json.dumps(str(vout))))
+            results.setdefault(name, []).append(run_batchinf(vmanifest, vout, venv, a.layout.split(), a.sample_every))
         if "llama-server" in results:
             results["llama-server"].append(run_llama_server(gguf, messages, a.max_tokens, a.threads,
-                                                            tmp / "server.log"))
+                                                            tmp / "server.log", a.sample_every))
 
     def median(name: str, key: str) -> float:
         return statistics.median(r[key] for r in results[name])
@@ -193,7 +208,10 @@ def main(argv: list[str] | None = None) -> int:
                         "tokens_per_s": statistics.median(r["tokens"] / r["seconds"] for r in runs),
                         "peak_pss_mib": median(name, "pss") / 2**20, "peak_rss_mib": median(name, "rss") / 2**20,
                         "tokens_per_s_each": [round(r["tokens"] / r["seconds"], 1) for r in runs]}
-    if len(results) == 2:
+    for name in variants:
+        base, mine = results["batchinf"][-1]["texts"], results[name][-1]["texts"]
+        report[name]["same_answers_as_batchinf"] = sum(mine.get(k) == v for k, v in base.items())
+    if "batchinf" in results and "llama-server" in results:
         b, s = report["batchinf"], report["llama-server"]
         report["throughput_ratio"] = b["tokens_per_s"] / s["tokens_per_s"]
         report["memory_ratio"] = b["peak_pss_mib"] / s["peak_pss_mib"]
@@ -205,7 +223,9 @@ def main(argv: list[str] | None = None) -> int:
         for name in results:
             r = report[name]
             print(f"{name:14s} {r['seconds']:7.1f} s  {r['tokens_per_s']:7.1f} out tok/s {r['tokens_per_s_each']}  "
-                  f"peak PSS {r['peak_pss_mib']:6.0f} MiB (RSS {r['peak_rss_mib']:.0f})")
+                  f"peak PSS {r['peak_pss_mib']:6.0f} MiB (RSS {r['peak_rss_mib']:.0f})"
+                  + (f"; same answers as batchinf {r['same_answers_as_batchinf']}/{a.prompts}"
+                     if "same_answers_as_batchinf" in r else ""))
         if "throughput_ratio" in report:
             print(f"batchinf / llama-server: {report['throughput_ratio']:.2f}x tokens/s, "
                   f"{report['memory_ratio']:.2f}x peak memory; same answers {report['same_answers']}/{a.prompts}")

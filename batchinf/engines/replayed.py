@@ -49,7 +49,7 @@ def _code_stamp() -> str:
 
 
 @lru_cache(maxsize=1)
-def _cpu() -> str:
+def cpu_stamp() -> str:
     try:
         with open("/proc/cpuinfo") as f:
             lines = [ln for ln in f if ln.startswith(("model name", "flags"))]
@@ -81,7 +81,7 @@ def _device(device: str) -> str:
 def key(digest: str, engine: str, device: str) -> str:
     """What the replay's result depends on, hashed (module docstring)."""
     parts = {"digest": digest, "engine": engine, "device": _device(device), "libraries": _libraries(),
-             "cpu": _cpu(), "python": sys.version, "batchinf": _code_stamp()}
+             "cpu": cpu_stamp(), "python": sys.version, "batchinf": _code_stamp()}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 

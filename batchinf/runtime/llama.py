@@ -16,6 +16,7 @@ written and handed back as sequences end (runtime/lazy_memory.py).
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,12 +26,16 @@ import torch.nn.functional as F
 from batchinf.runtime.weights import load_safetensors
 from torch import Tensor, nn
 
+from batchinf.config import settings
 from batchinf.errors import BundleError
 from batchinf.runtime.decoder_config import LLAMA_TYPES, LlamaConfig, rope_inv_freq
 from batchinf.runtime.empty import empty_weights
 from batchinf.runtime.gemma import GEMMA_TYPES, gemma_config
 from batchinf.runtime.lazy_memory import forget, lazy_zeros
 from batchinf.runtime.packing import Linear, pack_weights
+from batchinf.runtime.q4_linear import keep_q4
+
+log = logging.getLogger("batchinf.runtime")
 
 __all__ = ["LlamaConfig", "rope_inv_freq", "MODEL_TYPES", "load_llama", "config_of"]
 MODEL_TYPES = LLAMA_TYPES + GEMMA_TYPES
@@ -369,5 +374,7 @@ def load_llama(model_dir: Path, device: str | torch.device = "cpu", dtype: torch
     model.inv_freq = rope_inv_freq(cfg).to(device)  # stays fp32, like HF's rotary embedding
     if cfg.local_rope_theta:
         model.local_inv_freq = rope_inv_freq(cfg, cfg.local_rope_theta, scaled=False).to(device)
+    if settings().q4_weights and torch.device(device).type == "cpu" and dtype == torch.float32:
+        log.info("%s: %d projections kept 4-bit (BATCHINF_Q4_WEIGHTS)", model_dir.name, keep_q4(model, Linear))
     pack_weights(model)
     return model

@@ -45,7 +45,7 @@ def test_a_second_load_under_the_same_software_skips_the_replay(bi_home: Path, t
     # what the result depends on changes: the next load replays
     monkeypatch.setattr(replayed, "_libraries", lambda: {"torch": "99.0"})
     _fresh_load(digest)
-    monkeypatch.setattr(replayed, "_cpu", lambda: "another CPU: flags avx2")
+    monkeypatch.setattr(replayed, "cpu_stamp", lambda: "another CPU: flags avx2")
     _fresh_load(digest)
     replayed._code_stamp.cache_clear()
     monkeypatch.setattr(replayed, "_code_stamp", lambda: "batchinf's code edited")
