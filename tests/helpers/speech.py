@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import re
 import shutil
 import subprocess
@@ -84,7 +85,7 @@ def synth(text: str, voice: str = "en-us", speed: int = 160) -> bytes:
     path = CACHE / f"{key}.wav"
     if not path.is_file():
         CACHE.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")    # pytest-xdist workers synthesise at collection, at once
         subprocess.run([espeak(), "-v", voice, "-s", str(speed), "-w", str(tmp), text], check=True,
                        capture_output=True, timeout=120)
         tmp.replace(path)
