@@ -175,6 +175,25 @@ def open_runtime(digest: str, *, device: str = "cpu", with_model: bool = True, e
         return runtime
 
 
+def release_planner(digest: str) -> None:
+    """Drop this process's planning runtime of a bundle (its tokenizer and chat-template sandboxes)
+    and hand the memory it freed back: a job's driver once the job is planned, which then only
+    steps it (a later `open_runtime` loads it again)."""
+    with _loading:
+        runtime = _loaded.pop((digest, "cpu", False, "native"), None)
+    if runtime is None:
+        return
+    if (close := getattr(runtime, "close", None)) is not None:
+        close()
+    del runtime
+    import gc
+
+    from batchinf.runtime.malloc import release_freed_memory
+
+    gc.collect()
+    release_freed_memory()
+
+
 def take_load_seconds(digest: str) -> float:
     """Seconds this process spent loading the bundle (with its model) since the last call: what
     the attempt that asks first paid for it, or its worker paid ahead (`attempts.load_seconds`)."""

@@ -122,8 +122,9 @@ class Settings:
     # --- model runtime
     pack_weights: bool              # BATCHINF_PACK_WEIGHTS: CPU float32 models keep a prepacked copy of their
                                     # projections (generation: MKL; BERT-family encoders: oneDNN); 0 saves that memory
-    q4_weights: bool                # BATCHINF_Q4_WEIGHTS: a CPU float32 decoder keeps projections that are exact Q4_1
-                                    # blocks (a Q4_1 GGUF import) 4-bit, expanded at each call: less memory, slower
+    block_weights: bool             # BATCHINF_BLOCK_WEIGHTS (default on): a CPU float32 decoder keeps weights that are
+                                    # exact GGUF blocks (Q4_1, Q8_0: a GGUF import) as those blocks, expanded at each
+                                    # call (runtime/block_weights.py); 0: float32
     c_compiler: str                 # CC: the C compiler that builds that expansion kernel (default cc)
     malloc_keep_bytes: int          # BATCHINF_MALLOC_KEEP_BYTES: a process that loads a model serves allocations up
                                     # to this size from the heap and keeps this much freed memory (runtime/malloc.py);
@@ -285,7 +286,7 @@ def load_settings() -> Settings:
         metrics_job_window=_float("BATCHINF_METRICS_JOB_WINDOW", 86400.0),
         prometheus_multiproc_dir=_text("PROMETHEUS_MULTIPROC_DIR"),
         pack_weights=_flag("BATCHINF_PACK_WEIGHTS", True),
-        q4_weights=_flag("BATCHINF_Q4_WEIGHTS", False),
+        block_weights=_flag("BATCHINF_BLOCK_WEIGHTS", True),
         c_compiler=_text("CC") or "cc",
         malloc_keep_bytes=_int("BATCHINF_MALLOC_KEEP_BYTES", 1 << 30),
         template_memory_bytes=_int("BATCHINF_TEMPLATE_MEMORY_BYTES", 512 << 20),

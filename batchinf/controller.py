@@ -14,6 +14,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
+from batchinf.bundles import release_planner
 from batchinf.dispatch import Dispatcher, WorkerPool
 from batchinf.errors import LedgerError
 from batchinf.ledger import jobs as job_repo
@@ -27,13 +28,14 @@ log = logging.getLogger("batchinf.controller")
 
 
 def drive(job_id: str, *, workers: int = 1, device: str = "auto", threads: int | None = None,
-          on_tick: Callable[[], object] | None = None, tick: float = 1.0) -> str:
+          on_tick: Callable[[], object] | None = None, tick: float = 1.0, lanes: int = 1) -> str:
     """Run a job to a terminal state in this machine's processes; returns the final status. A
     running job is stepped every `tick` seconds and whenever a worker ends an attempt or idles; the
     step after the one that ends its running, at once.
     Each step reads the job once (`lifecycle.advance`); the loop goes by the status it leaves."""
     job = job_repo.get(job_id)
-    pool = WorkerPool(job, workers=workers, device=device, threads=threads)   # its job's engine, or EngineUnavailable
+    # its job's engine, or EngineUnavailable
+    pool = WorkerPool(job, workers=workers, device=device, threads=threads, lanes=lanes)
     try:
         if job.status in {JobStatus.RUNNING, JobStatus.PLANNED, *JOB_PLANNING}:
             pool.start()            # workers load the bundle while the job is pinned and planned
@@ -48,6 +50,8 @@ def drive(job_id: str, *, workers: int = 1, device: str = "auto", threads: int |
                 fresh = None
             ok, after = advance(fresh or job_repo.get(job_id), pool)
             fresh = None
+            if status in JOB_PLANNING and after not in JOB_PLANNING:
+                release_planner(job.bundle_digest)      # planned: its tokenizer is the workers' now
             if on_tick:
                 on_tick()
             if not ok:
@@ -165,16 +169,16 @@ class Controller:
 
 def serve_embedded(stop: threading.Event, *, workers: int = 1, device: str = "auto", threads: int | None = None,
                    tick_seconds: float = 0.5, scheduler_interval: float = 30.0,
-                   engines: tuple[str, ...] | None = None) -> list[threading.Thread]:
+                   engines: tuple[str, ...] | None = None, lanes: int = 1) -> list[threading.Thread]:
     """What the jobs of an embedded (SQLite) ledger need, beside `batchinf serve`'s API: a
     controller loop over every active job, a pool of local worker processes that lease shards of
     any running job, and the scheduler. Returns the threads; setting `stop` ends them (and the
     workers)."""
     from batchinf.schedules import tick as schedule_tick
 
-    pool = WorkerPool(workers=workers, device=device, threads=threads, engines=engines)
+    pool = WorkerPool(workers=workers, device=device, threads=threads, engines=engines, lanes=lanes)
     controller = Controller(pool, name=f"serve@{socket.gethostname()}:{os.getpid()}",
-                            max_in_flight=2 * max(1, workers), tick_seconds=tick_seconds)
+                            max_in_flight=2 * max(1, workers * lanes), tick_seconds=tick_seconds)
 
     def run_controller() -> None:
         try:

@@ -308,7 +308,7 @@ class Reports:
 
 def worker_main(job_ids: list[str] | None, bundle_digest: str | None, device: str, threads: int, parent_pid: int,
                 twins: mp.Queue, work: WorkSignal, wake: Wake, engines: tuple[str, ...] = leases.NATIVE_ONLY,
-                reports: Reports | None = None) -> None:
+                reports: Reports | None = None, lanes: int = 1) -> None:
     """Entry point of a `WorkerPool`'s process: lease shards of the given jobs (None: of any
     running job) until the parent exits or closes `work`; when idle, run a straggler's twin the
     driver asked for, else sleep until `work` wakes it. Started while its job is still planning,
@@ -318,7 +318,8 @@ def worker_main(job_ids: list[str] | None, bundle_digest: str | None, device: st
     running shard to split, verify) instead of at its next tick. It claims only shards of jobs
     on `engines` (the first one's runtime is the one it loads ahead) and on its device or any.
     It `reports` when it was ready (here: interpreter and imports done) and when it had the bundle
-    loaded, for its job's phases."""
+    loaded, for its job's phases. With `lanes` > 1 it runs that many leases at once, each on its
+    own thread with `threads` threads, sharing the process's loaded bundles (`local_layout`)."""
     ready_at = time.time()
     import signal
 
@@ -329,7 +330,7 @@ def worker_main(job_ids: list[str] | None, bundle_digest: str | None, device: st
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked worker would keep a server driver's handler
     if settings().log_format == "json":            # `batchinf --log-format json run`: these lines too
         logs.configure()
-    set_worker_threads(threads)         # PyTorch gets them when a bundle that needs it loads
+    set_worker_threads(threads, lanes)  # PyTorch gets them when a bundle that needs it loads
     device = pick_device(device)
     devices = worker_devices(device)
     me = worker_name()
@@ -341,6 +342,19 @@ def worker_main(job_ids: list[str] | None, bundle_digest: str | None, device: st
         else:
             if reports is not None:
                 reports.send({"worker": me, "ready_at": ready_at, "loaded_at": time.time()})
+    others = [threading.Thread(target=lease_loop, name=f"batchinf-lane-{i}", daemon=True,
+                               args=(job_ids, device, devices, me, parent_pid, twins, work, wake, engines))
+              for i in range(1, lanes)]
+    for t in others:
+        t.start()
+    lease_loop(job_ids, device, devices, me, parent_pid, twins, work, wake, engines)
+    for t in others:
+        t.join()
+
+
+def lease_loop(job_ids: list[str] | None, device: str, devices: tuple[str, ...], me: str, parent_pid: int,
+               twins: mp.Queue, work: WorkSignal, wake: Wake, engines: tuple[str, ...]) -> None:
+    """One lane of a worker: lease and run shards until the parent exits or closes `work`."""
     idle = False
     while os.getppid() == parent_pid and not work.closed():
         seen = work.seen()
@@ -375,18 +389,47 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def usable_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:          # no affinity on this platform
+        return os.cpu_count() or 1
+
+
+def local_layout(job: Job, device: str = "auto", workers: int | None = None, lanes: int | None = None,
+                 threads: int | None = None) -> tuple[int, int, int]:
+    """How one job's `WorkerPool` spreads over this machine's cores: (worker processes, lanes per
+    process, threads per lane); what is given is kept, the rest fills the cores. By default a
+    process per core with one thread (on CPU it measures faster than one process of every thread:
+    docs/performance), except a job on the CPU with the native engine whose task says
+    `lanes_on_cpu` (generate): one process with a lane per core. Its lanes decode nearly as fast as processes (a decode step's kernels release
+    the GIL) and hold the decoder's weights, PyTorch and the tokenizer once: 0.91x the tokens/s of
+    two processes in 0.61x the memory (docs/performance/generate_vs_llama_server.md)."""
+    from batchinf.tasks import get_task
+
+    cores = usable_cores()
+    on_cpu = device == "cpu" or (device == "auto" and job.device != "cuda" and not cuda_possible())
+    if workers is None and lanes is None and threads is None and on_cpu and job.engine == "native" \
+            and get_task(job.task).lanes_on_cpu:
+        return 1, cores, 1
+    lanes = lanes or 1
+    workers = workers or max(1, cores // (lanes * (threads or 1)))
+    return workers, lanes, threads or max(1, cores // (workers * lanes))
+
+
 class WorkerPool(Dispatcher):
     """N worker processes on this machine that lease shards from the ledger themselves (the ledger
     is the queue; no message can be lost): of one `job` (embedded `batchinf run`, driven by
     `controller.drive`), or of every running job (`job` None: embedded `batchinf serve`, driven
     by `controller.Controller`, whose pinning and planning run in this process beside its tick).
-    Each worker is its own process, so a record that kills it kills only that worker: its leases
-    are expired at once and a replacement starts."""
+    Each worker is its own process, so a record that kills it kills only that worker (and the
+    shards its other `lanes` ran): its leases are expired at once and a replacement starts."""
 
     steps_beside_tick = True      # its pinning and planning read the tenants' objects in this process
 
     def __init__(self, job: Job | None = None, *, workers: int = 1, device: str = "auto",
-                 threads: int | None = None, engines: tuple[str, ...] | None = None) -> None:
+                 threads: int | None = None, engines: tuple[str, ...] | None = None, lanes: int = 1) -> None:
         from batchinf.engines import pool_device, require
 
         super().__init__()
@@ -396,8 +439,8 @@ class WorkerPool(Dispatcher):
         self.engines = require(engines or ((job.engine,) if job is not None else settings().engines))
         # one job's pool runs on its job's device, or is refused (DeviceUnavailableError) rather than wait forever
         self.device = device if job is None else pool_device(job.id, job.device, device)
-        self.n = max(1, workers)
-        self.threads = threads or max(1, (os.cpu_count() or 1) // self.n)
+        self.n, self.lanes = max(1, workers), max(1, lanes)
+        self.threads = threads or max(1, (os.cpu_count() or 1) // (self.n * self.lanes))
         # one job's pool sweeps nothing while the job runs: its zombies die with it, and publishing
         # deletes the whole work prefix anyway (lost attempts stay `lost` in the ledger)
         self.sweeps = job is None
@@ -419,7 +462,7 @@ class WorkerPool(Dispatcher):
             p = mp.get_context(start_method()).Process(target=worker_main, name="batchinf-worker", daemon=True,
                                  args=(self.job_ids, self.bundle_digest, self.device, self.threads, os.getpid(),
                                        self.twins, self.work, self.wake, self.engines,
-                                       self.reports if self.job_ids else None))
+                                       self.reports if self.job_ids else None, self.lanes))
             spawned = time.time()
             p.start()
             self.procs.append(p)
@@ -480,10 +523,10 @@ class WorkerPool(Dispatcher):
         if route is not None and (route.engine not in self.engines
                                   or self.device in DEVICES and route.device not in (ANY, self.device)):
             return None
-        return self.n
+        return self.n * self.lanes
 
     def keep_up(self, job: Job, open_shards: int) -> None:
-        self.start(open_shards if self.job_ids else None)
+        self.start(-(-open_shards // self.lanes) if self.job_ids else None)
 
     def quiesce(self, job: Job) -> bool:
         # running attempts commit what they finished at their next batch (or give their lease

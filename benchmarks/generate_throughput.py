@@ -17,6 +17,13 @@ lengths, same torch thread count, same batch size (slots) for every contender:
       of (a) and a second run of (a) right after it.
   (e) batchinf fallback (--only ...,fallback): (a) with the model run through the transformers
       fallback (transformers' own model class, one DynamicCache and one forward pass per slot).
+  (f) llama-server (--only ...,llama-server): llama.cpp's server (built from the llama-cpp-python
+      source package) on the same GGUF, fed the same prompt token ids with the same per-prompt
+      lengths (`n_predict`, `ignore_eos`), greedy, the same slots and threads, all prompts sent at
+      once; timed as a whole process, from its start until the last answer and its stop. It
+      multiplies Q4_1 blocks by int8-quantised activations, so its greedy tokens are its own (the
+      count equal to batchinf's is shown, not required). Whole-machine, whole-job figures (`batchinf
+      run` against it, peak memory included): generate_vs_llama_server.py.
 
 The native batchinf contenders share prompt prefixes (the chat template's system prompt) between slots
 unless --no-prefix-sharing; the fallback and transformers recompute every prompt.
@@ -111,6 +118,37 @@ def run_transformers(model, prompts: list[list[int]], lengths: list[int], batch:
             "wasted_decode_slots": 1 - useful / max(computed, 1)}
 
 
+def run_llama_server(gguf: Path, prompts: list[list[int]], lengths: list[int], slots: int, threads: int) -> dict:
+    import asyncio
+
+    import httpx
+
+    from tests.helpers.llama_server import LlamaServer
+
+    server = LlamaServer(gguf, Path(tempfile.mkdtemp(prefix="bench-gen-llama-")) / "server.log", slots=slots,
+                         threads=threads, context=max(len(p) + n for p, n in zip(prompts, lengths)) + 16)
+
+    async def ask_all() -> list[tuple[list[int], int]]:
+        async with httpx.AsyncClient(timeout=3600) as client:
+            async def one(prompt: list[int], n: int) -> tuple[list[int], int]:
+                r = await client.post(f"http://127.0.0.1:{server.port}/completion", json={
+                    "prompt": prompt, "n_predict": n, "ignore_eos": True, "temperature": 0, "return_tokens": True})
+                r.raise_for_status()
+                body = r.json()
+                return body.get("tokens") or [], body["tokens_predicted"]
+
+            return await asyncio.gather(*(one(p, n) for p, n in zip(prompts, lengths)))
+
+    t0 = time.perf_counter()
+    server.start()
+    try:
+        answers = asyncio.run(ask_all())
+    finally:
+        server.stop()
+    return {"seconds": time.perf_counter() - t0, "output_tokens": sum(n for _, n in answers),
+            "tokens": [t for t, _ in answers], "wasted_decode_slots": None}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--short", action="store_true", help="CI: few prompts, small lengths, correctness only")
@@ -120,7 +158,7 @@ def main() -> int:
     ap.add_argument("--slots", type=int, default=64, help="batch size of every contender")
     ap.add_argument("--threads", type=int, default=1, help="torch threads, the same for every contender")
     ap.add_argument("--gguf", type=Path, default=GGUF)
-    ap.add_argument("--only", default="continuous,static,transformers",
+    ap.add_argument("--only", default="continuous,static,transformers,llama-server",
                     help="comma-separated contenders to run (continuous always runs: it is the reference)")
     ap.add_argument("--no-prefix-sharing", action="store_true",
                     help="batchinf recomputes every prompt in full (transformers always does)")
@@ -171,6 +209,8 @@ def main() -> int:
         model = AutoModelForCausalLM.from_pretrained(local_dir(info.digest), dtype=torch.float32).eval()
         run_transformers(model, prompts[:2], [4, 4], 2, pad_id)   # warm-up
         runs["transformers static"] = run_transformers(model, prompts, lengths, args.slots, pad_id)
+    if "llama-server" in only:
+        runs["llama-server"] = run_llama_server(args.gguf, prompts, lengths, args.slots, args.threads)
 
     ref = runs["batchinf continuous"]["tokens"]
     identical = {name: sum(a == b for a, b in zip(ref, r["tokens"])) for name, r in runs.items()
@@ -182,7 +222,8 @@ def main() -> int:
         "output_tokens": sum(lengths), "prompt_tokens": sum(map(len, prompts)),
         "tokens_per_s": {k: round(v, 2) for k, v in tps.items()},
         "seconds": {k: round(r["seconds"], 2) for k, r in runs.items()},
-        "wasted_decode_slots": {k: round(r["wasted_decode_slots"], 4) for k, r in runs.items()},
+        "wasted_decode_slots": {k: round(r["wasted_decode_slots"], 4) for k, r in runs.items()
+                                if r["wasted_decode_slots"] is not None},
         "prompt_tokens_from_shared_prefixes": {k: round(r.get("cached_prompt_share", 0.0), 4) for k, r in runs.items()},
         "ratios": {f"continuous / {k.removeprefix('batchinf ')}": round(tps["batchinf continuous"] / v, 2)
                    for k, v in tps.items() if k != "batchinf continuous"},
@@ -203,13 +244,18 @@ def main() -> int:
               f"{'identical':>11}")
         for k in runs:
             same = f"{identical[k]:>7}/{args.prompts}" if k in identical else f"{'-':>11}"
-            print(f"{k:<27}{report['seconds'][k]:>9.1f}{tps[k]:>10.1f}{report['wasted_decode_slots'][k]:>14.1%}"
-                  f"{report['prompt_tokens_from_shared_prefixes'][k]:>15.1%}{same}")
+            waste = report["wasted_decode_slots"].get(k)
+            print(f"{k:<27}{report['seconds'][k]:>9.1f}{tps[k]:>10.1f}"
+                  + (f"{waste:>14.1%}" if waste is not None else f"{'-':>14}")
+                  + f"{report['prompt_tokens_from_shared_prefixes'][k]:>15.1%}{same}")
         for k, v in report["ratios"].items():
             print(f"{k}: {v:.2f}x")
         if "structured_mask_cost" in report:
             print(f"structured output (JSON schema masks) cost: {report['structured_mask_cost']:.1%} of decode tokens/s")
-    if args.short and any(v != args.prompts for v in identical.values()):
+    if args.short and (short := {k: r["output_tokens"] for k, r in runs.items() if r["output_tokens"] != sum(lengths)}):
+        print(f"contenders produced another number of tokens than the {sum(lengths)} asked: {short}", file=sys.stderr)
+        return 1
+    if args.short and any(v != args.prompts for k, v in identical.items() if k != "llama-server"):
         print(f"greedy tokens differ between contenders: {identical}", file=sys.stderr)
         return 1
     return 0

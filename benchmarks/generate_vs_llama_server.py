@@ -15,7 +15,8 @@ process and its children, of proportional set size (PSS: a page shared by two pr
 half in each), sampled every `--sample-every` seconds (default 0.25: reading smaps_rollup walks a
 process's page tables, and every 20 ms that slowed both contenders on a 2-core machine, see
 docs/performance/generate_vs_llama_server.md); the largest sum of RSS is printed beside it.
-`--also-env KEY=VALUE` adds a batchinf contender with that variable set (BATCHINF_Q4_WEIGHTS=1).
+`--also-env KEY=VALUE` adds a batchinf contender with that variable set (BATCHINF_BLOCK_WEIGHTS=0),
+`--also-layout OPTIONS` one with those `batchinf run` options (`--workers 2`).
 
     python benchmarks/generate_vs_llama_server.py                 # 128 prompts, 64 tokens, 3 reps
     python benchmarks/generate_vs_llama_server.py --short --json  # CI: 8 prompts, 8 tokens, 1 rep
@@ -156,7 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=("batchinf", "llama-server"), help="run one contender (no ratios)")
     ap.add_argument("--also-env", action="append", default=[], metavar="KEY=VALUE",
                     help="one more batchinf contender with this variable set, run after batchinf in each rep "
-                         "(e.g. BATCHINF_Q4_WEIGHTS=1); repeat for one variable each")
+                         "(e.g. BATCHINF_BLOCK_WEIGHTS=0); repeat for one variable each")
+    ap.add_argument("--also-layout", action="append", default=[], metavar="OPTIONS",
+                    help="one more batchinf contender with these `batchinf run` options (e.g. '--workers 2')")
     ap.add_argument("--short", action="store_true")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
@@ -179,8 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     inp.write_text("".join(json.dumps({"id": f"q{i}", "messages": m}) + "\n" for i, m in enumerate(messages)))
 
     results: dict[str, list[dict[str, Any]]] = {k: [] for k in ("batchinf", "llama-server") if a.only in (None, k)}
-    variants = {f"batchinf {kv}": dict(env, **dict([kv.split("=", 1)])) for kv in a.also_env} \
-        if "batchinf" in results else {}
+    variants = {**{f"batchinf {kv}": (dict(env, **dict([kv.split("=", 1)])), a.layout.split()) for kv in a.also_env},
+                **{f"batchinf {opts}": (env, opts.split()) for opts in a.also_layout}} if "batchinf" in results else {}
     for rep in range(a.reps):
         out = tmp / "out" / f"r{rep}"
         manifest = tmp / f"job-{rep}.json"
@@ -190,10 +193,10 @@ def main(argv: list[str] | None = None) -> int:
             "options": {"max_tokens": a.max_tokens, "temperature": 0}}))
         if "batchinf" in results:
             results["batchinf"].append(run_batchinf(manifest, out, env, a.layout.split(), a.sample_every))
-        for i, (name, venv) in enumerate(variants.items()):
+        for i, (name, (venv, vlayout)) in enumerate(variants.items()):
             vout, vmanifest = tmp / "out" / f"r{rep}-v{i}", tmp / f"job-{rep}-v{i}.json"
             vmanifest.write_text(manifest.read_text().replace(json.dumps(str(out)), json.dumps(str(vout))))
-            results.setdefault(name, []).append(run_batchinf(vmanifest, vout, venv, a.layout.split(), a.sample_every))
+            results.setdefault(name, []).append(run_batchinf(vmanifest, vout, venv, vlayout, a.sample_every))
         if "llama-server" in results:
             results["llama-server"].append(run_llama_server(gguf, messages, a.max_tokens, a.threads,
                                                             tmp / "server.log", a.sample_every))

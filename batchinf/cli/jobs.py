@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -18,29 +17,26 @@ if TYPE_CHECKING:
     from batchinf.ledger.models import Job
 
 
-def default_workers() -> int:
-    """One worker process per core this process may use, each with one thread: on CPU that
-    layout measures faster than one process with every thread (docs/performance)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:          # no affinity on this platform
-        return os.cpu_count() or 1
-
-
 @click.command("run")
 @click.argument("manifest", type=click.Path(exists=True, dir_okay=False))
 @click.option("--workers", type=int, default=None,
-              help="Local worker processes (default: one per core, one thread each).")
-@click.option("--threads", type=int, default=None, help="Torch threads per worker (default: cores / workers).")
+              help="Local worker processes (default: one per core, one thread each; a generate job on "
+                   "the CPU: one process with a lane per core).")
+@click.option("--lanes", type=int, default=None,
+              help="Shards each worker process runs at once, a thread each, sharing its loaded model.")
+@click.option("--threads", type=int, default=None,
+              help="Torch threads per lane (default: cores / (workers x lanes)).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @json_option
 @tenant_option
 @friendly
-def run(manifest: str, workers: int | None, threads: int | None, device: str, as_json: bool, tenant: str) -> None:
+def run(manifest: str, workers: int | None, lanes: int | None, threads: int | None, device: str, as_json: bool,
+        tenant: str) -> None:
     """Run a job to completion on this machine (embedded mode). Re-running the same manifest
     resumes the same job from the ledger. Exits 0 only when the job succeeded."""
     from batchinf.bundles import require_device
     from batchinf.controller import drive
+    from batchinf.dispatch import local_layout
     from batchinf.ledger.jobs import get as job_row
     from batchinf.ledger.states import JobStatus
     from batchinf.ledger.status import status
@@ -53,17 +49,18 @@ def run(manifest: str, workers: int | None, threads: int | None, device: str, as
     require_device(device)      # refused up front, not after workers failed their attempts
     job_id, created = submit(load_manifest(manifest), Caller(tenant, operator=True),
                              process_started_at=process_started_at())
-    job = None if created else job_row(job_id)
-    if job is not None and finished_hint(job):
+    job = job_row(job_id)
+    if not created and finished_hint(job):
         emit(status(job_id), as_json, print_status)
         sys.exit(0 if status(job_id)["status"] == JobStatus.SUCCEEDED else 1)
-    if job is not None and not as_json:
+    if not created and not as_json:
         said = "running the job `batchinf plan` planned:" if job.status == JobStatus.PLANNED else "resuming"
         console.print(f"{said} {job_id}", highlight=False)
     with progress(as_json) as bar:
         tick = ticker(bar, job_id)
         try:
-            final = drive(job_id, workers=workers or default_workers(), device=device, threads=threads,
+            processes, lanes, threads = local_layout(job, device, workers, lanes, threads)
+            final = drive(job_id, workers=processes, lanes=lanes, device=device, threads=threads,
                           on_tick=None if bar.disable else tick)
         except KeyboardInterrupt:
             bar.stop()
@@ -147,7 +144,7 @@ def finished_hint(job: Job) -> bool:
 @click.option("--not-done", is_flag=True, help="Run again the records of shards that never finished.")
 @click.option("--output", default=None, metavar="URI", help="The new job's output (default: the old one + -retry-N/).")
 @click.option("--detach", is_flag=True, help="Only create the job (a controller runs it); default: run it here.")
-@click.option("--workers", type=int, default=None, help="Local worker processes (default: one per core).")
+@click.option("--workers", type=int, default=None, help="Local worker processes (default: as `batchinf run`).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @json_option
 @tenant_filter
@@ -158,6 +155,7 @@ def retry(job_id: str, codes: str | None, not_done: bool, output: str | None, de
     finished, failed, cancelled or expired job: same pinned bundle and inputs, new output, lineage
     in both jobs' status (retry_of, retries). Exits 0 when the new job succeeded (or --detach)."""
     from batchinf.controller import drive
+    from batchinf.dispatch import local_layout
     from batchinf.ledger.states import JobStatus
     from batchinf.ledger.status import status as job_status
     from batchinf.ledger.jobs import get as get_job
@@ -175,7 +173,9 @@ def retry(job_id: str, codes: str | None, not_done: bool, output: str | None, de
     final = job_status(new_id)["status"]
     if not detach:
         with progress(as_json) as bar:
-            final = drive(new_id, workers=workers or default_workers(), device=device, on_tick=ticker(bar, new_id))
+            processes, lanes, threads = local_layout(get_job(new_id), device, workers)
+            final = drive(new_id, workers=processes, lanes=lanes, threads=threads, device=device,
+                          on_tick=ticker(bar, new_id))
     emit(job_status(new_id), as_json, print_status)
     sys.exit(0 if detach or final == JobStatus.SUCCEEDED else 1)
 

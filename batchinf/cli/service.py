@@ -16,12 +16,14 @@ from batchinf.cli.common import emit, friendly, json_option
 @click.option("--workers", default=1, show_default=True, type=int,
               help="Embedded ledger: local worker processes that run the jobs' shards.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
-@click.option("--threads", type=int, default=None, help="Torch threads per worker (default: cores / workers).")
+@click.option("--lanes", default=1, show_default=True, type=int,
+              help="Embedded ledger: shards each worker process runs at once, a thread each, sharing its loaded model.")
+@click.option("--threads", type=int, default=None, help="Torch threads per lane (default: cores / (workers x lanes)).")
 @click.option("--engine", "engines", multiple=True, type=click.Choice(["native", "vllm", "openai-http", "onnxruntime"]),
               help="Embedded ledger: an engine the local workers have (repeat for several; default native, and "
               "onnxruntime where installed); jobs on other engines wait queued.")
 @friendly
-def serve(host: str, port: int, log_level: str, workers: int, device: str, threads: int | None,
+def serve(host: str, port: int, log_level: str, workers: int, lanes: int, device: str, threads: int | None,
           engines: tuple[str, ...]) -> None:
     """The REST API over the ledger (OpenAPI document at /openapi.json, docs at /docs), with the
     OpenAI-compatible /v1/files and /v1/batches. On the embedded (SQLite) ledger it also runs what
@@ -42,7 +44,8 @@ def serve(host: str, port: int, log_level: str, workers: int, device: str, threa
         from batchinf.ledger.db import engine
 
         engine()       # create or upgrade the embedded ledger before anything else touches it
-        runners = serve_embedded(stop, workers=workers, device=device, threads=threads, engines=engines or None)
+        runners = serve_embedded(stop, workers=workers, lanes=lanes, device=device, threads=threads,
+                                 engines=engines or None)
         click.echo(f"embedded ledger {settings().database_url}: running jobs here with {workers} worker "
                    "process(es), a controller loop and the scheduler", err=True)
     try:

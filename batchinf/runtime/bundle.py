@@ -343,7 +343,7 @@ def verify_generate_fixtures(runtime: Any) -> None:
     from batchinf.runtime.generation.seq import GenRequest
 
     pinned = [(i, fx) for i, fx in enumerate(runtime.meta["fixtures"]) if "continuation" in fx]
-    exact = runtime.model.lm_head.weight.dtype == torch.float32
+    exact = runtime.model.dtype == torch.float32
     if exact:
         reqs = [GenRequest(i, fx["token_ids"], SamplingParams(max_tokens=GREEDY_FIXTURE_TOKENS)) for i, fx in pinned]
         got = {r.key: (r.token_ids, r.finish_reason) for r in runtime.generate(reqs)}

@@ -25,7 +25,7 @@ class DecoderEncoder(nn.Module):
         padding, which only follows real tokens, out of them)."""
         B, S = input_ids.shape
         d = self.decoder
-        cache = KVCache(d.config, B, S, d.lm_head.weight.dtype, input_ids.device)
+        cache = KVCache(d.config, B, S, d.dtype, input_ids.device)
         pos = torch.arange(S, device=input_ids.device)
         segment = d._segment(input_ids, pos[None], pos.expand(B, S), torch.arange(B, device=input_ids.device), S,
                              fresh=True)

@@ -83,6 +83,10 @@ class TransformersDecoder(nn.Module):
     def device(self) -> torch.device:
         return self.lm_head.weight.device
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
     def new_cache(self, slots: int, capacity: int) -> SlotCaches:
         return SlotCaches(slots)
 

@@ -33,7 +33,7 @@ from batchinf.runtime.empty import empty_weights
 from batchinf.runtime.gemma import GEMMA_TYPES, gemma_config
 from batchinf.runtime.lazy_memory import forget, lazy_zeros
 from batchinf.runtime.packing import Linear, pack_weights
-from batchinf.runtime.q4_linear import keep_q4
+from batchinf.runtime.block_weights import keep_blocks
 
 log = logging.getLogger("batchinf.runtime")
 
@@ -253,10 +253,15 @@ class LlamaForCausalLM(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.lm_head.weight.device
+        return self.model.norm.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """What it computes in (its projections may be held as GGUF blocks: runtime/block_weights.py)."""
+        return self.model.norm.weight.dtype
 
     def new_cache(self, slots: int, capacity: int) -> KVCache:
-        return KVCache(self.config, slots, capacity, self.lm_head.weight.dtype, self.device)
+        return KVCache(self.config, slots, capacity, self.dtype, self.device)
 
     def _rope(self, pos: Tensor, dtype: torch.dtype, inv_freq: Tensor) -> tuple[Tensor, Tensor]:
         freqs = pos.float()[..., None] * inv_freq                  # [..., Dh/2], fp32 like HF
@@ -278,7 +283,7 @@ class LlamaForCausalLM(nn.Module):
         local = None
         if self.windowed:
             local = heads(causal & (keys[None, None, :] > qpos[:, :, None] - self.config.local_window))
-        dtype = self.lm_head.weight.dtype
+        dtype = self.dtype
         cos, sin = self._rope(qpos, dtype, self.inv_freq)                           # [B, 1, S, Dh]
         local_rope = self._rope(qpos, dtype, self.local_inv_freq) if self.local_inv_freq is not None else None
         return Segment(tokens, Where(slots, where_pos, heads(causal), span, fresh, local), cos, sin, local_rope)
@@ -374,7 +379,9 @@ def load_llama(model_dir: Path, device: str | torch.device = "cpu", dtype: torch
     model.inv_freq = rope_inv_freq(cfg).to(device)  # stays fp32, like HF's rotary embedding
     if cfg.local_rope_theta:
         model.local_inv_freq = rope_inv_freq(cfg, cfg.local_rope_theta, scaled=False).to(device)
-    if settings().q4_weights and torch.device(device).type == "cpu" and dtype == torch.float32:
-        log.info("%s: %d projections kept 4-bit (BATCHINF_Q4_WEIGHTS)", model_dir.name, keep_q4(model, Linear))
+    if settings().block_weights and torch.device(device).type == "cpu" and dtype == torch.float32 \
+            and not backbone_only:
+        log.info("%s: %d weights kept as GGUF blocks (BATCHINF_BLOCK_WEIGHTS)", model_dir.name,
+                 keep_blocks(model, Linear))
     pack_weights(model)
     return model

@@ -312,6 +312,7 @@ class ThreadSandboxes:
         self.variables = {k: token_text(cfg.get(k)) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
         self.limits = {"memory_bytes": settings().template_memory_bytes, "seconds": settings().template_seconds}
         self._local = threading.local()
+        self._made: list[TemplateSandbox] = []       # every thread's, for `close`
 
     def get(self) -> TemplateSandbox | None:
         """This thread's sandbox; None when the bundle has no chat template."""
@@ -319,7 +320,13 @@ class ThreadSandboxes:
             return None
         if not hasattr(self._local, "box"):
             self._local.box = TemplateSandbox(self.source, self.variables, **self.limits)
+            self._made.append(self._local.box)
         return self._local.box
+
+    def close(self) -> None:
+        """Stop every thread's sandbox process (each starts again at its thread's next render)."""
+        for box in self._made:
+            box.close()
 
 
 def chat_results(sandbox: TemplateSandbox | None, batches: Iterable[list[list[dict]]], config: Path

@@ -1,18 +1,26 @@
-"""The intra-op threads a worker process computes with. The worker sets the count once
-(`set_worker_threads`); it reaches PyTorch only when a bundle that runs on PyTorch loads
-(`use_torch_threads`), so a worker whose engine needs no PyTorch (CTranslate2's Whisper) never
-pays for importing it."""
+"""The intra-op threads a worker process computes with, and its lanes (shards it runs at once, a
+thread each). The worker sets the counts once (`set_worker_threads`); the threads reach PyTorch
+only when a bundle that runs on PyTorch loads (`use_torch_threads`), so a worker whose engine needs
+no PyTorch (CTranslate2's Whisper) never pays for importing it."""
 
 from __future__ import annotations
 
 import os
 
 _threads: int | None = None
+_lanes = 1
 
 
-def set_worker_threads(threads: int) -> None:
-    global _threads
-    _threads = threads
+def set_worker_threads(threads: int, lanes: int = 1) -> None:
+    """`threads` per lane, `lanes` shards run at once by this worker process (dispatch.worker_main)."""
+    global _threads, _lanes
+    _threads, _lanes = threads, max(1, lanes)
+
+
+def lane_share(amount: int) -> int:
+    """A lane's share of a per-process `amount` (a generate job's `max_slots`): the lanes of one
+    process together hold what one lane alone would."""
+    return max(1, amount // _lanes)
 
 
 def worker_threads() -> int:

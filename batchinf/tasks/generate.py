@@ -101,6 +101,7 @@ class Generate(Task):
     fields = ("prompt_field", "messages_field")
     stage_schema = GENERATE_STAGE_SCHEMA
     streams = False
+    lanes_on_cpu = True         # one copy of the decoder for every core; a decode step's kernels release the GIL
     summary_columns = ("finish_reason",)
 
     def input_problem(self, inp: Any) -> str | None:
@@ -219,6 +220,7 @@ class Generate(Task):
         finished comes back `deferred`."""
         from batchinf.runtime.generation.sampling import SamplingParams
         from batchinf.runtime.generation.seq import GenRequest, GenStats
+        from batchinf.runtime.threads import lane_share
 
         valid = ok_rows(c)
         requests = [GenRequest(i, c["input_ids"][i], SamplingParams(
@@ -228,9 +230,10 @@ class Generate(Task):
             logprobs=c["logprobs"][i])) for i in valid]
         stats, out = GenStats(), GenOutcome()
 
-        def generate(reqs: list[Any]) -> Any:
-            return runtime.generate(reqs, max_batch_tokens=options.max_batch_tokens, max_slots=options.max_slots,
-                                    stats=stats, stop_admitting=split, abort=getattr(split, "stop", None))
+        def generate(reqs: list[Any]) -> Any:     # the worker's slots are shared by its lanes
+            return runtime.generate(reqs, max_batch_tokens=options.max_batch_tokens,
+                                    max_slots=lane_share(options.max_slots), stats=stats,
+                                    stop_admitting=split, abort=getattr(split, "stop", None))
 
         if requests:
             generate_isolating(generate, requests, c["record_id"], out, check)

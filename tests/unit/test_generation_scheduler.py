@@ -129,7 +129,7 @@ def test_prefill_groups_bound_padding() -> None:
     assert [keys(g) for g in groups] == [[0, 1, 2], [3, 4]]
 
 
-def test_stop_admitting_withdraws_the_waiting_requests_once_a_slot_is_free() -> None:
+def test_stop_admitting_withdraws_what_still_waits_once_freed_slots_are_refilled() -> None:
     asked: list[int] = []
 
     def stop() -> bool:
@@ -149,11 +149,27 @@ def test_stop_admitting_withdraws_the_waiting_requests_once_a_slot_is_free() -> 
         if done := sched.update():
             break
     assert keys(done) == [3]
-    plan = sched.schedule()
-    assert asked == [3] and [r.key for r in plan.withdrawn] == [2, 1, 0] and plan.admitted == []
+    plan = sched.schedule()         # the freed slot takes the next request; the two left are withdrawn
+    assert keys(plan.admitted) == [2] and asked == [2] and [r.key for r in plan.withdrawn] == [1, 0]
     assert sched.busy and not sched.waiting
-    run_step(plan)
-    assert keys(sched.update()) == [4] and not sched.busy
+    while sched.busy:
+        run_step(sched.schedule())
+        sched.update()
+    assert asked == [2]
+
+
+def test_a_few_requests_left_waiting_are_kept_for_the_batch_to_refill() -> None:
+    """Under WITHDRAW_SHARE of the slots still waiting after a refill: not asked, never withdrawn
+    (the batch takes them within a few steps; a split would decode them in a batch of their own)."""
+    asked: list[int] = []
+    kv = KVManager(n_slots=8, capacity=10, max_batch_tokens=1000)
+    sched = Scheduler([req(i, 3, 2 + (i % 3)) for i in range(9)], kv, stop_admitting=lambda: asked.append(1) or True)
+    while sched.busy:
+        plan = sched.schedule()
+        assert plan.withdrawn == []
+        run_step(plan)
+        sched.update()
+    assert asked == []
 
 
 def test_static_batching_admits_only_an_empty_batch_and_releases_it_whole() -> None:

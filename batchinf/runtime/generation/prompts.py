@@ -56,3 +56,7 @@ class Prompts:
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def close(self) -> None:
+        """Stop the chat template's sandbox processes (a later render starts one again)."""
+        self._sandboxes.close()

@@ -86,7 +86,7 @@ class GenerateRuntime(Prompts):
         """Bytes of K and V one token position takes in the cache, across every layer."""
         cfg = self.model.config
         return (cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim
-                * self.model.lm_head.weight.dtype.itemsize)
+                * self.model.dtype.itemsize)
 
     def generate(self, requests: Iterable[GenRequest], *, max_batch_tokens: int = 16384,
                  max_slots: int = 64, stats: GenStats | None = None, kv_budget: int | None = None,

@@ -2,7 +2,8 @@
 running sequences into a `StepPlan` for the engine (no tensors; torch is never imported here).
 
 Invariant of a step: the scheduler first admits waiting requests (longest `max_tokens` first, ties
-in their given order) into free slots while the KV-token budget allows; those are prefilled, which
+in their given order) into free slots while the KV-token budget allows (then a split may withdraw
+those still waiting: `stop_admitting`); those are prefilled, which
 yields their first token, or copy a shared prefix and join the decode step (kv.py); then one
 decode step runs over the occupied slot range. A slot freed by a finished sequence (`update`) is
 refilled at the next step; once nothing waits, the occupied slots are compacted to the lowest rows.
@@ -19,6 +20,7 @@ from batchinf.runtime.generation.seq import GenRequest, Seq
 
 PREFILL_CHUNK_TOKENS = 4096     # padded positions per prefill forward pass
 PREFILL_PAD_SLACK = 1.25        # a prefill group's padded positions stay within this × its real tokens
+WITHDRAW_SHARE = 0.25           # stop_admitting is asked only while this share of the slots' count still waits
 
 
 @dataclass
@@ -67,15 +69,19 @@ class Scheduler:
         if self.compacts and not self.waiting:
             plan.moves = self.kv.compact()
         if self.admitting():
-            # Once asked (only when a slot could take a waiting request, and after the first
-            # admissions), stop_admitting withdraws everything still waiting.
-            if (self.waiting and self.stop_admitting and len(self.waiting) < self.total and self.kv.has_free_slot
-                    and self.stop_admitting()):
-                plan.withdrawn = list(self.waiting)
-                self.waiting.clear()
+            refill = len(self.waiting) < self.total and self.kv.has_free_slot
             while self.waiting and (seq := self.kv.fit(self.waiting[0])) is not None:
                 self.waiting.popleft()
                 plan.admitted.append(seq)
+            # Once asked (only as freed slots are refilled, after the first admissions, and while
+            # at least WITHDRAW_SHARE of a batch would still wait), stop_admitting withdraws what
+            # still waits: fewer are taken by this batch's next refills within a few steps, where
+            # the shard split off would decode them in a batch of their own, a whole decode's steps
+            # for a few rows.
+            if (refill and self.stop_admitting and len(self.waiting) >= WITHDRAW_SHARE * len(self.kv.slots)
+                    and self.stop_admitting()):
+                plan.withdrawn = list(self.waiting)
+                self.waiting.clear()
         if plan.admitted:
             leaders, plan.copies = self.kv.share(plan.admitted)
             plan.prefill = prefill_groups(leaders, lambda s: len(s.req.prompt_ids))

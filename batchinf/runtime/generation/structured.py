@@ -129,7 +129,7 @@ class Vocab:
 def vocab_of(runtime: Any) -> Vocab:
     """A generate runtime's Vocab, built on its first structured or logprobs request."""
     if getattr(runtime, "_structured_vocab", None) is None:
-        runtime._structured_vocab = Vocab(runtime.tokenizer.to_str(), int(runtime.model.lm_head.weight.shape[0]),
+        runtime._structured_vocab = Vocab(runtime.tokenizer.to_str(), int(runtime.model.lm_head.out_features),
                                           runtime.eos_ids)
     return runtime._structured_vocab
 

@@ -1,6 +1,6 @@
-"""Projections kept 4-bit (runtime/q4_linear.py): Q4_1 blocks recovered bit for bit from the
+"""Projections kept 4-bit (runtime/block_weights.py): Q4_1 blocks recovered bit for bit from the
 float32 weights a Q4_1 GGUF import stores, expanded by the C kernel into the same float32 values,
-so a decoder's logits and greedy tokens are identical with BATCHINF_Q4_WEIGHTS on and off."""
+so a decoder's logits and greedy tokens are identical with BATCHINF_BLOCK_WEIGHTS on and off."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from batchinf.config import settings
-from batchinf.runtime import gguf_quants, q4_linear
+from batchinf.runtime import block_weights, gguf_quants
 from batchinf.runtime.llama import KVCache, load_llama
-from batchinf.runtime.q4_linear import Q4Linear, q4_1_blocks
+from batchinf.runtime.block_weights import BlockEmbedding, BlockLinear, q4_1_blocks, q8_0_blocks
 from tests.helpers.tiny_llama import make_tiny_llama
 
 
@@ -33,6 +33,22 @@ def ggml_q4_1(w: np.ndarray) -> np.ndarray:
     return out
 
 
+def ggml_q8_0(w: np.ndarray) -> np.ndarray:
+    """llama.cpp's Q8_0 quantiser (quantize_row_q8_0_ref) -> the GGUF blocks' bytes [blocks, 34]."""
+    b = w.astype(np.float32).reshape(-1, 32)
+    d = np.abs(b).max(1) / 127
+    inv = np.where(d != 0, 1 / np.where(d == 0, 1, d), 0).astype(np.float32)
+    q = np.rint(b * inv[:, None]).astype(np.int8)
+    out = np.zeros((b.shape[0], 34), np.uint8)
+    out[:, 0:2] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    out[:, 2:] = q.view(np.uint8)
+    return out
+
+
+def q8_0_rounded(w: torch.Tensor) -> torch.Tensor:
+    return torch.from_numpy(gguf_quants.q8_0(ggml_q8_0(w.numpy())).reshape(w.shape).copy())
+
+
 def q4_1_rounded(w: torch.Tensor) -> torch.Tensor:
     """What a Q4_1 GGUF import stores for `w`: its blocks quantised by llama.cpp, dequantised by ours."""
     return torch.from_numpy(gguf_quants.q4_1(ggml_q4_1(w.numpy())).reshape(w.shape).copy())
@@ -42,11 +58,11 @@ def q4_1_rounded(w: torch.Tensor) -> torch.Tensor:
 def q4_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
     monkeypatch.setenv("BATCHINF_HOME", str(tmp_path / "home"))
     settings.cache_clear()
-    q4_linear.kernel.cache_clear()
+    block_weights.kernel.cache_clear()
     yield
     monkeypatch.undo()
     settings.cache_clear()
-    q4_linear.kernel.cache_clear()
+    block_weights.kernel.cache_clear()
 
 
 def test_blocks_are_recovered_exactly_and_expand_to_the_same_floats(q4_home: None) -> None:
@@ -60,16 +76,37 @@ def test_blocks_are_recovered_exactly_and_expand_to_the_same_floats(q4_home: Non
     assert np.array_equal(nibbles, raw[:, 4:])
     assert np.array_equal(d, raw[:, 0:2].copy().view(np.float16).astype(np.float32).ravel())
     assert np.array_equal(m, raw[:, 2:4].copy().view(np.float16).astype(np.float32).ravel())
-    lin = Q4Linear(blocks, 96, 160, None)
+    lin = BlockLinear("q4_1", blocks, 96, 160, None)
     assert torch.equal(lin.weight_float32(), stored)          # bit for bit, not approximately
     x = torch.randn(7, 160, generator=gen)
     assert torch.equal(lin(x), torch.nn.functional.linear(x, stored))
     torch.set_num_threads(2)                                  # the expansion split across threads
     try:
         big = q4_1_rounded(torch.randn(512, 512, generator=gen))
-        assert torch.equal(Q4Linear(q4_1_blocks(big.numpy()), 512, 512, None).weight_float32(), big)
+        assert torch.equal(BlockLinear("q4_1", q4_1_blocks(big.numpy()), 512, 512, None).weight_float32(), big)
     finally:
         torch.set_num_threads(1)
+
+
+def test_q8_0_blocks_are_recovered_exactly_and_rows_are_looked_up_alike(q4_home: None) -> None:
+    gen = torch.Generator().manual_seed(4)
+    w = torch.randn(80, 96, generator=gen) * 0.2
+    w[5, :32] = 0                                             # a block of zeros
+    raw = ggml_q8_0(w.numpy())
+    stored = q8_0_rounded(w)
+    blocks = q8_0_blocks(stored.numpy())
+    assert blocks is not None and q4_1_blocks(stored.numpy()) is None
+    assert np.array_equal(blocks[0].view(np.uint8), raw[:, 2:])
+    assert np.array_equal(blocks[1], raw[:, 0:2].copy().view(np.float16).astype(np.float32).ravel())
+    lin = BlockLinear("q8_0", blocks, 80, 96, None)
+    assert torch.equal(lin.weight_float32(), stored)
+    ids = torch.tensor([[3, 5, 79], [0, 0, 41]])
+    assert torch.equal(BlockEmbedding(lin)(ids), stored[ids])
+    q4 = q4_1_rounded(w)
+    assert torch.equal(BlockLinear("q4_1", q4_1_blocks(q4.numpy()), 80, 96, None).rows(ids), q4[ids])
+    off = stored.clone()
+    off[7, 40] = torch.nextafter(off[7, 40], torch.tensor(9.0))
+    assert q8_0_blocks(off.numpy()) is None
 
 
 def test_weights_that_are_not_q4_1_blocks_stay_float32() -> None:
@@ -81,14 +118,18 @@ def test_weights_that_are_not_q4_1_blocks_stay_float32() -> None:
     assert q4_1_blocks(torch.randn(8, 48).numpy()) is None   # rows not a whole number of blocks
 
 
-def _q4_model_dir(tmp_path: Path) -> Path:
+def _q4_model_dir(tmp_path: Path, embedding: str | None = None) -> Path:
     """A tiny decoder whose projections are Q4_1-rounded (as a Q4_1 GGUF import stores them); its
-    embedding and vocabulary projection stay float32."""
-    d = make_tiny_llama(tmp_path / "m", family="qwen2", seed=3)
+    embedding, tied to the vocabulary projection, stays float32 or is rounded as `embedding`
+    (q8_0, as SmolLM2's Q4_1 GGUF holds it)."""
+    d = make_tiny_llama(tmp_path / "m", family="llama", seed=3)
     state = load_file(str(d / "model.safetensors"))
+    assert "lm_head.weight" not in state, "a tied model"
     for k, v in state.items():
         if k.endswith("_proj.weight"):
             state[k] = q4_1_rounded(v)
+        if k == "model.embed_tokens.weight" and embedding is not None:
+            state[k] = {"q8_0": q8_0_rounded, "q4_1": q4_1_rounded}[embedding](v)
     save_file(state, str(d / "model.safetensors"), metadata={"format": "pt"})
     return d
 
@@ -102,33 +143,41 @@ def _logits(model: torch.nn.Module, tokens: torch.Tensor) -> list[torch.Tensor]:
     return [first, step]
 
 
-def test_a_decoder_with_q4_weights_gives_identical_logits(tmp_path: Path, q4_home: None,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    d = _q4_model_dir(tmp_path)
+@pytest.mark.parametrize("embedding", [None, "q8_0"])
+def test_a_decoder_with_block_weights_gives_identical_logits(tmp_path: Path, q4_home: None, embedding: str | None,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    d = _q4_model_dir(tmp_path, embedding)
+    monkeypatch.setenv("BATCHINF_BLOCK_WEIGHTS", "0")
+    settings.cache_clear()
     plain = load_llama(d)
-    monkeypatch.setenv("BATCHINF_Q4_WEIGHTS", "1")
+    assert not any(isinstance(m, BlockLinear) for m in plain.modules())
+    monkeypatch.delenv("BATCHINF_BLOCK_WEIGHTS")              # on by default
     settings.cache_clear()
     small = load_llama(d)
-    q4 = [m for m in small.modules() if isinstance(m, Q4Linear)]
+    kept = [m for m in small.modules() if isinstance(m, BlockLinear)]
     cfg = small.config
-    assert len(q4) == 7 * cfg.num_hidden_layers            # q, k, v, o, gate, up, down: every layer's
-    assert not isinstance(small.lm_head, Q4Linear)
+    assert sum(m.fmt == "q4_1" for m in kept) == 7 * cfg.num_hidden_layers   # q, k, v, o, gate, up, down: every layer's
+    if embedding is None:
+        assert not isinstance(small.lm_head, BlockLinear)
+    else:           # the tied table is held once, as blocks, for both its uses
+        assert isinstance(small.lm_head, BlockLinear) and small.lm_head.fmt == embedding
+        assert small.model.embed_tokens.table is small.lm_head
     tokens = torch.randint(0, cfg.vocab_size, (3, 11), generator=torch.Generator().manual_seed(1))
     for a, b in zip(_logits(plain, tokens), _logits(small, tokens)):
         assert torch.equal(a, b)
-    assert sum(m.nibbles.numel() + 8 * m.d.numel() for m in q4) * 4 < \
-        sum(m.weight.numel() * 4 for name, m in plain.named_modules() if name.endswith("_proj"))
-    assert list((tmp_path / "home" / "cache" / "kernels").glob("q4_1-*.so")), "the kernel is built once, kept"
+    held = sum(b.numel() * b.element_size() for m in kept for b in m.buffers())
+    assert held * 3 < sum(m.out_features * m.in_features * 4 for m in kept)     # 0.75 and 1.125 bytes a weight
+    assert list((tmp_path / "home" / "cache" / "kernels").glob("blocks-*.so")), "the kernel is built once, kept"
 
 
 def test_without_a_c_compiler_the_weights_stay_float32(tmp_path: Path, q4_home: None,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     d = _q4_model_dir(tmp_path)
-    monkeypatch.setenv("BATCHINF_Q4_WEIGHTS", "1")
+    monkeypatch.setenv("BATCHINF_BLOCK_WEIGHTS", "1")
     monkeypatch.setenv("CC", shutil.which("false") or "false")
     settings.cache_clear()
     model = load_llama(d)
-    assert not any(isinstance(m, Q4Linear) for m in model.modules())
+    assert not any(isinstance(m, BlockLinear) for m in model.modules())
     tokens = torch.randint(0, model.config.vocab_size, (2, 5), generator=torch.Generator().manual_seed(2))
     assert torch.isfinite(_logits(model, tokens)[1]).all()
 
@@ -140,11 +189,24 @@ def test_only_pages_of_a_file_map_are_handed_back(tmp_path: Path) -> None:
 
     save_file({"w": torch.arange(4096 * 4, dtype=torch.float32).reshape(4, 4096)}, str(tmp_path / "w.safetensors"))
     mapped = load_safetensors(tmp_path / "w.safetensors")["w"]
-    q4_linear._hand_back(mapped)
+    block_weights._hand_back(mapped)
     assert torch.equal(mapped, torch.arange(4096 * 4, dtype=torch.float32).reshape(4, 4096))   # read again
     ptr, size = mapped.data_ptr(), mapped.numel() * 4
-    assert q4_linear._in_file_map(ptr, ptr + size)
+    assert block_weights._in_file_map(ptr, ptr + size)
     anon = torch.ones(4, 4096)
-    q4_linear._hand_back(anon)
+    block_weights._hand_back(anon)
     assert bool((anon == 1).all())
-    assert not q4_linear._in_file_map(anon.data_ptr(), anon.data_ptr() + anon.numel() * 4)
+    assert not block_weights._in_file_map(anon.data_ptr(), anon.data_ptr() + anon.numel() * 4)
+
+
+def test_a_large_weight_is_multiplied_a_slice_of_rows_at_a_time(q4_home: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    gen = torch.Generator().manual_seed(5)
+    stored = q8_0_rounded(torch.randn(100, 64, generator=gen))
+    monkeypatch.setattr(block_weights, "SCRATCH_WEIGHTS", 64 * 7)       # slices of 7 rows, the last one of 2
+    lin = BlockLinear("q8_0", q8_0_blocks(stored.numpy()), 100, 64, torch.arange(100, dtype=torch.float32))
+    x = torch.randn(3, 5, 64, generator=gen)
+    block_weights._local.buf = None                                    # this thread's scratch, from nothing
+    want = torch.nn.functional.linear(x, stored, torch.arange(100, dtype=torch.float32))
+    assert torch.allclose(lin(x), want, rtol=0, atol=1e-5)
+    assert block_weights._local.buf.numel() < stored.numel()           # the scratch held a slice, not the weight
+    assert torch.equal(lin.weight_float32(93, 7), stored[93:])
