@@ -23,14 +23,15 @@ from tests.helpers.corpus import manifest, write_jsonl
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def _run(tmp_path: Path, failpoints: str, monkeypatch: pytest.MonkeyPatch, n: int = 64) -> tuple[list, list, str]:
+def _run(tmp_path: Path, failpoints: str, monkeypatch: pytest.MonkeyPatch, n: int = 64,
+         lanes: int = 1) -> tuple[list, list, str]:
     good = write_jsonl(tmp_path / "a.jsonl", n, bad=False, seed=9)
     monkeypatch.setenv("BATCHINF_FAILPOINTS", failpoints)    # read by the worker processes
     monkeypatch.setenv("BATCHINF_MAX_ATTEMPTS", "1")
     settings.cache_clear()
     out = tmp_path / "out"
     job_id, _ = submit(parse_manifest(manifest(str(tmp_path / "a.jsonl"), str(out), shards={"max_records": 32})), OPERATOR)
-    assert drive(job_id, workers=1, threads=1) == "succeeded"
+    assert drive(job_id, workers=1, threads=1, lanes=lanes) == "succeeded"
     assert verify_output(str(out))["ok"]
     results = pq.read_table(out, ignore_prefixes=["_", "errors"]).to_pylist()
     errors = pq.read_table(out / "errors").to_pylist()
@@ -54,6 +55,19 @@ def test_record_that_kills_its_worker_is_quarantined(tmp_path: Path, tiny_bundle
     counts = status(job_id)["counts"]      # the status counts the poison row as the manifest does
     assert (counts["records_done"], counts["records_succeeded"], counts["records_failed"]) == (64, 63, 1)
     assert sorted(r["record_id"] for r in results) == sorted(f"r{i}" for i in range(64) if i != 37)
+
+
+def test_a_record_that_kills_a_worker_of_lanes_loses_the_other_lane_nothing(
+        tmp_path: Path, tiny_bundle: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two lanes in one worker process: the poison record kills the process and the shard the other
+    lane was computing with it. That shard is retried (quarantined in halves at worst) and every
+    record but the poison one still gets exactly one result."""
+    results, errors, job_id = _run(tmp_path, "execute.record[r37]=crash", monkeypatch, lanes=2)
+    assert [(e["record_id"], e["error"]) for e in errors] == [("r37", "poison")]
+    assert sorted(r["record_id"] for r in results) == sorted(f"r{i}" for i in range(64) if i != 37)
+    with tx() as conn:
+        workers = {w for (w,) in conn.execute(select(attempts.c.worker).where(attempts.c.status == "lost"))}
+    assert workers, "the poison record's process was lost"
 
 
 def _storage_fault_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, faults: str, budget: int) -> tuple[str, Path]:
