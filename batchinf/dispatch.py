@@ -403,9 +403,10 @@ def local_layout(job: Job, device: str = "auto", workers: int | None = None, lan
     process, threads per lane); what is given is kept, the rest fills the cores. By default a
     process per core with one thread (on CPU it measures faster than one process of every thread:
     docs/performance), except a job on the CPU with the native engine whose task says
-    `lanes_on_cpu` (generate): one process with a lane per core. Its lanes decode nearly as fast as processes (a decode step's kernels release
-    the GIL) and hold the decoder's weights, PyTorch and the tokenizer once: 0.91x the tokens/s of
-    two processes in 0.61x the memory (docs/performance/generate_vs_llama_server.md)."""
+    `lanes_on_cpu` (generate): one process with a lane per core. Its lanes decode nearly as fast as
+    processes (a decode step's kernels release the GIL) and hold the decoder's weights, PyTorch and
+    the tokenizer once: 0.90x the tokens/s of two processes in 0.61x the memory
+    (docs/performance/generate_vs_llama_server.md)."""
     from batchinf.tasks import get_task
 
     cores = usable_cores()
