@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import multiprocessing as mp
@@ -34,6 +35,7 @@ from batchinf.ledger import shards as shard_repo
 from batchinf.ledger.events import now
 from batchinf.ledger.models import Job, Lease
 from batchinf.retry_policy import Action, RetryPolicy, retrying
+from batchinf.lanes import LaneGate
 from batchinf.runtime.threads import cuda_possible, set_worker_threads
 
 log = logging.getLogger("batchinf.dispatch")
@@ -111,14 +113,16 @@ class Dispatcher:
 
 
 def run_lease(lease: Lease, device: str, parent_pid: int | None = None,
-              nearly_done: Callable[[], None] | None = None) -> None:
+              nearly_done: Callable[[], None] | None = None, gate: LaneGate | None = None) -> None:
     """Execute one leased shard; what a failure means is the `RetryPolicy`'s to say. Its log lines
-    carry job_id, shard_id and attempt. `nearly_done`: called as it starts the shard's last chunk."""
+    carry job_id, shard_id and attempt. `nearly_done`: called as it starts the shard's last chunk.
+    `gate`: the worker's lanes' (None: a worker of one lane)."""
     with logs.context(job_id=lease.job_id, shard_id=lease.shard_id, attempt=lease.attempt):
-        _run_lease(lease, device, parent_pid, nearly_done)
+        _run_lease(lease, device, parent_pid, nearly_done, gate)
 
 
-def _run_lease(lease: Lease, device: str, parent_pid: int | None, nearly_done: Callable[[], None] | None) -> None:
+def _run_lease(lease: Lease, device: str, parent_pid: int | None, nearly_done: Callable[[], None] | None,
+               gate: LaneGate | None) -> None:
     from batchinf.heartbeat import Heartbeat
 
     hb = Heartbeat(lease, parent_pid, nearly_done)     # first, before any heavy import or load
@@ -128,7 +132,8 @@ def _run_lease(lease: Lease, device: str, parent_pid: int | None, nearly_done: C
         from batchinf.execute import execute_shard
 
         log.info("shard %s attempt %d started", lease.shard_id, lease.attempt)
-        result = execute_shard(lease, device=pick_device(device), heartbeat=hb)
+        with gate.turn(lease) if gate is not None else contextlib.nullcontext():
+            result = execute_shard(lease, device=pick_device(device), heartbeat=hb)
         log.info("shard %s attempt %d committed: %d rows, %d error rows", lease.shard_id, lease.attempt,
                  result.output_rows, result.error_rows)
     except AttemptReleased as exc:              # its job stopped before it finished a record
@@ -319,7 +324,7 @@ def worker_main(job_ids: list[str] | None, bundle_digest: str | None, device: st
     on `engines` (the first one's runtime is the one it loads ahead) and on its device or any.
     It `reports` when it was ready (here: interpreter and imports done) and when it had the bundle
     loaded, for its job's phases. With `lanes` > 1 it runs that many leases at once, each on its
-    own thread with `threads` threads, sharing the process's loaded bundles (`local_layout`)."""
+    own thread with `threads` threads, sharing the process's loaded bundles (`lanes.local_layout`)."""
     ready_at = time.time()
     import signal
 
@@ -342,18 +347,20 @@ def worker_main(job_ids: list[str] | None, bundle_digest: str | None, device: st
         else:
             if reports is not None:
                 reports.send({"worker": me, "ready_at": ready_at, "loaded_at": time.time()})
+    gate = LaneGate() if lanes > 1 else None
     others = [threading.Thread(target=lease_loop, name=f"batchinf-lane-{i}", daemon=True,
-                               args=(job_ids, device, devices, me, parent_pid, twins, work, wake, engines))
+                               args=(job_ids, device, devices, me, parent_pid, twins, work, wake, engines, gate))
               for i in range(1, lanes)]
     for t in others:
         t.start()
-    lease_loop(job_ids, device, devices, me, parent_pid, twins, work, wake, engines)
+    lease_loop(job_ids, device, devices, me, parent_pid, twins, work, wake, engines, gate)
     for t in others:
         t.join()
 
 
 def lease_loop(job_ids: list[str] | None, device: str, devices: tuple[str, ...], me: str, parent_pid: int,
-               twins: mp.Queue, work: WorkSignal, wake: Wake, engines: tuple[str, ...]) -> None:
+               twins: mp.Queue, work: WorkSignal, wake: Wake, engines: tuple[str, ...],
+               gate: LaneGate | None = None) -> None:
     """One lane of a worker: lease and run shards until the parent exits or closes `work`."""
     idle = False
     while os.getppid() == parent_pid and not work.closed():
@@ -368,7 +375,7 @@ def lease_loop(job_ids: list[str] | None, device: str, devices: tuple[str, ...],
         except Exception:  # noqa: BLE001 -- the ledger stays unavailable: look again when woken
             lease = None
         if lease is not None:
-            run_lease(lease, device, parent_pid, wake.set)
+            run_lease(lease, device, parent_pid, wake.set, gate)
             idle = False
             wake.set()
         else:
@@ -387,36 +394,6 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def usable_cores() -> int:
-    """The cores this process may run on."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:          # no affinity on this platform
-        return os.cpu_count() or 1
-
-
-def local_layout(job: Job, device: str = "auto", workers: int | None = None, lanes: int | None = None,
-                 threads: int | None = None) -> tuple[int, int, int]:
-    """How one job's `WorkerPool` spreads over this machine's cores: (worker processes, lanes per
-    process, threads per lane); what is given is kept, the rest fills the cores. By default a
-    process per core with one thread (on CPU it measures faster than one process of every thread:
-    docs/performance), except a job on the CPU with the native engine whose task says
-    `lanes_on_cpu` (generate): one process with a lane per core. Its lanes decode nearly as fast as
-    processes (a decode step's kernels release the GIL) and hold the decoder's weights, PyTorch and
-    the tokenizer once: 0.90x the tokens/s of two processes in 0.61x the memory
-    (docs/performance/generate_vs_llama_server.md)."""
-    from batchinf.tasks import get_task
-
-    cores = usable_cores()
-    on_cpu = device == "cpu" or (device == "auto" and job.device != "cuda" and not cuda_possible())
-    if workers is None and lanes is None and threads is None and on_cpu and job.engine == "native" \
-            and get_task(job.task).lanes_on_cpu:
-        return 1, cores, 1
-    lanes = lanes or 1
-    workers = workers or max(1, cores // (lanes * (threads or 1)))
-    return workers, lanes, threads or max(1, cores // (workers * lanes))
 
 
 class WorkerPool(Dispatcher):

@@ -36,7 +36,7 @@ def run(manifest: str, workers: int | None, lanes: int | None, threads: int | No
     resumes the same job from the ledger. Exits 0 only when the job succeeded."""
     from batchinf.bundles import require_device
     from batchinf.controller import drive
-    from batchinf.dispatch import local_layout
+    from batchinf.lanes import local_layout
     from batchinf.ledger.jobs import get as job_row
     from batchinf.ledger.states import JobStatus
     from batchinf.ledger.status import status
@@ -155,7 +155,7 @@ def retry(job_id: str, codes: str | None, not_done: bool, output: str | None, de
     finished, failed, cancelled or expired job: same pinned bundle and inputs, new output, lineage
     in both jobs' status (retry_of, retries). Exits 0 when the new job succeeded (or --detach)."""
     from batchinf.controller import drive
-    from batchinf.dispatch import local_layout
+    from batchinf.lanes import local_layout
     from batchinf.ledger.states import JobStatus
     from batchinf.ledger.status import status as job_status
     from batchinf.ledger.jobs import get as get_job

@@ -197,6 +197,20 @@ def _unresolved_quarantined(job_id: str) -> Any:
         shards.c.errors_uri.is_(None), ~select(child.c.id).where(child.c.parent_id == shards.c.id).exists()))
 
 
+def may_kill_its_worker(shard: Shard) -> bool:
+    """Whether an earlier attempt of the shard lost its worker, or it was split from a quarantined
+    shard: its records may kill their process, so a worker's lane runs it alone (`lanes.LaneGate`).
+    One read, and only for a shard that was attempted before or has a parent."""
+    if shard.attempt <= 1 and shard.parent_id is None:
+        return False
+    with tx() as conn:
+        if shard.parent_id is not None and conn.execute(select(shards.c.id).where(
+                shards.c.id == shard.parent_id, shards.c.status == ShardStatus.QUARANTINED.value)).first():
+            return True
+        return conn.execute(select(attempts.c.number).where(
+            attempts.c.shard_id == shard.id, attempts.c.status == AttemptStatus.LOST.value).limit(1)).first() is not None
+
+
 def unresolved_quarantined(job_id: str) -> list[Shard]:
     """Quarantined shards not yet split into children or recorded as one poison row."""
     with tx() as conn:

@@ -82,7 +82,7 @@ class Task:
     fields: ClassVar[tuple[str, ...]] = ()      # the input.* fields it reads
     stage_schema: ClassVar[pa.Schema] = STAGE_SCHEMA
     streams: ClassVar[bool] = True              # execute runs row group by row group (else whole shard)
-    # `batchinf run` on the CPU runs its shards on lanes of one process by default (dispatch.local_layout)
+    # `batchinf run` on the CPU runs its shards on lanes of one process by default (lanes.local_layout)
     lanes_on_cpu: ClassVar[bool] = False
     summary_columns: ClassVar[tuple[str, ...]] = ()
     needs: ClassVar[tuple[str, ...]] = ("config.json", "tokenizer.json")   # files a bundle must have

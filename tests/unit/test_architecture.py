@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("batchinf.parts", "batchinf.openai.output"),
     ("batchinf.ledger",),
     ("batchinf.bundles", "batchinf.tenants", "batchinf.scopes", "batchinf.limits", "batchinf.submit", "batchinf.planning.pin",
-     "batchinf.metrics", "batchinf.openai.batches", "batchinf.rerun", "batchinf.heartbeat"),
+     "batchinf.metrics", "batchinf.openai.batches", "batchinf.rerun", "batchinf.heartbeat", "batchinf.lanes"),
     ("batchinf.planning.summary", "batchinf.planning.ranges", "batchinf.planning.bucketing", "batchinf.planning.sizing",
      "batchinf.planning.context"),
     ("batchinf.assembly",),

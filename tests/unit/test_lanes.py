@@ -1,5 +1,5 @@
 """Lanes: a worker process that runs several shards at once, a thread each, sharing the bundle it
-loaded (dispatch.worker_main), and the layout a one-job pool picks (dispatch.local_layout): a
+loaded (dispatch.worker_main), and the layout a one-job pool picks (lanes.local_layout): a
 generate job on the CPU runs as one process with a lane per core."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from sqlalchemy import select
 
-from batchinf import controller, dispatch
+from batchinf import controller, lanes
 from batchinf.config import settings
 from batchinf.ledger.db import tx
 from batchinf.ledger.states import JobStatus
@@ -29,19 +29,19 @@ def _job(task: str, engine: str = "native", device: str = "any") -> SimpleNamesp
 @pytest.mark.parametrize("cores", [1, 2, 8])
 def test_the_default_layout_is_a_lane_per_core_for_generation_on_the_cpu(cores: int,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dispatch, "usable_cores", lambda: cores)
-    monkeypatch.setattr(dispatch, "cuda_possible", lambda: False)
-    assert dispatch.local_layout(_job("generate")) == (1, cores, 1)
-    assert dispatch.local_layout(_job("generate"), "cpu") == (1, cores, 1)
+    monkeypatch.setattr(lanes, "usable_cores", lambda: cores)
+    monkeypatch.setattr(lanes, "cuda_possible", lambda: False)
+    assert lanes.local_layout(_job("generate")) == (1, cores, 1)
+    assert lanes.local_layout(_job("generate"), "cpu") == (1, cores, 1)
     for other in (_job("embed"), _job("transcribe"), _job("generate", engine="vllm"),
                   _job("generate", device="cuda")):
-        assert dispatch.local_layout(other) == (cores, 1, 1)
-    assert dispatch.local_layout(_job("generate"), "cuda") == (cores, 1, 1)
+        assert lanes.local_layout(other) == (cores, 1, 1)
+    assert lanes.local_layout(_job("generate"), "cuda") == (cores, 1, 1)
     # what is given is kept; the rest fills the cores
-    assert dispatch.local_layout(_job("generate"), workers=2) == (2, 1, max(1, cores // 2))
-    assert dispatch.local_layout(_job("generate"), workers=1, threads=cores) == (1, 1, cores)
-    assert dispatch.local_layout(_job("embed"), lanes=2) == (max(1, cores // 2), 2, 1 if cores >= 2 else 1)
-    assert dispatch.local_layout(_job("embed"), threads=2) == (max(1, cores // 2), 1, 2)
+    assert lanes.local_layout(_job("generate"), workers=2) == (2, 1, max(1, cores // 2))
+    assert lanes.local_layout(_job("generate"), workers=1, threads=cores) == (1, 1, cores)
+    assert lanes.local_layout(_job("embed"), lanes=2) == (max(1, cores // 2), 2, 1 if cores >= 2 else 1)
+    assert lanes.local_layout(_job("embed"), threads=2) == (max(1, cores // 2), 1, 2)
 
 
 def test_one_worker_runs_two_shards_at_once_on_its_lanes(tmp_path: Path, tiny_bundle: str,
@@ -71,3 +71,39 @@ def test_the_lanes_of_a_process_share_a_generate_jobs_slots(monkeypatch: pytest.
     assert threads.lane_share(64) == 32 and threads.lane_share(1) == 1
     monkeypatch.setattr(threads, "_lanes", 3)
     assert threads.lane_share(64) == 21
+
+
+def test_a_shard_that_may_kill_its_worker_runs_alone_on_its_lanes() -> None:
+    """LaneGate: a shard to run alone waits for the shards running together, and none starts
+    beside it while it waits or runs."""
+    import threading
+    import time
+
+    gate = lanes.LaneGate()
+    log: list[str] = []
+    first_in = threading.Event()
+
+    def together(name: str, hold: float) -> None:
+        with gate.together():
+            log.append(f"{name}+")
+            first_in.set()
+            time.sleep(hold)
+            log.append(f"{name}-")
+
+    def alone() -> None:
+        with gate.alone():
+            log.append("alone+")
+            time.sleep(0.1)
+            log.append("alone-")
+
+    a = threading.Thread(target=together, args=("a", 0.3))
+    a.start()
+    first_in.wait()
+    s = threading.Thread(target=alone)
+    s.start()
+    time.sleep(0.05)                  # the lone shard now waits for `a`
+    b = threading.Thread(target=together, args=("b", 0.0))
+    b.start()                         # ... and `b` waits for it
+    for t in (a, s, b):
+        t.join()
+    assert log == ["a+", "a-", "alone+", "alone-", "b+", "b-"]
