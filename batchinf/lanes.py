@@ -11,6 +11,7 @@ from typing import Iterator
 
 from batchinf.ledger import shards as shard_repo
 from batchinf.ledger.models import Job, Lease
+from batchinf.retry_policy import retrying
 from batchinf.runtime.threads import cuda_possible
 
 
@@ -84,4 +85,4 @@ class LaneGate:
                 self._cond.notify_all()
 
     def turn(self, lease: Lease) -> contextlib.AbstractContextManager[None]:
-        return self.alone() if shard_repo.may_kill_its_worker(lease.shard) else self.together()
+        return self.alone() if retrying(shard_repo.may_kill_its_worker, lease.shard) else self.together()
