@@ -35,7 +35,7 @@ from batchinf.ledger import shards as shard_repo
 from batchinf.ledger.events import now
 from batchinf.ledger.models import Job, Lease
 from batchinf.retry_policy import Action, RetryPolicy, retrying
-from batchinf.lanes import LaneGate
+from batchinf.lanes import LaneGate, usable_cores
 from batchinf.runtime.threads import cuda_possible, set_worker_threads
 
 log = logging.getLogger("batchinf.dispatch")
@@ -418,7 +418,7 @@ class WorkerPool(Dispatcher):
         # one job's pool runs on its job's device, or is refused (DeviceUnavailableError) rather than wait forever
         self.device = device if job is None else pool_device(job.id, job.device, device)
         self.n, self.lanes = max(1, workers), max(1, lanes)
-        self.threads = threads or max(1, (os.cpu_count() or 1) // (self.n * self.lanes))
+        self.threads = threads or max(1, usable_cores() // (self.n * self.lanes))
         # one job's pool sweeps nothing while the job runs: its zombies die with it, and publishing
         # deletes the whole work prefix anyway (lost attempts stay `lost` in the ledger)
         self.sweeps = job is None
